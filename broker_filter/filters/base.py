@@ -1,0 +1,117 @@
+"""The compiled-filter objects every backend and the daemon use.
+
+A `Filter` wraps one evaluation function `fn(message, receiver) -> True | False | None` (None is the
+JMS UNKNOWN).  `receiver` is the identity of the receiving connection, needed only by no-local.
+Evaluation never raises: compiled code catches its own faults and answers UNKNOWN (or FALSE in
+dialects that say so).  `reads` names the message sections a filter looks at, so a caller can decode
+only those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..amqptypes import symbol
+
+# Message annotation the daemon stamps on every message published through it: "<instance>/<connection>".
+ORIGIN_ANNOTATION = symbol("x-opt-broker-filter-origin")
+
+SECTIONS = frozenset(
+    {"header", "delivery_annotations", "message_annotations", "properties", "application_properties", "body"}
+)
+
+EvalFn = Callable[[Any, Any], "bool | None"]
+
+
+class Filter:
+    """A compiled filter.  `evaluate` -> True / False / None (UNKNOWN); `matches` -> bool."""
+
+    __slots__ = ("_fn", "reads", "description", "ast")
+
+    def __init__(self, fn: EvalFn, reads: frozenset[str] = frozenset(), description: str = "", ast: Any = None):
+        self._fn = fn
+        self.reads = frozenset(reads)
+        self.description = description
+        self.ast = ast  # the selector AST where there is one (backends such as Spark compile it)
+
+    def evaluate(self, message: Any, receiver: Any = None) -> bool | None:
+        return self._fn(message, receiver)
+
+    def matches(self, message: Any, receiver: Any = None) -> bool:
+        return self._fn(message, receiver) is True
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.description}>"
+
+
+def _true(message: Any, receiver: Any) -> bool:
+    return True
+
+
+MATCH_ALL = Filter(_true, frozenset(), "TRUE")
+
+
+@dataclass(frozen=True)
+class FilterEntry:
+    """One applied entry of a filter-set."""
+
+    key: Any  # the client's key, as sent (echo it back unchanged)
+    kind: str  # selector | direct | topic | headers | no-local | or | and | not | properties | application-properties
+    descriptor: str  # canonical descriptor symbol, e.g. "apache.org:selector-filter:string"
+    value: Any  # the client's value, as sent (the Described when it came described)
+    filter: Filter
+    text: str | None = None  # selector text or binding key, for push-down
+
+
+@dataclass(frozen=True)
+class IgnoredEntry:
+    key: Any
+    value: Any
+    reason: str
+
+
+class FilterSet(Filter):
+    """A compiled filter-set: the AND of its applied entries, plus what was left out and why."""
+
+    __slots__ = ("entries", "ignored")
+
+    def __init__(self, entries: tuple[FilterEntry, ...], ignored: tuple[IgnoredEntry, ...] = ()):
+        self.entries = tuple(entries)
+        self.ignored = tuple(ignored)
+        fns = [e.filter._fn for e in self.entries]
+        reads = frozenset().union(*(e.filter.reads for e in self.entries)) if self.entries else frozenset()
+        if not fns:
+            fn = _true
+        elif len(fns) == 1:
+            fn = fns[0]
+        else:
+            fn = _and_all(fns)
+        super().__init__(fn, reads, " AND ".join(e.filter.description for e in self.entries) or "TRUE")
+
+    @property
+    def applied(self) -> dict:
+        """key -> the client's original value, for the attach echo."""
+        return {e.key: e.value for e in self.entries}
+
+    @property
+    def no_local(self) -> bool:
+        return any(e.kind == "no-local" for e in self.entries)
+
+    def subset(self, keep: Callable[[FilterEntry], bool]) -> "FilterSet":
+        """The filter-set of the entries `keep` accepts (e.g. what is left after push-down)."""
+        return FilterSet(tuple(e for e in self.entries if keep(e)), self.ignored)
+
+
+def _and_all(fns: list[EvalFn]) -> EvalFn:
+    def fn(message: Any, receiver: Any) -> bool | None:
+        result: bool | None = True
+        for f in fns:
+            r = f(message, receiver)
+            if r is False:
+                return False
+            if r is None:
+                result = None
+        return result
+
+    return fn

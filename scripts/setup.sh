@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs everything broker-filter and its tests need on a Debian 12 machine (run as root).
+# Idempotent: a second run only checks.  Usage: scripts/setup.sh [--runtime-only]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runtime_only=0
+[ "${1:-}" = "--runtime-only" ] && runtime_only=1
+
+need_apt=()
+have() { command -v "$1" >/dev/null 2>&1; }
+pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+have gcc || need_apt+=(gcc)
+[ -e /usr/include/openssl/ssl.h ] || need_apt+=(libssl-dev)
+python3 -c 'import sysconfig,os,sys; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"],"Python.h")) else 1)' \
+  || need_apt+=(python3-dev)
+if [ "$runtime_only" = 0 ]; then
+  have rabbitmq-server || need_apt+=(rabbitmq-server)
+  have java || need_apt+=(openjdk-17-jre-headless)
+  have node || need_apt+=(nodejs)
+  have npm || need_apt+=(npm)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+if [ "$runtime_only" = 1 ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+  exit 0
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,spark]'
+if [ "$runtime_only" = 0 ]; then
+  rabbitmq-plugins enable --offline rabbitmq_amqp1_0 >/dev/null
+  if [ ! -d tests/js/node_modules/rhea ]; then
+    (cd tests/js && npm install --silent --no-audit --no-fund >/dev/null)
+  fi
+fi
