@@ -7,12 +7,15 @@ lives, so backends need no dialect knowledge for lookups:
     kind="annotation"  key = message-annotations key (str, compared as a symbol)   (Artemis `m.`)
     kind="header"      key = a canonical header name from `view.HEADERS` (JMSPriority, AMQSize, TAGS, ...)
 
+AND / OR chains are built as balanced trees (a 4,000-term OR chain is 12 levels deep, not 4,000), so
+recursive backends stay shallow; evaluation order (left to right) is unchanged.
+
 Literals carry their JMS type: "string", "boolean", "int" (fits 32 bits, no L suffix), "long", "double".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 
@@ -103,7 +106,7 @@ class Selector:
     dialect: str = "jms"
     convert_strings: bool = False  # Artemis `convert_string_expressions:` prefix
     hyphenated: bool = False  # Artemis `hyphenated_props:` prefix
-    text: str = ""
+    text: str = field(default="", compare=False)  # the source text; not part of identity
 
 
 def walk(node: Any):
