@@ -1,0 +1,253 @@
+"""The interface between the client-facing side of the proxy and an upstream (where addresses live).
+
+Theory of operation
+-------------------
+The proxy accepts client links and serves them from an `Upstream`: a remote AMQP 1.0 broker
+(`broker_filter.proxy.remote.RemoteUpstream`) or the in-process embedded broker
+(`broker_filter.proxy.embedded`).  The client side never sees which one it talks to.
+
+Threading: everything runs on the proxy's single event-loop thread.  Methods are called on that
+thread and callbacks are made on it.  **An upstream never calls a handler from inside one of its own
+methods**: it defers the callback through `Loop.call_soon`, so the caller's state is consistent when
+the callback runs (no re-entrancy).  Methods never raise for a runtime condition (a lost
+connection, an unknown address); they report it through the handler's `*_closed` callback.
+
+Messages cross this interface as raw encoded bytes (the concatenated AMQP sections of one message,
+exactly as on the wire).  The proxy decodes only what its filters read and forwards the bytes
+unchanged; an upstream stores and returns them unchanged.
+
+Consuming
+    consumer = upstream.open_consumer(ConsumerSpec(address, filters=..., ...), handler)
+    handler.on_consumer_ready(consumer, info)          # attached; info says what the upstream applied
+    consumer.flow(n)                                   # grant n more credit (never more than asked)
+    handler.on_delivery(consumer, delivery)            # one per credit; delivery.data is the bytes
+    consumer.settle(delivery, outcome)                 # exactly once per delivery
+    consumer.close()                                   # unsettled deliveries go back to the source
+    handler.on_consumer_closed(consumer, error)        # upstream ended it (not called after close())
+
+Publishing
+    publisher = upstream.open_publisher(address, handler)
+    handler.on_publisher_ready(publisher)
+    handler.on_publisher_credit(publisher)             # publisher.credit > 0 again
+    publisher.send(data, on_settled)                   # on_settled(outcome) once the upstream settled
+    publisher.close()
+    handler.on_publisher_closed(publisher, error)      # pending sends are then never settled
+
+Push-down: `Upstream.can_evaluate(entry)` tells which applied filter entries the upstream really
+evaluates itself.  The proxy passes those in `ConsumerSpec.filters` and evaluates only the rest
+locally.  An upstream answers True only when it is known to filter (it offers `APACHE.ORG:SELECTOR`
+in its open frame, the configuration says so, or it is the embedded broker); an echo alone is no
+proof.  `ConsumerSpec.address` may already be rewritten for push-down (e.g. a legacy binding key
+appended to an `/exchange/X` address).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+from ..forwarding import ACCEPTED, RELEASED, Outcome
+
+__all__ = [
+    "ACCEPTED",
+    "RELEASED",
+    "Cancellable",
+    "Consumer",
+    "ConsumerHandler",
+    "ConsumerInfo",
+    "ConsumerSpec",
+    "ErrorInfo",
+    "Loop",
+    "Outcome",
+    "Publisher",
+    "PublisherHandler",
+    "Upstream",
+    "UpstreamDelivery",
+    "UpstreamListener",
+]
+
+
+# ---------------------------------------------------------------------------- values
+@dataclass(frozen=True)
+class ErrorInfo:
+    """Why something ended: an AMQP error condition.
+
+    `transient` is True when the cause is the upstream connection going away (the upstream is
+    reconnecting); False when the upstream refused or ended this link for good.
+    """
+
+    condition: str
+    description: str | None = None
+    transient: bool = False
+    info: dict[Any, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """What to consume.
+
+    address:       upstream address, as the client gave it (or rewritten for push-down).
+    filters:       applied filter entries (`broker_filter.filters.FilterEntry`) pushed down to the
+                   upstream; only ones `Upstream.can_evaluate` accepted.  Empty: no filtering upstream.
+    capabilities:  the client's source capabilities (e.g. "topic", "queue", "shared"), as symbols/strings.
+    distribution_mode: the client's requested "move" / "copy", or None.
+    durable / expiry_policy / dynamic: passed through from the client's source where the upstream
+                   supports them (plain AMQP values; None = unspecified).
+    name:          suggested link name upstream (diagnostics only).
+    """
+
+    address: str | None
+    filters: tuple[Any, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    distribution_mode: str | None = None
+    durable: int | None = None
+    expiry_policy: str | None = None
+    dynamic: bool = False
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class ConsumerInfo:
+    """What the upstream reported when the consumer attached.
+
+    address:       the upstream's source address (may differ, e.g. a dynamic or server-named node).
+    subscription:  True if this consumer has its own copy of the messages (topic / exchange binding /
+                   copy distribution): a non-matching message may be settled as consumed for it.
+                   False for a shared queue, where a non-match must be left for others.
+                   None when the upstream cannot tell (the proxy then decides from the address).
+    filters_applied: keys of `ConsumerSpec.filters` the upstream says it applies.
+    capabilities:  the upstream source's capabilities.
+    """
+
+    address: str | None = None
+    subscription: bool | None = None
+    filters_applied: tuple[Any, ...] = ()
+    capabilities: tuple[str, ...] = ()
+
+
+class UpstreamDelivery:
+    """One message from the upstream.  `data` is the raw encoded message; `ref` belongs to the upstream.
+
+    `redelivered` is True when the upstream says another consumer may have seen it before
+    (AMQP first-acquirer false or delivery-count > 0), when known.
+    """
+
+    __slots__ = ("data", "ref", "redelivered", "__weakref__")
+
+    def __init__(self, data: bytes, ref: Any = None, redelivered: bool = False):
+        self.data = data
+        self.ref = ref
+        self.redelivered = redelivered
+
+    def __repr__(self) -> str:
+        return f"<UpstreamDelivery {len(self.data)} bytes>"
+
+
+# ---------------------------------------------------------------------------- event loop
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+@runtime_checkable
+class Loop(Protocol):
+    """The proxy's event loop, as an upstream sees it."""
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run fn on the loop thread after the current callback returns (FIFO)."""
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Cancellable:
+        """Run fn on the loop thread after `delay` seconds."""
+
+
+# ---------------------------------------------------------------------------- callbacks
+class ConsumerHandler(Protocol):
+    def on_consumer_ready(self, consumer: "Consumer", info: ConsumerInfo) -> None: ...
+
+    def on_delivery(self, consumer: "Consumer", delivery: UpstreamDelivery) -> None: ...
+
+    def on_consumer_closed(self, consumer: "Consumer", error: ErrorInfo | None) -> None: ...
+
+
+class PublisherHandler(Protocol):
+    def on_publisher_ready(self, publisher: "Publisher") -> None: ...
+
+    def on_publisher_credit(self, publisher: "Publisher") -> None: ...
+
+    def on_publisher_closed(self, publisher: "Publisher", error: ErrorInfo | None) -> None: ...
+
+
+class UpstreamListener(Protocol):
+    """Connection-level events of the upstream as a whole."""
+
+    def on_upstream_up(self, upstream: "Upstream") -> None:
+        """Connected (again).  Consumers/publishers opened before are gone; open new ones."""
+
+    def on_upstream_down(self, upstream: "Upstream", error: ErrorInfo) -> None:
+        """Connection lost; every open consumer and publisher was closed with a transient error
+        (their `*_closed` callbacks ran first).  The upstream reconnects with backoff by itself."""
+
+
+# ---------------------------------------------------------------------------- endpoints
+class Consumer(Protocol):
+    spec: ConsumerSpec
+
+    @property
+    def credit(self) -> int:
+        """Credit granted and not yet used by a delivery."""
+
+    def flow(self, n: int) -> None:
+        """Grant n (> 0) more credit.  The upstream sends at most this many more deliveries."""
+
+    def settle(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
+        """Apply the outcome to the delivery and settle it.  Exactly once per delivery.
+        accepted: consumed.  rejected: dead (broker policy).  released: back to the source, not
+        counted as a failed attempt.  modified: per the spec (delivery_failed counts an attempt,
+        undeliverable_here keeps it from this consumer); an upstream that cannot apply modified
+        as asked (RabbitMQ 3.10 ends the session) degrades it to `released`."""
+
+    def close(self) -> None:
+        """Detach.  Deliveries not yet settled go back to the source for other consumers.
+        Idempotent; no callbacks follow."""
+
+
+class Publisher(Protocol):
+    address: str | None
+
+    @property
+    def credit(self) -> int:
+        """How many more messages `send` may take now."""
+
+    def send(self, data: bytes, on_settled: Callable[[Outcome], None]) -> None:
+        """Publish one raw encoded message.  on_settled(outcome) runs once the upstream settled it:
+        accepted means the upstream has it.  Not called if the publisher closes first."""
+
+    def close(self) -> None:
+        """Detach; idempotent; no callbacks follow."""
+
+
+class Upstream(Protocol):
+    """Where addresses live.  One instance per proxy process."""
+
+    name: str  # for logs, e.g. "amqp://127.0.0.1:5672" or "embedded"
+
+    @property
+    def connected(self) -> bool:
+        """True between on_upstream_up and on_upstream_down."""
+
+    def start(self, loop: Loop, listener: UpstreamListener) -> None:
+        """Begin connecting (or, embedded, become ready) and report through listener.on_upstream_up."""
+
+    def stop(self) -> None:
+        """Close everything; no callbacks follow."""
+
+    def can_evaluate(self, entry: Any) -> bool:
+        """True if this upstream evaluates the applied filter entry (a `FilterEntry`) itself."""
+
+    def open_consumer(self, spec: ConsumerSpec, handler: ConsumerHandler) -> Consumer: ...
+
+    def open_publisher(self, address: str | None, handler: PublisherHandler) -> Publisher: ...
+
+
+def pushable(upstream: Upstream, entries: Sequence[Any]) -> tuple[Any, ...]:
+    """The entries `upstream` evaluates itself."""
+    return tuple(e for e in entries if upstream.can_evaluate(e))
