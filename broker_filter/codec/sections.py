@@ -1,0 +1,216 @@
+"""AMQP 1.0 message sections: raw transfer bytes <-> `broker_filter.message.Message`.
+
+Theory of operation: a message on the wire is a sequence of described sections (header,
+delivery-annotations, message-annotations, properties, application-properties, a body of data /
+amqp-sequence / amqp-value sections, footer), each tagged by a ulong or symbolic descriptor.
+`scan` finds where each section starts and ends by skipping (sizes are in the headers), so the
+proxy can decode only the sections a filter reads (`decode_message(data, reads)`) and forward the
+bytes untouched.  `set_message_annotation` splices one new message-annotations section into the
+bytes; every other section, the body included, keeps its exact bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .. import amqptypes as t
+from ..message import HEADER_FIELDS, PROPERTIES_FIELDS, Header, Message, Properties
+from .types import CodecError, decode, encode, skip
+
+HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES, APPLICATION_PROPERTIES = 0x70, 0x71, 0x72, 0x73, 0x74
+DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x75, 0x76, 0x77, 0x78
+
+_SYMBOLIC = {
+    "amqp:header:list": HEADER,
+    "amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
+    "amqp:message-annotations:map": MESSAGE_ANNOTATIONS,
+    "amqp:properties:list": PROPERTIES,
+    "amqp:application-properties:map": APPLICATION_PROPERTIES,
+    "amqp:data:binary": DATA,
+    "amqp:amqp-sequence:list": AMQP_SEQUENCE,
+    "amqp:amqp-value:*": AMQP_VALUE,
+    "amqp:footer:map": FOOTER,
+}
+
+# Message section name (as in Filter.reads) -> descriptor codes holding it.
+_SECTION_CODES = {
+    "header": (HEADER,),
+    "delivery_annotations": (DELIVERY_ANNOTATIONS,),
+    "message_annotations": (MESSAGE_ANNOTATIONS,),
+    "properties": (PROPERTIES,),
+    "application_properties": (APPLICATION_PROPERTIES,),
+    "body": (DATA, AMQP_SEQUENCE, AMQP_VALUE),
+}
+ALL_SECTIONS = frozenset(_SECTION_CODES)
+
+_HEADER_NAMES = tuple(HEADER_FIELDS)
+_PROPERTIES_NAMES = tuple(PROPERTIES_FIELDS)
+
+
+def _descriptor(buf: bytes, pos: int) -> tuple[int, int]:
+    """(section code, offset of the section's value) for the section starting at pos."""
+    if buf[pos] != 0x00:
+        raise CodecError("a message section is a described value", pos)
+    code = buf[pos + 1]
+    if code == 0x53:
+        return buf[pos + 2], pos + 3
+    d, end = decode(buf, pos + 1)
+    if isinstance(d, t.symbol):
+        c = _SYMBOLIC.get(str(d))
+        if c is None:
+            raise CodecError(f"unknown message section {d!r}", pos)
+        return c, end
+    if isinstance(d, int) and not isinstance(d, bool) and 0x70 <= d <= 0x78:
+        return int(d), end
+    raise CodecError(f"unknown message section descriptor {d!r}", pos)
+
+
+def scan(data: bytes) -> list[tuple[int, int, int, int]]:
+    """[(section code, start, value start, end)] for every section, in order."""
+    out = []
+    pos = 0
+    n = len(data)
+    while pos < n:
+        try:
+            code, vpos = _descriptor(data, pos)
+        except IndexError:
+            raise CodecError("truncated section", pos) from None
+        end = skip(data, vpos)
+        out.append((code, pos, vpos, end))
+        pos = end
+    return out
+
+
+def decode_message(data: bytes, reads: Iterable[str] | None = None) -> Message:
+    """The Message in `data`, decoding only the sections named in `reads` (all when None).
+
+    Sections not read stay None.  Raises CodecError for malformed bytes.
+    """
+    want = ALL_SECTIONS if reads is None else frozenset(reads)
+    m = Message()
+    m.encoded_size = len(data)
+    if not want:
+        return m
+    codes = set()
+    for name in want:
+        codes.update(_SECTION_CODES.get(name, ()))
+    body_parts: list | None = None
+    body_kind = None
+    pos = 0
+    n = len(data)
+    try:
+        while pos < n:
+            code, vpos = _descriptor(data, pos)
+            if code not in codes:
+                pos = skip(data, vpos)
+                continue
+            value, pos = decode(data, vpos)
+            if code == APPLICATION_PROPERTIES:
+                m.application_properties = _map(value, "application-properties")
+            elif code == PROPERTIES:
+                m.properties = _properties(value)
+            elif code == MESSAGE_ANNOTATIONS:
+                m.message_annotations = _map(value, "message-annotations")
+            elif code == HEADER:
+                m.header = _header(value)
+            elif code == DELIVERY_ANNOTATIONS:
+                m.delivery_annotations = _map(value, "delivery-annotations")
+            elif code == AMQP_VALUE:
+                m.body = value
+            elif code in (DATA, AMQP_SEQUENCE):
+                if body_parts is None:
+                    body_parts, body_kind = [], code
+                elif body_kind != code:
+                    raise CodecError("a body mixes data and amqp-sequence sections", vpos)
+                body_parts.append(value)
+    except IndexError:
+        raise CodecError("truncated section", pos) from None
+    if body_parts is not None:
+        if body_kind == DATA:
+            m.body = body_parts[0] if len(body_parts) == 1 else b"".join(body_parts)
+        else:
+            m.body = body_parts[0] if len(body_parts) == 1 else [x for part in body_parts for x in part]
+    return m
+
+
+def _map(value: Any, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CodecError(f"{what} is not a map")
+    return value
+
+
+def _header(value: Any) -> Header:
+    if value is None:
+        value = []
+    if not isinstance(value, list):
+        raise CodecError("header is not a list")
+    return Header(**dict(zip(_HEADER_NAMES, value)))
+
+
+def _properties(value: Any) -> Properties:
+    if value is None:
+        value = []
+    if not isinstance(value, list):
+        raise CodecError("properties is not a list")
+    fields = dict(zip(_PROPERTIES_NAMES, value))
+    for k in ("to", "reply_to"):  # some clients send addresses as symbols; the model holds strings
+        v = fields.get(k)
+        if isinstance(v, t.symbol):
+            fields[k] = str(v)
+    return Properties(**fields)
+
+
+def encode_section(code: int, value: Any) -> bytes:
+    return b"\x00\x53" + bytes((code,)) + encode(value)
+
+
+def encode_message(message: Message) -> bytes:
+    """Bytes for a whole Message (used for messages the proxy creates and in tests)."""
+    parts = []
+    if message.header is not None:
+        fields = [getattr(message.header, f) for f in _HEADER_NAMES]
+        parts.append(encode_section(HEADER, _trim(fields)))
+    if message.delivery_annotations is not None:
+        parts.append(encode_section(DELIVERY_ANNOTATIONS, message.delivery_annotations))
+    if message.message_annotations is not None:
+        parts.append(encode_section(MESSAGE_ANNOTATIONS, message.message_annotations))
+    if message.properties is not None:
+        fields = [getattr(message.properties, f) for f in _PROPERTIES_NAMES]
+        parts.append(encode_section(PROPERTIES, _trim(fields)))
+    if message.application_properties is not None:
+        parts.append(encode_section(APPLICATION_PROPERTIES, message.application_properties))
+    if message.has_body:
+        body = message.body
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            parts.append(encode_section(DATA, bytes(body)))
+        else:
+            parts.append(encode_section(AMQP_VALUE, body))
+    return b"".join(parts)
+
+
+def _trim(fields: list) -> list:
+    while fields and fields[-1] is None:
+        fields.pop()
+    return fields
+
+
+_BEFORE_MA = (HEADER, DELIVERY_ANNOTATIONS)
+
+
+def set_message_annotation(data: bytes, key: Any, value: Any) -> bytes:
+    """`data` with message annotation key = value (replacing any), every other section unchanged."""
+    sections = scan(data)
+    insert_at = 0
+    for code, start, vpos, end in sections:
+        if code == MESSAGE_ANNOTATIONS:
+            current, _ = decode(data, vpos)
+            annotations = dict(_map(current, "message-annotations"))
+            annotations[key] = value
+            return data[:start] + encode_section(MESSAGE_ANNOTATIONS, annotations) + data[end:]
+        if code in _BEFORE_MA:
+            insert_at = end
+        else:
+            break
+    return data[:insert_at] + encode_section(MESSAGE_ANNOTATIONS, {key: value}) + data[insert_at:]
