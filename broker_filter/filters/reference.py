@@ -1,0 +1,454 @@
+"""The reference interpreter: a plain tree walk over the selector AST, written for clarity, not speed.
+
+Theory of operation: this module restates docs/selectors.md as directly as Python allows, so that
+the compiled evaluator can be tested against it (and a reader can check it against the document
+line by line).  Nothing here is shared with the compiled evaluator except the message view
+(`view.HEADERS`, `view.jms_value`), which both use for identifier lookup.
+
+Every value is a `Value(kind, data)` with kind one of
+
+    null  boolean  int (Java 32-bit)  long (Java 64-bit)  double  string  opaque
+
+(`float` and `double` are one kind: docs/selectors.md computes with doubles whenever either side
+is a float or a double, and compares numbers numerically).  Conditions evaluate to True, False or
+None (UNKNOWN).  In the `rocketmq` dialect an evaluation error (a type mismatch, a string where a
+number is needed...) raises `_Failure`, which ends the whole evaluation: the message is not
+delivered, whatever the rest of the selector says.  Both operands of AND / OR are always evaluated,
+so an error anywhere is seen.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, NamedTuple
+
+from . import ast
+from .view import HEADERS, INT32_TYPES, jms_value
+
+
+class Value(NamedTuple):
+    kind: str  # null | boolean | int | long | double | string | opaque
+    data: Any
+
+
+NULL = Value("null", None)
+NUMERIC_KINDS = frozenset({"int", "long", "double"})
+INTEGER_KINDS = frozenset({"int", "long"})
+
+
+class _Failure(Exception):
+    """A RocketMQ evaluation error: the message is not delivered."""
+
+
+def evaluate(selector: ast.Selector, message: Any) -> bool | None:
+    """TRUE, FALSE or UNKNOWN (None) for `message` under `selector`."""
+    if selector.expr is None:
+        return True
+    interpreter = _Interpreter(selector.dialect, selector.convert_strings, message)
+    try:
+        return interpreter.condition(selector.expr)
+    except _Failure:
+        return False
+
+
+# ----------------------------------------------------------------------------- three-valued logic
+def logical_not(a: bool | None) -> bool | None:
+    return None if a is None else not a
+
+
+def logical_and(a: bool | None, b: bool | None) -> bool | None:
+    if a is False or b is False:
+        return False
+    if a is None or b is None:
+        return None
+    return True
+
+
+def logical_or(a: bool | None, b: bool | None) -> bool | None:
+    if a is True or b is True:
+        return True
+    if a is None or b is None:
+        return None
+    return False
+
+
+# ----------------------------------------------------------------------------- values
+def value_of(jms: Any) -> Value:
+    """A `Value` for a JMS value as `view.jms_value` or a header getter returns it."""
+    if jms is None:
+        return NULL
+    if isinstance(jms, bool):
+        return Value("boolean", jms)
+    if isinstance(jms, int):
+        return Value("int" if isinstance(jms, INT32_TYPES) else "long", int(jms))
+    if isinstance(jms, float):
+        return Value("double", float(jms))
+    if isinstance(jms, str):
+        return Value("string", str(jms))
+    return Value("opaque", jms)
+
+
+def wrap(n: int, bits: int) -> int:
+    """Java's two's-complement overflow: `n` reduced to a signed `bits`-bit integer."""
+    modulus = 1 << bits
+    n %= modulus
+    return n - modulus if n >= modulus // 2 else n
+
+
+def integer_value(kind: str, n: int) -> Value:
+    return Value(kind, wrap(n, 32 if kind == "int" else 64))
+
+
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+_DECIMAL_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def parse_integer(text: str) -> int | None:
+    if _INTEGER_TEXT.fullmatch(text):
+        n = int(text)
+        if -(2**63) <= n < 2**63:
+            return n
+    return None
+
+
+def parse_double(text: str) -> float | None:
+    if _DECIMAL_TEXT.fullmatch(text):
+        return float(text)
+    return None
+
+
+def parse_number(text: str) -> Value | None:
+    """A string read as a number (integer as long, else decimal as double), or None."""
+    n = parse_integer(text)
+    if n is not None:
+        return Value("long", n)
+    d = parse_double(text)
+    if d is not None:
+        return Value("double", d)
+    return None
+
+
+def parse_boolean(text: str) -> Value | None:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return Value("boolean", lowered == "true")
+    return None
+
+
+def like_match(text: str, pattern: str, escape: str | None) -> bool:
+    """SQL LIKE over the whole text: `_` one character, `%` any run; `escape` quotes the next one."""
+    tokens: list[tuple[str, str]] = []  # ("lit", c) | ("one", "") | ("any", "")
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if escape is not None and c == escape and i + 1 < len(pattern):
+            tokens.append(("lit", pattern[i + 1]))
+            i += 2
+            continue
+        if c == "%":
+            tokens.append(("any", ""))
+        elif c == "_":
+            tokens.append(("one", ""))
+        else:
+            tokens.append(("lit", c))
+        i += 1
+    # matched[j]: the first i characters of text match the first j tokens (dynamic programming).
+    matched = [False] * (len(tokens) + 1)
+    matched[0] = True
+    for j, (kind, _) in enumerate(tokens):
+        if kind == "any":
+            matched[j + 1] = matched[j]
+    for ch in text:
+        row = [False] * (len(tokens) + 1)
+        for j, (kind, lit) in enumerate(tokens):
+            if kind == "any":
+                row[j + 1] = row[j] or matched[j + 1]
+            elif kind == "one":
+                row[j + 1] = matched[j]
+            else:
+                row[j + 1] = matched[j] and ch == lit
+        matched = row
+    return matched[len(tokens)]
+
+
+# ----------------------------------------------------------------------------- the interpreter
+class _Interpreter:
+    def __init__(self, dialect: str, convert_strings: bool, message: Any):
+        self.dialect = dialect
+        self.convert_strings = convert_strings
+        self.message = message
+
+    def fail_or(self, answer: bool | None) -> bool | None:
+        """`answer` in `jms` / `artemis`; an evaluation error in `rocketmq`."""
+        if self.dialect == "rocketmq":
+            raise _Failure()
+        return answer
+
+    # ------------------------------------------------------------------ conditions
+    def condition(self, node: Any) -> bool | None:
+        if isinstance(node, ast.Unary) and node.op == "NOT":
+            return logical_not(self.condition(node.operand))
+        if isinstance(node, ast.Binary) and node.op in ast.LOGICAL_OPS:
+            left = self.condition(node.left)
+            right = self.condition(node.right)
+            return logical_and(left, right) if node.op == "AND" else logical_or(left, right)
+        if isinstance(node, ast.Binary) and node.op in ast.COMPARISON_OPS:
+            return self.compare(node.op, self.value(node.left), self.value(node.right))
+        if isinstance(node, ast.Between):
+            return self.between(node)
+        if isinstance(node, ast.In):
+            return self.member(node)
+        if isinstance(node, ast.Like):
+            return self.like(node)
+        if isinstance(node, ast.IsNull):
+            is_null = self.value(node.operand).kind == "null"
+            return not is_null if node.negated else is_null
+        if isinstance(node, ast.StringTest):
+            return self.string_test(node)
+        if isinstance(node, ast.Tags):
+            return self.tags(node)
+        # A value used as a condition: a boolean is itself, NULL is UNKNOWN, anything else FALSE.
+        v = self.value(node)
+        if v.kind == "boolean":
+            return v.data
+        if v.kind == "null":
+            return None
+        return False
+
+    def compare(self, op: str, left: Value, right: Value) -> bool | None:
+        if self.dialect == "artemis":
+            return self.compare_artemis(op, left, right)
+        if self.dialect == "rocketmq":
+            return self.compare_rocketmq(op, left, right)
+        return self.compare_jms(op, left, right)
+
+    def compare_jms(self, op: str, left: Value, right: Value) -> bool | None:
+        if left.kind == "null" or right.kind == "null":
+            return None
+        if left.kind in NUMERIC_KINDS and right.kind in NUMERIC_KINDS:
+            return numeric_compare(op, left.data, right.data)
+        if left.kind == right.kind and left.kind in ("string", "boolean"):
+            if op == "=":
+                return left.data == right.data
+            if op == "<>":
+                return left.data != right.data
+            return False  # strings and booleans have no order
+        return False  # non-like types: FALSE for every operator, <> included
+
+    def compare_artemis(self, op: str, left: Value, right: Value) -> bool | None:
+        if self.convert_strings:
+            left, right = self.converted(left, right), self.converted(right, left)
+        if op in ("=", "<>"):
+            if left.kind == "null" or right.kind == "null":
+                equal = left.kind == right.kind  # both NULL: TRUE; exactly one: FALSE
+            elif left.kind in NUMERIC_KINDS and right.kind in NUMERIC_KINDS:
+                equal = numeric_compare("=", left.data, right.data)
+            elif left.kind == right.kind and left.kind in ("string", "boolean"):
+                equal = left.data == right.data
+            else:
+                equal = False
+            return equal if op == "=" else not equal
+        if left.kind == "null" or right.kind == "null":
+            return None
+        if left.kind in NUMERIC_KINDS and right.kind in NUMERIC_KINDS:
+            return numeric_compare(op, left.data, right.data)
+        return False
+
+    def converted(self, v: Value, other: Value) -> Value:
+        """Artemis `convert_string_expressions:`: a string read as the other side's kind."""
+        if v.kind != "string":
+            return v
+        if other.kind in NUMERIC_KINDS:
+            return parse_number(v.data) or v
+        if other.kind == "boolean":
+            return parse_boolean(v.data) or v
+        return v
+
+    def compare_rocketmq(self, op: str, left: Value, right: Value) -> bool | None:
+        if left.kind == "null" or right.kind == "null":
+            return None
+        left, right = self.coerced(left, right), self.coerced(right, left)
+        if left.kind in NUMERIC_KINDS and right.kind in NUMERIC_KINDS:
+            return numeric_compare(op, left.data, right.data)
+        if left.kind == right.kind and left.kind in ("string", "boolean") and op in ("=", "<>"):
+            return (left.data == right.data) == (op == "=")
+        raise _Failure()
+
+    def coerced(self, v: Value, other: Value) -> Value:
+        """RocketMQ: a string compared with a number is read as that number's type, or fails."""
+        if v.kind != "string" or other.kind not in NUMERIC_KINDS:
+            return v
+        if other.kind in INTEGER_KINDS:
+            n = parse_integer(v.data)
+            if n is None:
+                raise _Failure()
+            return Value("long", n)
+        d = parse_double(v.data)
+        if d is None:
+            raise _Failure()
+        return Value("double", d)
+
+    def between(self, node: ast.Between) -> bool | None:
+        v, low, high = self.value(node.operand), self.value(node.low), self.value(node.high)
+        inside = logical_and(self.compare(">=", v, low), self.compare("<=", v, high))
+        if not node.negated:
+            return inside
+        if self.dialect == "jms" and (mismatched(v, low) or mismatched(v, high)):
+            return False
+        return logical_not(inside)
+
+    def member(self, node: ast.In) -> bool | None:
+        v = self.value(node.operand)
+        if self.dialect == "rocketmq":
+            found: bool | None = False
+            for literal in node.values:
+                found = logical_or(found, self.compare("=", v, self.value(literal)))
+            return logical_not(found) if node.negated else found
+        if v.kind == "null":
+            return None
+        if v.kind != "string":
+            return node.negated if self.dialect == "artemis" else False
+        found = any(literal.type == "string" and literal.value == v.data for literal in node.values)
+        return not found if node.negated else found
+
+    def like(self, node: ast.Like) -> bool | None:
+        v = self.value(node.operand)
+        if v.kind == "null":
+            return None
+        if v.kind != "string":
+            return self.fail_or(node.negated if self.dialect == "artemis" else False)
+        found = like_match(v.data, node.pattern, node.escape)
+        return not found if node.negated else found
+
+    def string_test(self, node: ast.StringTest) -> bool | None:
+        v = self.value(node.operand)
+        if v.kind == "null":
+            return None
+        if v.kind != "string":
+            return self.fail_or(False)
+        if node.op == "CONTAINS":
+            found = node.value in v.data
+        elif node.op == "STARTSWITH":
+            found = v.data.startswith(node.value)
+        else:
+            found = v.data.endswith(node.value)
+        return not found if node.negated else found
+
+    def tags(self, node: ast.Tags) -> bool:
+        if node.tags is None:
+            return True
+        tag = HEADERS["TAGS"][1](self.message)
+        return tag is not None and tag in node.tags
+
+    # ------------------------------------------------------------------ values
+    def value(self, node: Any) -> Value:
+        if isinstance(node, ast.Literal):
+            if node.type == "string":
+                return Value("string", node.value)
+            if node.type == "boolean":
+                return Value("boolean", bool(node.value))
+            if node.type in INTEGER_KINDS:
+                return Value(node.type, int(node.value))
+            return Value("double", float(node.value))
+        if isinstance(node, ast.Ident):
+            return self.lookup(node)
+        if isinstance(node, ast.Unary) and node.op in ("+", "-"):
+            return self.negate(self.value(node.operand)) if node.op == "-" else self.plus(self.value(node.operand))
+        if isinstance(node, ast.Binary) and node.op in ast.ARITHMETIC_OPS:
+            return self.arithmetic(node.op, self.value(node.left), self.value(node.right))
+        # A condition used as a value (the parser refuses most of these): its truth value.
+        truth = self.condition(node)
+        return NULL if truth is None else Value("boolean", truth)
+
+    def lookup(self, ident: ast.Ident) -> Value:
+        m = self.message
+        if ident.kind == "header":
+            return value_of(HEADERS[ident.key][1](m))
+        if ident.kind == "annotation":
+            section = m.message_annotations
+        else:
+            section = m.application_properties
+        if not section:
+            return NULL
+        return value_of(jms_value(section.get(ident.key)))
+
+    def number(self, v: Value) -> Value:
+        """An arithmetic operand: a number or NULL; anything else is UNKNOWN (an error in rocketmq)."""
+        if v.kind == "string" and self.convert_strings:
+            v = parse_number(v.data) or v
+        if v.kind == "null" or v.kind in NUMERIC_KINDS:
+            return v
+        if self.dialect == "rocketmq":
+            raise _Failure()
+        return NULL
+
+    def plus(self, v: Value) -> Value:
+        return self.number(v)
+
+    def negate(self, v: Value) -> Value:
+        v = self.number(v)
+        if v.kind == "null":
+            return NULL
+        if v.kind == "double":
+            return Value("double", -v.data)
+        return integer_value(v.kind, -v.data)
+
+    def arithmetic(self, op: str, left: Value, right: Value) -> Value:
+        left, right = self.number(left), self.number(right)
+        if left.kind == "null" or right.kind == "null":
+            return NULL
+        if op == "/" and self.dialect == "artemis":
+            return Value("double", float_divide(float(left.data), float(right.data)))
+        if left.kind == "double" or right.kind == "double":
+            a, b = float(left.data), float(right.data)
+            if op == "+":
+                return Value("double", a + b)
+            if op == "-":
+                return Value("double", a - b)
+            if op == "*":
+                return Value("double", a * b)
+            return Value("double", float_divide(a, b))
+        kind = "long" if "long" in (left.kind, right.kind) else "int"
+        a, b = left.data, right.data
+        if op == "+":
+            return integer_value(kind, a + b)
+        if op == "-":
+            return integer_value(kind, a - b)
+        if op == "*":
+            return integer_value(kind, a * b)
+        if b == 0:
+            return NULL  # integer division by zero is UNKNOWN
+        quotient = abs(a) // abs(b)
+        return integer_value(kind, quotient if (a < 0) == (b < 0) else -quotient)
+
+
+def mismatched(a: Value, b: Value) -> bool:
+    """Two non-NULL values that cannot be ordered against each other (JMS NOT BETWEEN)."""
+    if a.kind == "null" or b.kind == "null":
+        return False
+    return not (a.kind in NUMERIC_KINDS and b.kind in NUMERIC_KINDS)
+
+
+def numeric_compare(op: str, a: Any, b: Any) -> bool:
+    """Numbers compared by value (Python compares int with float exactly; NaN is unordered)."""
+    if op == "=":
+        return a == b
+    if op == "<>":
+        return a != b
+    if op == "<":
+        return a < b
+    if op == "<=":
+        return a <= b
+    if op == ">":
+        return a > b
+    return a >= b
+
+
+def float_divide(a: float, b: float) -> float:
+    """IEEE 754 division: x/0 is +-Infinity, 0/0 and NaN/0 are NaN."""
+    if b == 0.0:
+        if a == 0.0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * math.copysign(1.0, b)
+    return a / b
