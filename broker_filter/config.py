@@ -1,0 +1,969 @@
+"""The daemon's configuration: one frozen dataclass tree, `Config`.
+
+Theory of operation.  Every setting is declared once, as a dataclass field made by `setting()`, which
+records its kind, default, documentation and checks.  Values come from four layers, each overriding
+the one before: the defaults, a TOML file (`--config PATH` or `BROKER_FILTER_CONFIG`), environment
+variables named after the key (`limits.selector_length` -> `BROKER_FILTER_LIMITS_SELECTOR_LENGTH`)
+and command-line flags (`--listen`, `--upstream`, `--metrics`, `--log-format`, `--log-level`,
+`--set KEY=VALUE`).  The layers are merged as raw values first, then converted and checked in one
+pass, so a bad value anywhere raises `ConfigError(key, reason)` naming the dotted key, before the
+daemon opens a socket.  Unknown keys are errors too (typos must not be silently ignored).
+
+Table-valued settings (`listener.users`, `address_rules`, `virtual_addresses`) come from the file or
+`--set` only.  Environment variables and flags carry text and are parsed by the setting's kind: lists
+are comma-separated, booleans are true/false/yes/no/1/0, tri-states also accept `auto`.
+
+Secrets (passwords, key passwords, credentials inside URLs) never appear in `repr`, in error
+messages or in `Config.to_dict()`.
+
+`python -m broker_filter.config` prints the Markdown reference table that README.md carries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import ipaddress
+import json
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import urlsplit
+
+from .security import PasswordHashError, parse_password_hash, redact_url
+
+ENV_PREFIX = "BROKER_FILTER_"
+CONFIG_ENV = "BROKER_FILTER_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used.  `key` is the dotted key, `reason` says why (secret-free)."""
+
+    exit_code = 2
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------------------------------
+# Declaring settings
+
+
+class _Text(str):
+    """A raw value that came as text (environment, command line) and must be parsed by kind."""
+
+    origin: str = ""
+
+    def __new__(cls, value: str, origin: str) -> _Text:
+        self = super().__new__(cls, value)
+        self.origin = origin
+        return self
+
+
+def setting(
+    default: Any,
+    doc: str,
+    *,
+    kind: str,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    secret: bool = False,
+    env: bool = True,
+    shown_default: str | None = None,
+) -> Any:
+    """A leaf setting.  kind: str, int, float, bool, tristate, list, port, hostport, table."""
+    metadata = {
+        "kind": kind,
+        "doc": doc,
+        "minimum": minimum,
+        "maximum": maximum,
+        "choices": choices,
+        "secret": secret,
+        "env": env and kind != "table",
+        "shown_default": shown_default,
+    }
+    if isinstance(default, (dict, list, tuple)) or callable(default):
+        factory = default if callable(default) else (lambda d=default: d)
+        return field(default_factory=factory, metadata=metadata, repr=not secret)
+    return field(default=default, metadata=metadata, repr=not secret)
+
+
+def section(cls: type, doc: str) -> Any:
+    return field(default_factory=cls, metadata={"kind": "section", "doc": doc})
+
+
+# --------------------------------------------------------------------------------------------------
+# The settings
+
+
+@dataclass(frozen=True)
+class ListenerTLS:
+    cert_file: str = setting("", "PEM certificate (chain) the listener presents; setting it turns TLS on", kind="str")
+    key_file: str = setting("", "PEM private key of `cert_file`", kind="str")
+    key_password: str = setting("", "password of an encrypted `key_file`", kind="str", secret=True)
+    ca_file: str = setting("", "PEM CA certificates that client certificates must chain to", kind="str")
+    verify_client: bool = setting(False, "require a client certificate signed by `ca_file`", kind="bool")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+@dataclass(frozen=True)
+class Listener:
+    host: str = setting("127.0.0.1", "interface the AMQP listener binds (`0.0.0.0` or `::` for all)", kind="str")
+    port: int = setting(5672, "AMQP listener port (0: any free port)", kind="port")
+    sasl_mechanisms: tuple[str, ...] = setting(
+        ("ANONYMOUS", "PLAIN"),
+        "SASL mechanisms offered to clients: ANONYMOUS, PLAIN, EXTERNAL (TLS client certificate)",
+        kind="list",
+        choices=("ANONYMOUS", "PLAIN", "EXTERNAL"),
+    )
+    allow_anonymous: bool | None = setting(
+        None,
+        "accept SASL ANONYMOUS; `auto`: only when `host` is a loopback address",
+        kind="tristate",
+    )
+    users: Mapping[str, str] = setting(
+        lambda: MappingProxyType({}),
+        "PLAIN users, `name = \"<hash>\"`, hashes from `broker-filter hash-password` (scrypt or pbkdf2-sha256)",
+        kind="table",
+        secret=True,
+        shown_default="{}",
+    )
+    tls: ListenerTLS = section(ListenerTLS, "TLS on the client listener")
+
+    @property
+    def is_loopback(self) -> bool:
+        return _is_loopback(self.host)
+
+    @property
+    def anonymous_allowed(self) -> bool:
+        if "ANONYMOUS" not in self.sasl_mechanisms:
+            return False
+        return self.is_loopback if self.allow_anonymous is None else self.allow_anonymous
+
+    @property
+    def effective_mechanisms(self) -> tuple[str, ...]:
+        """The mechanisms actually offered: ANONYMOUS only when allowed."""
+        return tuple(m for m in self.sasl_mechanisms if m != "ANONYMOUS" or self.anonymous_allowed)
+
+
+@dataclass(frozen=True)
+class UpstreamTLS:
+    ca_file: str = setting("", "PEM CA certificates trusted for the upstream broker (amqps:// URLs)", kind="str")
+    cert_file: str = setting("", "PEM client certificate presented to the upstream broker", kind="str")
+    key_file: str = setting("", "PEM private key of `cert_file`", kind="str")
+    key_password: str = setting("", "password of an encrypted `key_file`", kind="str", secret=True)
+    verify: str = setting(
+        "peer-name",
+        "upstream certificate check: `peer-name` (chain and host name), `peer` (chain only), `none`",
+        kind="str",
+        choices=("peer-name", "peer", "none"),
+    )
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    initial_delay: float = setting(
+        0.5, "seconds before the first reconnect attempt", kind="float", minimum=0.001
+    )
+    max_delay: float = setting(30.0, "longest wait between attempts (seconds)", kind="float", minimum=0)
+    multiplier: float = setting(2.0, "backoff growth factor per failed attempt", kind="float", minimum=1)
+    jitter: float = setting(0.1, "random fraction added to each wait (0-1)", kind="float", minimum=0, maximum=1)
+
+    def delay(self, attempt: int, rand: float = 0.0) -> float:
+        """Seconds to wait before reconnect attempt `attempt` (0-based); `rand` in [0, 1) scales the jitter."""
+        base = self.initial_delay * self.multiplier ** min(attempt, 64)
+        return min(base, self.max_delay) * (1.0 + self.jitter * rand)
+
+
+@dataclass(frozen=True)
+class Upstream:
+    urls: tuple[str, ...] = setting(
+        (),
+        "upstream broker URLs `amqp[s]://[user:pass@]host[:port]`, tried in order for failover; "
+        "empty: the embedded in-memory broker",
+        kind="list",
+    )
+    user: str = setting("", "SASL PLAIN user for URLs without one", kind="str")
+    password: str = setting("", "password of `user`", kind="str", secret=True)
+    credentials: str = setting(
+        "configured",
+        "`configured`: the proxy's own credentials (URL or user/password, else ANONYMOUS); "
+        "`pass-through`: each client's PLAIN credentials open its own upstream connection",
+        kind="str",
+        choices=("configured", "pass-through"),
+    )
+    evaluates_selectors: bool | None = setting(
+        None,
+        "whether the upstream filters natively (selectors pushed down); `auto`: when it offers APACHE.ORG:SELECTOR",
+        kind="tristate",
+    )
+    tls: UpstreamTLS = section(UpstreamTLS, "TLS to the upstream broker")
+    reconnect: Reconnect = section(Reconnect, "reconnect backoff")
+
+    @property
+    def embedded(self) -> bool:
+        return not self.urls
+
+    @property
+    def redacted_urls(self) -> tuple[str, ...]:
+        return tuple(redact_url(u) for u in self.urls)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{f.name}={self.redacted_urls if f.name == 'urls' else getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if f.repr
+        )
+        return f"Upstream({shown})"
+
+
+ROUTING_TYPES = ("anycast", "multicast")
+
+
+@dataclass(frozen=True)
+class AddressRule:
+    """`pattern` in AMQ wildcard syntax (`.` separates words, `*` one word, `#` zero or more words)."""
+
+    pattern: str
+    routing_type: str = ""  # "" leaves the choice to the client / upstream
+    upstream: str = "{address}"  # `{address}` is replaced by the client's address
+
+    def matches(self, address: str) -> bool:
+        return _wildcard_match(self.pattern.split("."), address.split("."))
+
+    def rewrite(self, address: str) -> str:
+        return self.upstream.replace("{address}", address)
+
+
+@dataclass(frozen=True)
+class VirtualAddress:
+    """A configured address whose messages are those of `upstream` that pass the filter."""
+
+    name: str
+    upstream: str
+    selector: str | None = None
+    filter_set: Mapping[str, Any] | None = None  # the filter core's JSON form
+    dialect: str = "jms"
+    routing_type: str = ""
+
+    def compile(self) -> Any:
+        """The compiled filter (a `Filter` or `FilterSet` of the filter core)."""
+        from .filters import compile_filter_set, compile_selector
+
+        if self.selector is not None:
+            return compile_selector(self.selector, dialect=self.dialect)
+        return compile_filter_set(_thaw(self.filter_set), dialect=self.dialect)
+
+
+@dataclass(frozen=True)
+class Route:
+    """What an address attached by a client resolves to."""
+
+    address: str  # as the client sent it
+    upstream: str  # the address used upstream
+    routing_type: str  # "" | anycast | multicast
+    virtual: VirtualAddress | None = None
+    rule: AddressRule | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    selector_length: int = setting(4096, "longest selector accepted, in characters", kind="int", minimum=1)
+    nesting_depth: int = setting(
+        32, "deepest nesting of parentheses and and/or/not filters accepted", kind="int", minimum=1
+    )
+    links_per_connection: int = setting(256, "links one client connection may attach", kind="int", minimum=1)
+    connections: int = setting(1024, "client connections accepted at once", kind="int", minimum=1)
+    upstream_window: int = setting(
+        100,
+        "messages a link may hold from upstream beyond its client's credit",
+        kind="int",
+        minimum=0,
+    )
+
+
+@dataclass(frozen=True)
+class Metrics:
+    listen: str = setting(
+        "",
+        "`HOST:PORT` of the HTTP exporter (`/metrics`, `/healthz`, `/readyz`); empty: off",
+        kind="hostport",
+    )
+    address_labels: int = setting(
+        100,
+        "distinct `address` label values before further addresses are counted as `other`",
+        kind="int",
+        minimum=1,
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.listen)
+
+    @property
+    def host(self) -> str:
+        return split_hostport(self.listen)[0] if self.listen else ""
+
+    @property
+    def port(self) -> int:
+        return split_hostport(self.listen)[1] if self.listen else 0
+
+
+@dataclass(frozen=True)
+class Logging:
+    format: str = setting("text", "`text` (one line per event) or `json` (one object per line)", kind="str",
+                          choices=("text", "json"))
+    level: str = setting("INFO", "DEBUG, INFO, WARNING, ERROR or CRITICAL", kind="str",
+                         choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    grace_period: float = setting(
+        10.0,
+        "seconds SIGTERM waits for in-flight settlements before links are detached; a second signal forces",
+        kind="float",
+        minimum=0,
+    )
+
+
+@dataclass(frozen=True)
+class Embedded:
+    default_routing_type: str = setting(
+        "anycast", "routing type of addresses auto-created on first use", kind="str", choices=ROUTING_TYPES
+    )
+    max_messages: int = setting(1_000_000, "messages one address may hold (0: unlimited)", kind="int", minimum=0)
+    max_bytes: int = setting(
+        256 * 1024 * 1024, "bytes one address may hold (0: unlimited)", kind="int", minimum=0
+    )
+    dead_letter_address: str = setting("", "where rejected messages go; empty: dropped", kind="str")
+
+
+@dataclass(frozen=True)
+class Journal:
+    enabled: bool = setting(False, "append messages seen on `addresses` to Parquet files", kind="bool")
+    directory: str = setting("", "directory of the journal's Parquet files", kind="str")
+    addresses: tuple[str, ...] = setting((), "addresses journaled (AMQ wildcards allowed); empty: all", kind="list")
+    roll_bytes: int = setting(64 * 1024 * 1024, "roll a file after this many bytes", kind="int", minimum=1)
+    roll_seconds: float = setting(300.0, "roll a file after this many seconds", kind="float", minimum=0.001)
+
+
+@dataclass(frozen=True)
+class Config:
+    listener: Listener = section(Listener, "the AMQP listener clients connect to")
+    upstream: Upstream = section(Upstream, "where messages come from and go to")
+    address_rules: tuple[AddressRule, ...] = setting(
+        (),
+        "`[[address_rules]]` tables: `pattern` (AMQ wildcards), `routing_type` (anycast/multicast), "
+        "`upstream` (rewrite, `{address}` = the client's address); first match wins",
+        kind="table",
+        shown_default="[]",
+    )
+    virtual_addresses: Mapping[str, VirtualAddress] = setting(
+        lambda: MappingProxyType({}),
+        "`[virtual_addresses.NAME]` tables: `upstream` address plus `selector` or `filter_set` (JSON form), "
+        "optional `dialect`, `routing_type`; a client's own filters are ANDed",
+        kind="table",
+        shown_default="{}",
+    )
+    limits: Limits = section(Limits, "limits that protect the daemon")
+    metrics: Metrics = section(Metrics, "Prometheus exporter and health endpoints")
+    logging: Logging = section(Logging, "log output")
+    shutdown: Shutdown = section(Shutdown, "SIGTERM behaviour")
+    embedded: Embedded = section(Embedded, "the embedded in-memory broker (no upstream URLs)")
+    journal: Journal = section(Journal, "message journal for the Spark pipeline")
+
+    def route(self, address: str) -> Route:
+        """Resolve a client's address: a virtual address first, then the first matching address rule."""
+        virtual = self.virtual_addresses.get(address)
+        if virtual is not None:
+            rule = self._rule_for(virtual.upstream)
+            upstream = rule.rewrite(virtual.upstream) if rule else virtual.upstream
+            routing = virtual.routing_type or (rule.routing_type if rule else "")
+            return Route(address, upstream, routing, virtual, rule)
+        rule = self._rule_for(address)
+        if rule is None:
+            return Route(address, address, "")
+        return Route(address, rule.rewrite(address), rule.routing_type, None, rule)
+
+    def _rule_for(self, address: str) -> AddressRule | None:
+        for rule in self.address_rules:
+            if rule.matches(address):
+                return rule
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The effective configuration as plain data, secrets replaced by `***` (for `--print-config`)."""
+        return _to_plain(self)
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers used by the settings
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def split_hostport(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[v6]:PORT` or `:PORT` (all interfaces) -> (host, port).  ValueError says why."""
+    match = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\[\]]*):(\d+)", text.strip())
+    if not match:
+        raise ValueError(f"must be HOST:PORT, got {text!r}")
+    host = match.group(1) or match.group(3) or "0.0.0.0"
+    port = int(match.group(2) or match.group(4))
+    if port > 65535:
+        raise ValueError(f"port must be 0-65535, got {port}")
+    return host, port
+
+
+def _wildcard_match(pattern: list[str], words: list[str]) -> bool:
+    """AMQ wildcard matching: `*` is exactly one word, `#` zero or more (backtracking, no greedy misses)."""
+    memo: dict[tuple[int, int], bool] = {}
+
+    def match(i: int, j: int) -> bool:
+        key = (i, j)
+        if key in memo:
+            return memo[key]
+        if i == len(pattern):
+            result = j == len(words)
+        elif pattern[i] == "#":
+            result = match(i + 1, j) or (j < len(words) and match(i, j + 1))
+        elif j == len(words):
+            result = False
+        else:
+            result = (pattern[i] == "*" or pattern[i] == words[j]) and match(i + 1, j + 1)
+        memo[key] = result
+        return result
+
+    return match(0, 0)
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(obj, Listener) and f.name == "users":
+                out[f.name] = {name: "***" for name in value}
+            elif f.metadata.get("secret"):
+                out[f.name] = "***" if value else ""
+            elif isinstance(obj, Upstream) and f.name == "urls":
+                out[f.name] = list(obj.redacted_urls)
+            else:
+                out[f.name] = _to_plain(value)
+        return out
+    if isinstance(obj, Mapping):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------------------------------
+# Converting raw values
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, _Text):
+        shown = f"{str(value)!r}"
+        return f"{shown} (from {value.origin})" if value.origin else shown
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return f"a {'table' if isinstance(value, dict) else 'list'}"
+    return repr(value)
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _convert(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
+    kind = meta["kind"]
+    origin = f" (from {value.origin})" if isinstance(value, _Text) and value.origin else ""
+    got = "" if meta.get("secret") else f", got {_describe(value)}"
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ConfigError(key, f"must be a string{got or origin}")
+        result = str(value)
+        choices = meta.get("choices")
+        if choices:
+            folded = {c.lower(): c for c in choices}
+            if result.lower() not in folded:
+                raise ConfigError(key, f"must be one of {', '.join(choices)}{got}")
+            result = folded[result.lower()]
+        return result
+    if kind in ("int", "port"):
+        if isinstance(value, _Text):
+            try:
+                value = int(value.strip(), 10)
+            except ValueError:
+                raise ConfigError(key, f"must be an integer{got}") from None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(key, f"must be an integer{got}")
+        if kind == "port":
+            if not 0 <= value <= 65535:
+                raise ConfigError(key, f"must be a port number 0-65535, got {value}{origin}")
+            return value
+        minimum = meta.get("minimum")
+        if minimum is not None and value < minimum:
+            word = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise ConfigError(key, f"must be {word}, got {value}{origin}")
+        return value
+    if kind == "float":
+        if isinstance(value, _Text):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise ConfigError(key, f"must be a number{got}") from None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+            raise ConfigError(key, f"must be a number{got}")
+        minimum, maximum = meta.get("minimum"), meta.get("maximum")
+        if minimum is not None and value < minimum:
+            raise ConfigError(key, f"must be >= {minimum:g}, got {value:g}{origin}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(key, f"must be <= {maximum:g}, got {value:g}{origin}")
+        return float(value)
+    if kind in ("bool", "tristate"):
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if kind == "tristate" and text == "auto":
+                return None
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+        elif isinstance(value, bool):
+            return value
+        allowed = "true, false or auto" if kind == "tristate" else "true or false"
+        raise ConfigError(key, f"must be {allowed}{got}")
+    if kind == "list":
+        if isinstance(value, _Text):
+            items = [item.strip() for item in value.split(",") if item.strip()]
+        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+            items = list(value)
+        else:
+            raise ConfigError(key, f"must be a list of strings{got}")
+        choices = meta.get("choices")
+        if choices:
+            folded = {c.lower(): c for c in choices}
+            for item in items:
+                if item.lower() not in folded:
+                    raise ConfigError(key, f"items must be among {', '.join(choices)}, got {item!r}")
+            items = [folded[item.lower()] for item in items]
+        return tuple(items)
+    if kind == "hostport":
+        if not isinstance(value, str):
+            raise ConfigError(key, f"must be a HOST:PORT string{got}")
+        if not value.strip():
+            return ""
+        try:
+            host, port = split_hostport(value)
+        except ValueError as e:
+            raise ConfigError(key, f"{e}{origin}") from None
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    raise AssertionError(f"unknown kind {kind}")  # pragma: no cover - a programming error
+
+
+def _build_section(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(prefix, f"must be a table, got {_describe(raw)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in raw:
+        if name not in fields:
+            key = f"{prefix}.{name}" if prefix else str(name)
+            close = difflib.get_close_matches(str(name), list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(key, f"unknown setting{hint}")
+    values = {}
+    for name, f in fields.items():
+        if name not in raw:
+            continue
+        key = f"{prefix}.{name}" if prefix else name
+        kind = f.metadata["kind"]
+        if kind == "section":
+            values[name] = _build_section(f.default_factory, raw[name], key)
+        elif kind == "table":
+            values[name] = _TABLE_BUILDERS[(cls, name)](raw[name], key)
+        else:
+            values[name] = _convert(key, raw[name], f.metadata)
+    return cls(**values)
+
+
+def _build_users(raw: Any, key: str) -> Mapping[str, str]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key, "must be a table of `name = \"<password hash>\"`")
+    users = {}
+    for name, value in raw.items():
+        if not name:
+            raise ConfigError(key, "user names must not be empty")
+        try:
+            parse_password_hash(value)
+        except PasswordHashError as e:
+            raise ConfigError(f"{key}.{name}", str(e)) from None
+        users[str(name)] = str(value)
+    return MappingProxyType(users)
+
+
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+
+def _build_rules(raw: Any, key: str) -> tuple[AddressRule, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(key, "must be an array of tables ([[address_rules]])")
+    rules = []
+    allowed = {"pattern", "routing_type", "upstream"}
+    for i, item in enumerate(raw):
+        here = f"{key}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(here, "must be a table with `pattern`, optional `routing_type` and `upstream`")
+        for name in item:
+            if name not in allowed:
+                raise ConfigError(f"{here}.{name}", "unknown setting (pattern, routing_type, upstream)")
+        pattern = item.get("pattern")
+        if not isinstance(pattern, str) or not pattern:
+            raise ConfigError(f"{here}.pattern", "must be a non-empty address pattern such as `orders.#`")
+        routing = _routing_type(item.get("routing_type", ""), f"{here}.routing_type")
+        upstream = item.get("upstream", "{address}")
+        if not isinstance(upstream, str) or not upstream:
+            raise ConfigError(f"{here}.upstream", "must be a non-empty address template")
+        for placeholder in _PLACEHOLDER.findall(upstream):
+            if placeholder != "address":
+                raise ConfigError(f"{here}.upstream", f"unknown placeholder {{{placeholder}}} (only {{address}})")
+        rules.append(AddressRule(pattern, routing, upstream))
+    return tuple(rules)
+
+
+def _routing_type(value: Any, key: str) -> str:
+    if value in ("",) + ROUTING_TYPES:
+        return value
+    raise ConfigError(key, f"must be anycast or multicast, got {_describe(value)}")
+
+
+def _build_virtual(raw: Any, key: str) -> Mapping[str, VirtualAddress]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key, "must be a table of [virtual_addresses.NAME] tables")
+    allowed = {"upstream", "selector", "filter_set", "dialect", "routing_type"}
+    out = {}
+    for name, item in raw.items():
+        here = f"{key}.{name}"
+        if not isinstance(item, Mapping):
+            raise ConfigError(here, "must be a table with `upstream` and `selector` or `filter_set`")
+        for field_name in item:
+            if field_name not in allowed:
+                raise ConfigError(f"{here}.{field_name}", f"unknown setting ({', '.join(sorted(allowed))})")
+        upstream = item.get("upstream")
+        if not isinstance(upstream, str) or not upstream:
+            raise ConfigError(f"{here}.upstream", "must name the upstream address")
+        if upstream == name:
+            raise ConfigError(f"{here}.upstream", "must differ from the virtual address itself")
+        selector, filter_set = item.get("selector"), item.get("filter_set")
+        if (selector is None) == (filter_set is None):
+            raise ConfigError(here, "needs exactly one of `selector` or `filter_set`")
+        if filter_set is not None:
+            if isinstance(filter_set, str):
+                try:
+                    filter_set = json.loads(filter_set)
+                except ValueError as e:
+                    raise ConfigError(f"{here}.filter_set", f"invalid JSON: {e}") from None
+            if not isinstance(filter_set, Mapping) or not filter_set:
+                raise ConfigError(f"{here}.filter_set", "must be a non-empty filter-set table (or its JSON text)")
+        if selector is not None and not isinstance(selector, str):
+            raise ConfigError(f"{here}.selector", "must be a string")
+        dialect = item.get("dialect", "jms")
+        if not isinstance(dialect, str):
+            raise ConfigError(f"{here}.dialect", "must be a string")
+        routing = _routing_type(item.get("routing_type", ""), f"{here}.routing_type")
+        virtual = VirtualAddress(str(name), upstream, selector, _freeze(filter_set), dialect, routing)
+        try:
+            virtual.compile()
+        except ImportError:  # pragma: no cover - the filter core is part of the package
+            raise
+        except Exception as e:  # noqa: BLE001 - every compile failure is a configuration error
+            what = "selector" if selector is not None else "filter_set"
+            describe = getattr(e, "describe", None)
+            reason = describe() if callable(describe) else str(e)
+            raise ConfigError(f"{here}.{what}", reason) from None
+        out[str(name)] = virtual
+    return MappingProxyType(out)
+
+
+_TABLE_BUILDERS: dict[tuple[type, str], Callable[[Any, str], Any]] = {
+    (Listener, "users"): _build_users,
+    (Config, "address_rules"): _build_rules,
+    (Config, "virtual_addresses"): _build_virtual,
+}
+
+
+def _check(config: Config) -> None:
+    """Rules that span several settings."""
+    listener = config.listener
+    if not listener.sasl_mechanisms:
+        raise ConfigError("listener.sasl_mechanisms", "must offer at least one mechanism")
+    tls = listener.tls
+    if tls.cert_file and not tls.key_file:
+        raise ConfigError("listener.tls.key_file", "is required with listener.tls.cert_file")
+    if tls.key_file and not tls.cert_file:
+        raise ConfigError("listener.tls.cert_file", "is required with listener.tls.key_file")
+    if tls.verify_client and not tls.ca_file:
+        raise ConfigError("listener.tls.ca_file", "is required with listener.tls.verify_client")
+    if "EXTERNAL" in listener.sasl_mechanisms and not tls.verify_client:
+        raise ConfigError("listener.sasl_mechanisms", "EXTERNAL needs listener.tls.verify_client = true")
+    for name in ("cert_file", "key_file", "ca_file"):
+        _check_file(f"listener.tls.{name}", getattr(tls, name))
+    upstream = config.upstream
+    if upstream.credentials == "pass-through" and "PLAIN" not in listener.sasl_mechanisms:
+        raise ConfigError("upstream.credentials", "pass-through needs PLAIN in listener.sasl_mechanisms")
+    if upstream.credentials == "pass-through" and upstream.embedded:
+        raise ConfigError("upstream.credentials", "pass-through needs upstream.urls (the embedded broker has no users)")
+    can_authenticate = (
+        listener.anonymous_allowed
+        or ("PLAIN" in listener.sasl_mechanisms and (listener.users or upstream.credentials == "pass-through"))
+        or "EXTERNAL" in listener.sasl_mechanisms
+    )
+    if not can_authenticate:
+        raise ConfigError(
+            "listener.users",
+            f"no client could log in: ANONYMOUS is off on {listener.host} (not loopback; set "
+            "listener.allow_anonymous = true to allow it), and there are no PLAIN users and no pass-through",
+        )
+    for i, url in enumerate(upstream.urls):
+        _check_url(f"upstream.urls[{i}]", url)
+    if upstream.password and not upstream.user:
+        raise ConfigError("upstream.user", "is required with upstream.password")
+    for name in ("ca_file", "cert_file", "key_file"):
+        _check_file(f"upstream.tls.{name}", getattr(upstream.tls, name))
+    if upstream.reconnect.max_delay < upstream.reconnect.initial_delay:
+        raise ConfigError("upstream.reconnect.max_delay", "must be >= upstream.reconnect.initial_delay")
+    if config.journal.enabled and not config.journal.directory:
+        raise ConfigError("journal.directory", "is required when journal.enabled = true")
+    for name in config.virtual_addresses:
+        if len(name) == 0:
+            raise ConfigError("virtual_addresses", "names must not be empty")
+        virtual = config.virtual_addresses[name]
+        if virtual.selector is not None and len(virtual.selector) > config.limits.selector_length:
+            raise ConfigError(
+                f"virtual_addresses.{name}.selector",
+                f"is {len(virtual.selector)} characters, over limits.selector_length = {config.limits.selector_length}",
+            )
+
+
+def _check_file(key: str, path: str) -> None:
+    if path and not os.path.isfile(path):
+        raise ConfigError(key, f"file not found: {path}")
+
+
+def _check_url(key: str, url: str) -> None:
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise ConfigError(key, f"invalid URL {shown}: {redact_url(str(e))}") from None
+    if parts.scheme not in ("amqp", "amqps"):
+        raise ConfigError(key, f"must be an amqp:// or amqps:// URL, got {shown}")
+    if not parts.hostname:
+        raise ConfigError(key, f"has no host: {shown}")
+    if port == 0:
+        raise ConfigError(key, f"port must be 1-65535: {shown}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _leaves(cls: type = Config, prefix: str = "") -> Any:
+    """(dotted key, field) for every setting, sections expanded, in declaration order."""
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if f.metadata.get("kind") == "section":
+            yield from _leaves(f.default_factory, key + ".")
+        elif "kind" in f.metadata:
+            yield key, f
+
+
+def env_name(key: str) -> str:
+    return ENV_PREFIX + key.replace(".", "_").upper()
+
+
+def _set(raw: dict, key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    node = raw
+    walked = []
+    for part in parents:
+        walked.append(part)
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(walked), f"must be a table, got {_describe(child)}")
+        node = child
+    node[last] = value
+
+
+def read_file(path: str) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError("config", f"file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError("config", f"cannot read {path}: {e.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError("config", f"{path}: invalid TOML: {e}") from None
+
+
+def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] = os.environ) -> Config:
+    """The effective configuration: defaults < TOML file < environment < command-line flags."""
+    path = getattr(args, "config", None) or environ.get(CONFIG_ENV) or None
+    raw: dict = read_file(path) if path else {}
+    leaves = dict(_leaves())
+    for key, f in leaves.items():
+        if not f.metadata["env"]:
+            continue
+        name = env_name(key)
+        if name in environ:
+            _set(raw, key, _Text(environ[name], f"environment variable {name}"))
+    if args is not None:
+        _apply_flags(raw, args, leaves)
+    config = _build_section(Config, raw, "")
+    _check(config)
+    return config
+
+
+def _apply_flags(raw: dict, args: argparse.Namespace, leaves: Mapping[str, Any]) -> None:
+    listen = getattr(args, "listen", None)
+    if listen is not None:
+        try:
+            host, port = split_hostport(listen)
+        except ValueError as e:
+            raise ConfigError("--listen", str(e)) from None
+        _set(raw, "listener.host", host)
+        _set(raw, "listener.port", port)
+    upstream = getattr(args, "upstream", None)
+    if upstream is not None:
+        urls = [u for u in upstream if u]
+        _set(raw, "upstream.urls", urls)
+    for flag, key in (("metrics", "metrics.listen"), ("log_format", "logging.format"), ("log_level", "logging.level")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            _set(raw, key, _Text(value, f"--{flag.replace('_', '-')}"))
+    for item in getattr(args, "set", None) or ():
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise ConfigError(key or "--set", "--set needs KEY=VALUE")
+        if key in leaves and leaves[key].metadata["kind"] != "table":
+            _set(raw, key, _Text(value, "--set"))
+            continue
+        # Table-valued keys take an inline TOML value: --set 'listener.users={alice="$scrypt$..."}'
+        try:
+            parsed = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(key, f"--set value is not a TOML value: {e}") from None
+        _set(raw, key, parsed)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The configuration flags of `broker-filter serve`."""
+    group = parser.add_argument_group("configuration (flags override BROKER_FILTER_* variables override the file)")
+    group.add_argument("--config", metavar="PATH", help=f"TOML configuration file (also ${CONFIG_ENV})")
+    group.add_argument("--listen", metavar="HOST:PORT", help="AMQP listener address (default 127.0.0.1:5672)")
+    group.add_argument(
+        "--upstream",
+        metavar="URL",
+        action="append",
+        help="upstream broker amqp[s]://[user:pass@]host[:port]; repeat for failover (default: embedded broker)",
+    )
+    group.add_argument("--metrics", metavar="HOST:PORT", help="HTTP exporter for /metrics, /healthz, /readyz")
+    group.add_argument("--log-format", choices=("text", "json"), help="log line format (default text)")
+    group.add_argument(
+        "--log-level", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), help="default INFO"
+    )
+    group.add_argument("--set", metavar="KEY=VALUE", action="append", help="any setting by its dotted key")
+    group.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration as JSON (secrets masked) and exit",
+    )
+
+
+def load_for_cli(args: argparse.Namespace, environ: Mapping[str, str] = os.environ, *, stderr: Any = None) -> Config:
+    """`load` for a command: a bad value prints `broker-filter: config error: KEY: REASON` and exits 2;
+    `--print-config` prints the effective configuration and exits 0."""
+    try:
+        config = load(args, environ)
+    except ConfigError as e:
+        print(f"broker-filter: config error: {e}", file=stderr or sys.stderr)
+        raise SystemExit(ConfigError.exit_code) from None
+    if getattr(args, "print_config", False):
+        print(json.dumps(config.to_dict(), indent=2))
+        raise SystemExit(0)
+    return config
+
+
+# --------------------------------------------------------------------------------------------------
+# Reference documentation
+
+
+def _shown_default(f: dataclasses.Field) -> str:
+    meta = f.metadata
+    if meta.get("shown_default") is not None:
+        return meta["shown_default"]
+    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    if meta["kind"] == "tristate" and value is None:
+        return "auto"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(json.dumps(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
+
+
+def reference_table() -> str:
+    """The Markdown table of every setting: key, environment variable, default, meaning."""
+    lines = ["| key | environment variable | default | meaning |", "|---|---|---|---|"]
+    for key, f in _leaves():
+        env = f"`{env_name(key)}`" if f.metadata["env"] else "(file or `--set`)"
+        doc = f.metadata["doc"].replace("|", "\\|")
+        default = _shown_default(f).replace("|", "\\|")
+        lines.append(f"| `{key}` | {env} | `{default}` | {doc} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(reference_table())
