@@ -1,0 +1,346 @@
+"""A queue with broker semantics for consumers with selectors: the oldest matching message, always.
+
+Theory of operation
+-------------------
+Messages get a sequence number when they enter the queue and keep it until they are removed, so a
+message that is released goes back exactly where it was.  `_entries` maps seq -> entry for every
+message in the queue (available or out on a delivery); `_available` is the sorted set of seqs
+nobody holds.
+
+Every consumer keeps a **cursor**: the highest seq it has already looked at.  Invariant: every
+available message with seq <= cursor is one this consumer cannot take (its filter is not TRUE, the
+message is marked undeliverable for it, ...), except the seqs in the consumer's **recheck heap**.
+Finding the next message for a consumer therefore means: pop the recheck heap (oldest first), then
+walk the available seqs after the cursor, evaluating each one once.  A message becomes available
+again (released, modified, an unsettled delivery returned by a detach) only through `_make_available`,
+which pushes its seq onto the recheck heap of every consumer whose cursor already passed it.  Hence:
+
+* a consumer always gets the **oldest** available message its filter accepts (rechecks are all
+  older than anything after the cursor, and both are visited in ascending order);
+* non-matching messages stay in place for other consumers, at any depth: there is no window;
+* each (message, consumer) pair is evaluated once, plus once per return of the message; the cost of
+  serving a consumer is amortized O(log n) per evaluation (sorted-list seek), and a consumer whose
+  selector has an equality conjunct (`index.EqualityHint`) walks only its candidates:
+  O(log n + candidates) per message found.
+
+`dispatch(budget)` hands messages to consumers with credit in round-robin order and stops after
+`budget` filter evaluations, reporting that work is left, so a long scan never blocks the event
+loop; the next call resumes from the cursors.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any, Callable, Iterator
+
+from sortedcontainers import SortedList
+
+from .index import EqualityHint, PropertyIndex, equality_hint
+
+_consumer_ids = itertools.count(1)
+
+
+class Stored:
+    """One published message, shared by reference by every queue it was routed to."""
+
+    __slots__ = ("payload", "size", "address", "refs", "_message", "_decode", "origin")
+
+    def __init__(self, payload: Any, size: int, address: Any, message: Any = None,
+                 decode: Callable[[Any], Any] | None = None, origin: str | None = None):
+        self.payload = payload
+        self.size = size
+        self.address = address  # the Address whose limits this message counts against
+        self.refs = 0
+        self._message = message
+        self._decode = decode
+        self.origin = origin
+
+    @property
+    def message(self) -> Any:
+        """The message as filters see it (decoded on first use)."""
+        if self._message is None and self._decode is not None:
+            self._message = self._decode(self.payload)
+        return self._message
+
+    def message_properties(self) -> Any:
+        m = self.message
+        return getattr(m, "application_properties", None) if m is not None else None
+
+
+class Entry:
+    """A stored message in one queue: its place (seq) and delivery state there."""
+
+    __slots__ = ("seq", "stored", "queue", "holder", "delivery_count", "excluded")
+
+    def __init__(self, seq: int, stored: Stored, queue: "Queue"):
+        self.seq = seq
+        self.stored = stored
+        self.queue = queue
+        self.holder: Consumer | None = None  # the consumer it is out to, if any
+        self.delivery_count = 0
+        self.excluded: set[int] | None = None  # consumer ids it is undeliverable to
+
+    @property
+    def message(self) -> Any:
+        return self.stored.message
+
+    @property
+    def payload(self) -> Any:
+        return self.stored.payload
+
+    def __repr__(self) -> str:
+        return f"<Entry {self.queue.name}#{self.seq}>"
+
+
+class Consumer:
+    """A receiver on one queue.  `context` belongs to whoever drives the broker (e.g. the link)."""
+
+    __slots__ = ("id", "queue", "filter", "receiver", "credit", "cursor", "recheck", "hint",
+                 "outstanding", "context", "name", "closed", "evaluations")
+
+    def __init__(self, queue: "Queue", filter_: Any = None, receiver: Any = None, *,
+                 context: Any = None, name: str | None = None):
+        self.id = next(_consumer_ids)
+        self.queue = queue
+        self.filter = filter_
+        self.receiver = receiver  # identity handed to Filter.evaluate (no-local)
+        self.credit = 0
+        self.cursor = -1
+        self.recheck: list[int] = []
+        self.hint: EqualityHint | None = None
+        self.outstanding: dict[int, Entry] = {}
+        self.context = context
+        self.name = name
+        self.closed = False
+        self.evaluations = 0
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.id} on {self.queue.name}>"
+
+
+class Queue:
+    """An ordered store of entries with competing consumers (see the module docstring)."""
+
+    def __init__(self, name: str, address: Any, routing_type: str, *, filter_: Any = None,
+                 filter_receiver: Any = None, durable: bool = False, shared: bool = True,
+                 temporary: bool = False, on_removed: Callable[[Stored], None] | None = None):
+        self.name = name
+        self.address = address
+        self.routing_type = routing_type
+        self.filter = filter_  # queue filter: decides at enqueue (subscription selectors, no-local)
+        self.filter_receiver = filter_receiver
+        self.durable = durable
+        self.shared = shared
+        self.temporary = temporary
+        self.binding: str | None = None  # wildcard pattern this subscription queue is bound to
+        self.consumers: list[Consumer] = []
+        self._entries: dict[int, Entry] = {}
+        self._available = SortedList()
+        self._seq = itertools.count()
+        self._rr = 0
+        self._indexes: dict[str, PropertyIndex] = {}
+        self._on_removed = on_removed
+        self.bytes = 0
+        self.dirty = False
+
+    # ------------------------------------------------------------------ inspection
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def available(self) -> int:
+        return len(self._available)
+
+    def entries(self) -> Iterator[Entry]:
+        return iter(list(self._entries.values()))
+
+    # ------------------------------------------------------------------ messages
+    def accepts(self, stored: Stored) -> bool:
+        """The queue filter's verdict (True when the queue has none)."""
+        if self.filter is None:
+            return True
+        try:
+            return self.filter.evaluate(stored.message, self.filter_receiver) is True
+        except Exception:  # a broken filter never takes the broker down: treat as no match
+            return False
+
+    def enqueue(self, stored: Stored) -> Entry:
+        seq = next(self._seq)
+        entry = Entry(seq, stored, self)
+        self._entries[seq] = entry
+        self._available.add(seq)
+        stored.refs += 1
+        self.bytes += stored.size
+        if self._indexes:
+            props = stored.message_properties()
+            for index in self._indexes.values():
+                index.add(seq, props)
+        self.dirty = True
+        return entry
+
+    def _remove(self, entry: Entry) -> None:
+        if self._entries.pop(entry.seq, None) is None:
+            return
+        self._available.discard(entry.seq)
+        self.bytes -= entry.stored.size
+        if self._indexes:
+            props = entry.stored.message_properties()
+            for index in self._indexes.values():
+                index.discard(entry.seq, props)
+        entry.stored.refs -= 1
+        if self._on_removed is not None:
+            self._on_removed(entry.stored)
+
+    def _make_available(self, entry: Entry) -> None:
+        entry.holder = None
+        seq = entry.seq
+        self._available.add(seq)
+        for c in self.consumers:
+            if c.cursor >= seq:
+                heapq.heappush(c.recheck, seq)
+        self.dirty = True
+
+    def purge(self) -> int:
+        """Remove every message nobody holds; returns how many."""
+        removed = 0
+        for seq in list(self._available):
+            self._remove(self._entries[seq])
+            removed += 1
+        return removed
+
+    # ------------------------------------------------------------------ consumers
+    def add_consumer(self, consumer: Consumer) -> None:
+        hint = equality_hint(consumer.filter)
+        if hint is not None:
+            index = self._indexes.get(hint.key)
+            if index is None:
+                index = self._indexes[hint.key] = PropertyIndex(hint.key)
+                index.build(self._entries)
+            index.users += 1
+            consumer.hint = hint
+        self.consumers.append(consumer)
+        self.dirty = True
+
+    def remove_consumer(self, consumer: Consumer, *, delivery_failed: bool = True) -> None:
+        """Detach: the consumer's unsettled messages go back in place."""
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        consumer.closed = True
+        if consumer.hint is not None:
+            index = self._indexes.get(consumer.hint.key)
+            if index is not None:
+                index.users -= 1
+                if index.users <= 0:
+                    del self._indexes[consumer.hint.key]
+            consumer.hint = None
+        held = sorted(consumer.outstanding.values(), key=lambda e: e.seq)
+        consumer.outstanding.clear()
+        for entry in held:
+            if entry.seq in self._entries:
+                if delivery_failed:
+                    entry.delivery_count += 1
+                self._make_available(entry)
+
+    # ------------------------------------------------------------------ outcomes
+    def accept(self, consumer: Consumer, entry: Entry) -> None:
+        consumer.outstanding.pop(entry.seq, None)
+        self._remove(entry)
+
+    def drop(self, consumer: Consumer | None, entry: Entry) -> None:
+        """Remove without delivery (rejected): the caller dead-letters it if configured."""
+        if consumer is not None:
+            consumer.outstanding.pop(entry.seq, None)
+        self._remove(entry)
+
+    def release(self, consumer: Consumer, entry: Entry, *, delivery_failed: bool = False,
+                undeliverable_here: bool = False) -> None:
+        if consumer.outstanding.pop(entry.seq, None) is None or entry.seq not in self._entries:
+            return
+        if delivery_failed:
+            entry.delivery_count += 1
+        if undeliverable_here:
+            if entry.excluded is None:
+                entry.excluded = set()
+            entry.excluded.add(consumer.id)
+        self._make_available(entry)
+
+    # ------------------------------------------------------------------ dispatch
+    def _takes(self, consumer: Consumer, entry: Entry) -> bool:
+        if entry.excluded is not None and consumer.id in entry.excluded:
+            return False
+        f = consumer.filter
+        if f is None:
+            return True
+        consumer.evaluations += 1
+        try:
+            return f.evaluate(entry.stored.message, consumer.receiver) is True
+        except Exception:  # never let a broken filter stop the queue
+            return False
+
+    def _next_for(self, consumer: Consumer, budget: int) -> tuple[Entry | None, int, bool]:
+        """(entry or None, evaluations spent, finished).  finished=False: budget ran out."""
+        spent = 0
+        entries = self._entries
+        recheck = consumer.recheck
+        while recheck:
+            if spent >= budget:
+                return None, spent, False
+            seq = heapq.heappop(recheck)
+            entry = entries.get(seq)
+            if entry is None or entry.holder is not None:
+                continue
+            spent += 1
+            if self._takes(consumer, entry):
+                return entry, spent, True
+        hint = consumer.hint
+        if hint is not None:
+            source = self._indexes[hint.key].candidates(hint.values, consumer.cursor)
+        else:
+            source = self._available.irange(minimum=consumer.cursor, inclusive=(False, True))
+        for seq in source:
+            if spent >= budget:
+                return None, spent, False
+            entry = entries[seq]
+            consumer.cursor = seq
+            if entry.holder is not None:
+                continue  # out on a delivery; comes back through the recheck heap
+            spent += 1
+            if self._takes(consumer, entry):
+                return entry, spent, True
+        return None, spent, True
+
+    def dispatch(self, budget: int) -> tuple[list[tuple[Consumer, Entry]], int, bool]:
+        """Hand available messages to consumers with credit, round robin.
+
+        Returns (assignments, evaluations spent, finished).  Each assigned entry is out on a
+        delivery to its consumer until `accept` / `release` / `drop` / `remove_consumer`."""
+        self.dirty = False
+        out: list[tuple[Consumer, Entry]] = []
+        spent = 0
+        if not self._available or not self.consumers:
+            return out, spent, True
+        n = len(self.consumers)
+        waiting = [c for c in self.consumers[self._rr % n:] + self.consumers[: self._rr % n] if c.credit > 0]
+        while waiting and self._available:
+            still = []
+            for c in waiting:
+                if not self._available:
+                    break
+                entry, used, finished = self._next_for(c, budget - spent)
+                spent += used
+                if not finished:
+                    self.dirty = True
+                    return out, spent, False
+                if entry is None:
+                    continue  # nothing for this consumer until something changes
+                self._available.remove(entry.seq)
+                entry.holder = c
+                c.outstanding[entry.seq] = entry
+                c.credit -= 1
+                out.append((c, entry))
+                self._rr = (self.consumers.index(c) + 1) % n
+                if c.credit > 0:
+                    still.append(c)
+            waiting = still
+        return out, spent, True
