@@ -1,0 +1,458 @@
+"""Prometheus metrics and the HTTP exporter (`/metrics`, `/healthz`, `/readyz`).
+
+Theory of operation.  One `Metrics(registry)` object owns every instrument; the daemon creates one
+and hands it down, tests give it a private `CollectorRegistry`.  Two kinds of facts feed it, and the
+HTTP thread never touches the daemon's live (proton) objects:
+
+- events, counted the moment they happen on the daemon's thread: a message received, forwarded,
+  filtered out, an outcome, a refused attach, a reconnect (`Counter`s, thread-safe);
+- state, published by the daemon as an immutable `Snapshot` (connections, links by kind, messages
+  held and credit outstanding per address, upstream status) whenever it likes — e.g. once a second
+  from a timer.  The exporter renders the latest snapshot it was given.
+
+Label values are bounded: `address` takes the first `address_labels` distinct addresses (configured
+ones can be reserved first) and counts every later one as `other`; outcome, reason and kind take
+values from fixed sets (anything else is `other`).  Selector text never becomes a label.
+
+`Health` answers the probes: `/healthz` is 200 while the daemon's loop keeps calling `beat()` (or
+always, when it never does), `/readyz` is 200 while the readiness check says the upstream is
+reachable.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+
+log = logging.getLogger("broker_filter.metrics")
+
+OTHER = "other"
+OUTCOMES = frozenset({"accepted", "rejected", "released", "modified"})
+LINK_KINDS = frozenset({"consumer", "producer", "upstream-consumer", "upstream-producer"})
+REFUSAL_REASONS = frozenset(
+    {
+        "invalid-filter",  # selector or filter-set that does not compile (amqp:invalid-field)
+        "limit",  # over a configured limit (links per connection, selector length, depth)
+        "unauthorized",  # SASL or upstream permission refused
+        "not-found",  # upstream address missing
+        "upstream-unavailable",  # no upstream connection
+        "shutdown",  # the daemon is stopping
+        "internal-error",
+    }
+)
+CONNECTION_REFUSALS = frozenset({"limit", "unauthorized", "tls", "shutdown"})
+# Filter evaluation takes microseconds; buckets from 1 µs to 10 ms.
+FILTER_SECONDS_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2)
+
+
+def bounded(value: str, allowed: frozenset[str]) -> str:
+    return value if value in allowed else OTHER
+
+
+class AddressLabels:
+    """Maps addresses to at most `limit` distinct label values; later addresses become `other`."""
+
+    def __init__(self, limit: int, max_length: int = 200):
+        self._limit = limit
+        self._max_length = max_length
+        self._labels: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def reserve(self, addresses: Iterable[str]) -> None:
+        """Give known addresses (configured ones) their own label before clients pick theirs."""
+        for address in addresses:
+            self(address)
+
+    def __call__(self, address: str | None) -> str:
+        address = address or ""
+        label = self._labels.get(address)
+        if label is not None:
+            return label
+        with self._lock:
+            label = self._labels.get(address)
+            if label is None:
+                fits = len(self._labels) < self._limit and len(address) <= self._max_length
+                label = address if fits and address != OTHER else OTHER
+                if label != OTHER or len(self._labels) < self._limit * 4:
+                    # Remember overflow addresses too (bounded) so repeat lookups stay cheap.
+                    self._labels[address] = label
+            return label
+
+    @property
+    def distinct(self) -> int:
+        return len({label for label in self._labels.values() if label != OTHER})
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The daemon's state at one moment, as plain values (the exporter renders the latest one)."""
+
+    connections: int = 0
+    links: Mapping[str, int] = field(default_factory=dict)  # kind -> attached links
+    held: Mapping[str, int] = field(default_factory=dict)  # address -> messages held unsettled, unmatched
+    credit: Mapping[str, int] = field(default_factory=dict)  # address -> credit granted by clients, unused
+    stalled: Mapping[str, bool] = field(default_factory=dict)  # address -> pulling stopped (window full)
+    upstream_connected: bool = False
+    taken_at: float = field(default_factory=time.time)
+
+
+class AddressCounters:
+    """The per-address counters of one address, bound once (a link keeps one for its life)."""
+
+    __slots__ = ("label", "received", "forwarded", "filtered_out", "published", "_outcomes")
+
+    def __init__(self, metrics: Metrics, label: str):
+        self.label = label
+        self.received = metrics.messages_received.labels(label)
+        self.forwarded = metrics.messages_forwarded.labels(label)
+        self.filtered_out = metrics.messages_filtered_out.labels(label)
+        self.published = metrics.messages_published.labels(label)
+        self._outcomes = {o: metrics.outcomes.labels(label, o) for o in (*sorted(OUTCOMES), OTHER)}
+
+    def outcome(self, outcome: str, n: int = 1) -> None:
+        self._outcomes[bounded(outcome, OUTCOMES)].inc(n)
+
+
+class Metrics:
+    """Every instrument of the daemon, registered in `registry`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, address_labels: int = 100):
+        from . import __version__
+
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.addresses = AddressLabels(address_labels)
+        r = self.registry
+        self.info = Info("broker_filter", "broker-filter build information", registry=r)
+        self.info.info({"version": __version__})
+        self.connections_accepted = Counter(
+            "broker_filter_connections_accepted", "Client connections accepted", registry=r
+        )
+        self.connections_refused = Counter(
+            "broker_filter_connections_refused", "Client connections refused, by reason", ["reason"], registry=r
+        )
+        self.authentication_failures = Counter(
+            "broker_filter_authentication_failures", "Failed SASL authentications, by mechanism", ["mechanism"],
+            registry=r,
+        )
+        self.messages_received = Counter(
+            "broker_filter_messages_received", "Messages received from upstream, by address", ["address"], registry=r
+        )
+        self.messages_forwarded = Counter(
+            "broker_filter_messages_forwarded", "Messages delivered to a client link, by address", ["address"],
+            registry=r,
+        )
+        self.messages_filtered_out = Counter(
+            "broker_filter_messages_filtered_out",
+            "Messages a link's filter did not select, by address",
+            ["address"],
+            registry=r,
+        )
+        self.messages_published = Counter(
+            "broker_filter_messages_published", "Messages clients published upstream, by address", ["address"],
+            registry=r,
+        )
+        self.outcomes = Counter(
+            "broker_filter_outcomes",
+            "Client outcomes applied to upstream deliveries, by address and outcome",
+            ["address", "outcome"],
+            registry=r,
+        )
+        self.filter_seconds = Histogram(
+            "broker_filter_filter_evaluation_seconds",
+            "Time to evaluate one link's filter on one message",
+            buckets=FILTER_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.attach_refused = Counter(
+            "broker_filter_attach_refused", "Link attaches refused, by reason", ["reason"], registry=r
+        )
+        self.upstream_reconnects = Counter(
+            "broker_filter_upstream_reconnects", "Upstream connections re-established after a loss", registry=r
+        )
+        self._by_address: dict[str, AddressCounters] = {}
+        self._lock = threading.Lock()
+        self._snapshot = Snapshot()
+        r.register(_SnapshotCollector(self))
+
+    # -- events (called on the daemon's thread) ----------------------------------------------------
+
+    def address(self, address: str | None) -> AddressCounters:
+        """The counters for `address` (bounded label); cache the result per link."""
+        label = self.addresses(address)
+        counters = self._by_address.get(label)
+        if counters is None:
+            with self._lock:
+                counters = self._by_address.get(label)
+                if counters is None:
+                    counters = self._by_address[label] = AddressCounters(self, label)
+        return counters
+
+    def refuse_attach(self, reason: str) -> None:
+        self.attach_refused.labels(bounded(reason, REFUSAL_REASONS)).inc()
+
+    def refuse_connection(self, reason: str) -> None:
+        self.connections_refused.labels(bounded(reason, CONNECTION_REFUSALS)).inc()
+
+    def authentication_failed(self, mechanism: str) -> None:
+        known = frozenset({"ANONYMOUS", "PLAIN", "EXTERNAL"})
+        self.authentication_failures.labels(bounded(mechanism.upper(), known)).inc()
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Replace the state the exporter shows (one reference assignment: atomic for readers)."""
+        self._snapshot = snapshot
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+
+class _SnapshotCollector:
+    """Renders the latest published `Snapshot` as gauges, labels bounded like the counters'."""
+
+    def __init__(self, metrics: Metrics):
+        self._metrics = metrics
+
+    def describe(self) -> list:
+        return []  # collected on demand; no fixed description needed at registration
+
+    def collect(self) -> Iterable[Any]:
+        snap = self._metrics.snapshot
+        labels = self._metrics.addresses
+        yield GaugeMetricFamily("broker_filter_connections", "Client connections open", value=snap.connections)
+        links = GaugeMetricFamily("broker_filter_links", "Attached links, by kind", labels=["kind"])
+        for kind, n in _merge(snap.links, lambda k: bounded(k, LINK_KINDS)).items():
+            links.add_metric([kind], n)
+        yield links
+        for name, doc, values in (
+            ("broker_filter_messages_held", "Messages held unsettled from upstream with no match yet, by address",
+             snap.held),
+            ("broker_filter_credit_outstanding", "Credit granted by clients and not yet used, by address",
+             snap.credit),
+            ("broker_filter_address_stalled", "1 while pulling from an address is stopped because its window is full",
+             {a: int(bool(v)) for a, v in snap.stalled.items()}),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["address"])
+            for label, n in _merge(values, labels).items():
+                family.add_metric([label], n)
+            yield family
+        yield GaugeMetricFamily(
+            "broker_filter_upstream_connected", "1 while the upstream connection is open", value=int(snap.upstream_connected)
+        )
+        yield GaugeMetricFamily(
+            "broker_filter_state_timestamp_seconds", "When the daemon published the state above", value=snap.taken_at
+        )
+
+
+def _merge(values: Mapping[str, float], label: Callable[[str], str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, n in values.items():
+        lab = label(key)
+        out[lab] = out.get(lab, 0) + n
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Health
+
+
+class Health:
+    """Liveness and readiness, both safe to ask from the HTTP thread.
+
+    alive: the daemon's loop calls `beat()` regularly; alive while the last beat is younger than
+    `stale_after` seconds (before the first beat: alive).  ready: `ready_check()` if given (it must be
+    thread-safe and cheap: read a flag), else the latest snapshot's `upstream_connected`; plus
+    `set_ready(False, reason)` overrides, e.g. while shutting down.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics | None = None,
+        *,
+        ready_check: Callable[[], bool] | None = None,
+        stale_after: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._metrics = metrics
+        self._ready_check = ready_check
+        self._stale_after = stale_after
+        self._clock = clock
+        self._last_beat: float | None = None
+        self._not_ready_reason: str | None = None
+
+    def beat(self) -> None:
+        self._last_beat = self._clock()
+
+    def set_ready(self, ready: bool, reason: str = "") -> None:
+        self._not_ready_reason = None if ready else (reason or "not ready")
+
+    def alive(self) -> tuple[bool, str]:
+        if self._last_beat is None:
+            return True, "ok"
+        age = self._clock() - self._last_beat
+        if age > self._stale_after:
+            return False, f"event loop stalled for {age:.0f} s"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        alive, why = self.alive()
+        if not alive:
+            return False, why
+        if self._not_ready_reason is not None:
+            return False, self._not_ready_reason
+        try:
+            if self._ready_check is not None:
+                ok = bool(self._ready_check())
+            elif self._metrics is not None:
+                ok = self._metrics.snapshot.upstream_connected
+            else:
+                ok = True
+        except Exception as e:  # noqa: BLE001 - a failing probe means "not ready", never a crash
+            log.warning("readiness check failed: %s", type(e).__name__)
+            return False, "readiness check failed"
+        return (True, "ok") if ok else (False, "upstream not reachable")
+
+
+# --------------------------------------------------------------------------------------------------
+# HTTP exporter
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _ExporterServer
+    server_version = "broker-filter"
+    sys_version = ""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._respond(with_body=True)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._respond(with_body=False)
+
+    def _respond(self, with_body: bool) -> None:
+        url = urlsplit(self.path)
+        try:
+            if url.path == "/metrics":
+                status, headers, body = self._metrics(url.query)
+            elif url.path in ("/healthz", "/livez"):
+                status, headers, body = self._probe(self.server.health.alive())
+            elif url.path == "/readyz":
+                status, headers, body = self._probe(self.server.health.ready())
+            else:
+                status, headers, body = 404, [("Content-Type", "text/plain; charset=utf-8")], b"not found\n"
+        except Exception:  # noqa: BLE001 - the exporter must keep serving
+            log.exception("metrics endpoint %s failed", url.path)
+            status, headers, body = 500, [("Content-Type", "text/plain; charset=utf-8")], b"internal error\n"
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if with_body:
+            self.wfile.write(body)
+
+    def _metrics(self, query: str) -> tuple[int, list[tuple[str, str]], bytes]:
+        registry = self.server.registry
+        names = parse_qs(query).get("name[]")
+        if names:
+            registry = registry.restricted_registry(names)
+        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        body = encoder(registry)
+        headers = [("Content-Type", content_type)]
+        if gzip_accepted(self.headers.get("Accept-Encoding", "")):
+            body = gzip.compress(body)
+            headers.append(("Content-Encoding", "gzip"))
+        return 200, headers, body
+
+    @staticmethod
+    def _probe(result: tuple[bool, str]) -> tuple[int, list[tuple[str, str]], bytes]:
+        ok, reason = result
+        return (200 if ok else 503), [("Content-Type", "text/plain; charset=utf-8")], f"{reason}\n".encode()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        log.debug("http %s - %s", self.address_string(), format % args)
+
+
+class _ExporterServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry, health: Health):
+        import socket
+
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.registry = registry
+        self.health = health
+        super().__init__(address, _Handler)
+
+
+class Exporter:
+    """The HTTP exporter running on its own thread; `close()` stops it (idempotent)."""
+
+    def __init__(self, server: _ExporterServer):
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="broker-filter-metrics", daemon=True
+        )
+        self._thread.start()
+        self._closed = False
+
+    @property
+    def host(self) -> str:
+        return self._server.server_address[0]
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Exporter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def serve_http(metrics: Metrics, health: Health, host: str, port: int) -> Exporter:
+    """Start the exporter on host:port (port 0: any free port, see `Exporter.port`).  OSError if the
+    address cannot be bound."""
+    server = _ExporterServer((host, port), metrics.registry, health)
+    exporter = Exporter(server)
+    log.info("metrics and health endpoints on %s (/metrics, /healthz, /readyz)", exporter.url)
+    return exporter
+
+
+__all__ = [
+    "AddressCounters",
+    "AddressLabels",
+    "Exporter",
+    "Health",
+    "Metrics",
+    "Snapshot",
+    "serve_http",
+]
