@@ -1,0 +1,147 @@
+"""Legacy AMQP exchange bindings as filters: direct, topic and headers (RabbitMQ is the reference).
+
+Theory of operation:
+* direct: the binding key equals `properties.subject` exactly; no subject never matches.
+* topic: subject and key are `.`-separated words; `""` is zero words and empty words count (`a..b` is
+  three words).  `*` matches exactly one word, `#` zero or more, both only as whole words (`a#b` is a
+  literal word).  Matching simulates the pattern as an NFA over the words (a set of pattern positions,
+  `#` looping on itself), so it is O(words x pattern) with no backtracking blow-up and no greedy
+  mistakes (`#.a.b` matches `a.x.a.b`).  A message without a subject matches only the key `#`.
+* headers: `x-match` is `all` (default), `any`, `all-with-x` or `any-with-x`; in the plain modes other
+  `x-` keys are ignored.  A pair matches when the application properties hold the key with an
+  identical value of the same AMQP type; a null binding value tests presence only.  `all` over no
+  pairs matches every message, `any` over no pairs none.
+Binding filters answer TRUE or FALSE, never UNKNOWN.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..amqptypes import amqp_type, same_amqp_value
+from .base import Filter
+from .errors import FilterError
+
+X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
+
+
+def _subject(m: Any) -> Any:
+    p = m.properties
+    return None if p is None else p.subject
+
+
+def direct_binding(key: Any) -> Filter:
+    if not isinstance(key, str):
+        raise FilterError(f"a direct binding key is a string, not {_kind(key)}")
+    key = str(key)
+
+    def fn(m: Any, r: Any) -> bool:
+        p = m.properties
+        return p is not None and p.subject is not None and str(p.subject) == key
+
+    return Filter(fn, frozenset({"properties"}), f"subject = {key!r}")
+
+
+def topic_matcher(pattern: str) -> Callable[[str], bool]:
+    """A matcher of subjects against a RabbitMQ topic binding key."""
+    words = _words(pattern)
+    if "#" not in words and "*" not in words:
+        return lambda subject: _words(subject) == words
+    if words == ["#"]:
+        return lambda subject: True
+    n = len(words)
+
+    def closure(states: set[int]) -> set[int]:
+        # '#' may match zero words: a state at '#' also stands at the next position.
+        out, stack = set(states), list(states)
+        while stack:
+            i = stack.pop()
+            if i < n and words[i] == "#" and i + 1 not in out:
+                out.add(i + 1)
+                stack.append(i + 1)
+        return out
+
+    start = frozenset(closure({0}))
+
+    def match(subject: str) -> bool:
+        states = start
+        for w in _words(subject):
+            nxt: set[int] = set()
+            for i in states:
+                if i < n:
+                    p = words[i]
+                    if p == "#":
+                        nxt.add(i)
+                    elif p == "*" or p == w:
+                        nxt.add(i + 1)
+            if not nxt:
+                return False
+            states = closure(nxt)
+        return n in states
+
+    return match
+
+
+def _words(text: str) -> list[str]:
+    return [] if text == "" else text.split(".")
+
+
+def topic_binding(key: Any) -> Filter:
+    if not isinstance(key, str):
+        raise FilterError(f"a topic binding key is a string, not {_kind(key)}")
+    key = str(key)
+    match = topic_matcher(key)
+    only_hash = key == "#"
+
+    def fn(m: Any, r: Any) -> bool:
+        s = _subject(m)
+        if s is None:
+            return only_hash
+        return match(str(s))
+
+    return Filter(fn, frozenset({"properties"}), f"subject matches topic {key!r}")
+
+
+def headers_binding(binding: Any) -> Filter:
+    if not isinstance(binding, dict):
+        raise FilterError(f"a headers binding is a map, not {_kind(binding)}")
+    mode = "all"
+    pairs: list[tuple[str, Any]] = []
+    for k, v in binding.items():
+        if not isinstance(k, str):
+            raise FilterError(f"headers binding keys are strings, not {_kind(k)}")
+        if k == "x-match":
+            if not isinstance(v, str) or str(v) not in X_MATCH_MODES:
+                raise FilterError(f"x-match must be one of {', '.join(X_MATCH_MODES)}, not {v!r}")
+            mode = str(v)
+            continue
+        if isinstance(v, (dict, list)):
+            raise FilterError(f"headers binding value for {k!r} must be a simple type, not {_kind(v)}")
+        pairs.append((str(k), v))
+    with_x = mode.endswith("-with-x")
+    if not with_x:
+        pairs = [(k, v) for k, v in pairs if not k.startswith("x-")]
+    want_all = mode.startswith("all")
+    _missing = object()
+
+    def pair_matches(props: dict, k: str, v: Any) -> bool:
+        got = props.get(k, _missing)
+        if got is _missing:
+            return False
+        return True if v is None else same_amqp_value(got, v)
+
+    def fn(m: Any, r: Any) -> bool:
+        props = m.application_properties or {}
+        if want_all:
+            return all(pair_matches(props, k, v) for k, v in pairs)
+        return any(pair_matches(props, k, v) for k, v in pairs)
+
+    desc = f"headers {mode} {{{', '.join(f'{k}={v!r}' for k, v in pairs)}}}"
+    return Filter(fn, frozenset({"application_properties"}), desc)
+
+
+def _kind(v: Any) -> str:
+    try:
+        return amqp_type(v)
+    except TypeError:
+        return type(v).__name__

@@ -1,0 +1,323 @@
+"""AST -> fast evaluator, by generating Python source with bound constants.
+
+Theory of operation: each condition becomes one Python expression over the message, returning
+True / False / None, using walrus temporaries for Kleene AND / OR / NOT.  Client text never becomes
+source: every literal, property name and helper is bound as a constant (`C0`, `C1`, ...) in the
+function's namespace, and the generated text holds only our own identifiers and operators.
+
+Fast paths are inlined where the outcome is certain from the value's exact class (a `str` property
+against a string literal, an int against an int literal, a float against a float literal); every
+other case calls `runtime.Semantics`, which owns the dialect rules.  Long AND / OR chains and deep
+nesting are split into helper functions so the generated code stays within Python's nesting limits.
+`x = 'a' OR x = 'b' OR ...` over one identifier becomes a set lookup where the dialect allows it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from .. import amqptypes as t
+from . import ast
+from .runtime import Abort, Semantics, like_matcher
+from .view import HEADERS
+
+_INT_CLASSES = frozenset({int, t.ubyte, t.ushort, t.uint, t.ulong, t.byte, t.short, t.int32, t.long, t.timestamp})
+_FLOAT_CLASSES = frozenset({float, t.float32})
+_MIRROR = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+_PY_OP = {"=": "==", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+_EMPTY: dict = {}
+
+_MAX_CHAIN = 16  # items of one AND/OR chain inlined in one expression
+_MAX_DEPTH = 10  # condition nesting inlined before a helper function is split off
+
+
+class _Compiler:
+    def __init__(self, selector: ast.Selector, dialect: Any):
+        self.d = dialect
+        self.sem = Semantics(dialect, selector.convert_strings)
+        self.consts: dict[str, Any] = {}
+        self.const_ids: dict[tuple, str] = {}
+        self.functions: list[str] = []
+        self.counter = itertools.count()
+        self.reads: set[str] = set()
+
+    # ------------------------------------------------------------------ names
+    def const(self, value: Any, key: Any = None) -> str:
+        k = (type(value), value) if key is None else key
+        try:
+            name = self.const_ids.get(k)
+        except TypeError:
+            name, k = None, None
+        if name is None:
+            name = f"C{len(self.consts)}"
+            self.consts[name] = value
+            if k is not None:
+                self.const_ids[k] = name
+        return name
+
+    def tmp(self) -> str:
+        return f"_t{next(self.counter)}"
+
+    # ------------------------------------------------------------------ values
+    def value(self, node: Any) -> str:
+        if isinstance(node, ast.Literal):
+            v = node.value
+            if node.type == "int":
+                v = t.int32(v)
+            return self.const(v, ("lit", node.type, v))
+        if isinstance(node, ast.Ident):
+            if node.kind == "property":
+                self.reads.add("application_properties")
+                return f"ap.get({self.const(node.key)})"
+            if node.kind == "annotation":
+                self.reads.add("message_annotations")
+                return f"ma.get({self.const(t.symbol(node.key) if node.key.isascii() else node.key, ('sym', node.key))})"
+            reads, getter = HEADERS[node.key]
+            self.reads.update(reads)
+            return f"{self.const(getter, ('hdr', node.key))}(m)"
+        if isinstance(node, ast.Unary):  # sign
+            inner = self.value(node.operand)
+            if node.op == "+":
+                return f"{self.const(self.sem.arithmetic('+'), ('arith', '+'))}({inner}, {self.const(t.int32(0), ('lit', 'int', 0))})"
+            return f"{self.const(self.sem.negate, ('neg',))}({inner})"
+        if isinstance(node, ast.Binary) and node.op in ast.ARITHMETIC_OPS:
+            fn = self.const(self.sem.arithmetic(node.op), ("arith", node.op))
+            return f"{fn}({self.value(node.left)}, {self.value(node.right)})"
+        raise TypeError(f"not a value: {node!r}")  # pragma: no cover - the parser checks
+
+    # ------------------------------------------------------------------ conditions
+    def cond(self, node: Any, depth: int = 0) -> str:
+        if depth >= _MAX_DEPTH and not isinstance(node, (ast.Literal, ast.Ident)):
+            return self.split(node)
+        if isinstance(node, ast.Literal):
+            return "True" if node.value else "False"
+        if isinstance(node, ast.Ident):
+            x = self.tmp()
+            if self.sem.error:
+                return f"{self.const(self.sem.condition, ('condition',))}({self.value(node)})"
+            return f"(True if ({x} := {self.value(node)}) is True else (None if {x} is None else False))"
+        if isinstance(node, ast.Unary):  # NOT
+            x = self.tmp()
+            return f"(None if ({x} := {self.cond(node.operand, depth + 1)}) is None else {x} is False)"
+        if isinstance(node, ast.Binary):
+            if node.op in ast.LOGICAL_OPS:
+                return self.chain(node, depth)
+            return self.compare(node)
+        if isinstance(node, ast.In):
+            return self.in_(node)
+        if isinstance(node, ast.Like):
+            return self.like(node)
+        if isinstance(node, ast.IsNull):
+            return f"({self.value(node.operand)} is {'not ' if node.negated else ''}None)"
+        if isinstance(node, ast.Between):
+            return self.between(node)
+        if isinstance(node, ast.StringTest):
+            return self.string_test(node)
+        if isinstance(node, ast.Tags):
+            return self.tags(node)
+        raise TypeError(f"not a condition: {node!r}")  # pragma: no cover
+
+    def split(self, node: Any) -> str:
+        """Compile `node` as a helper function of its own and return a call to it."""
+        name = f"_f{next(self.counter)}"
+        body = self.cond(node, 0)
+        self.functions.append(f"def {name}(m, r, ap, ma):\n    return {body}\n")
+        self.consts.setdefault(name, None)  # reserve the name; filled in by exec
+        return f"{name}(m, r, ap, ma)"
+
+    def chain(self, node: ast.Binary, depth: int) -> str:
+        op = node.op
+        items = _flatten(op, node)
+        if op == "OR" and self.d.or_chain_to_set:
+            items = self._merge_equalities(items)
+            if len(items) == 1:
+                return self.cond(items[0], depth)
+        if len(items) > _MAX_CHAIN:
+            groups = [items[i : i + _MAX_CHAIN] for i in range(0, len(items), _MAX_CHAIN)]
+            parts = [self.split(_rebuild(op, g)) for g in groups]
+        else:
+            parts = [self.cond(i, depth + 1) for i in items]
+        names = [self.tmp() for _ in parts]
+        short, other = ("False", "True") if op == "AND" else ("True", "False")
+        text = f"(None if ({' or '.join(f'{n} is None' for n in names)}) else {other})"
+        for name, part in reversed(list(zip(names, parts))):
+            text = f"({short} if ({name} := {part}) is {short} else {text})"
+        return text
+
+    def _merge_equalities(self, items: list) -> list:
+        """`x = 'a' OR x = 'b'` (same identifier, string literals) -> `x IN ('a', 'b')`."""
+        groups: dict[Any, list] = {}
+        out: list = []
+        for item in items:
+            key = None
+            if isinstance(item, ast.Binary) and item.op == "=":
+                left, right = item.left, item.right
+                if isinstance(left, ast.Literal):
+                    left, right = right, left
+                if isinstance(left, ast.Ident) and isinstance(right, ast.Literal) and right.type == "string":
+                    key = left
+                    values = (right,)
+            elif isinstance(item, ast.In) and not item.negated and isinstance(item.operand, ast.Ident):
+                if all(v.type == "string" for v in item.values):
+                    key = item.operand
+                    values = item.values
+            if key is None:
+                out.append(item)
+                continue
+            if key not in groups:
+                groups[key] = []
+                out.append(("group", key))
+            groups[key].extend(values)
+        result = []
+        for item in out:
+            if isinstance(item, tuple) and item and item[0] == "group":
+                vals = groups[item[1]]
+                result.append(ast.In(item[1], tuple(vals)) if len(vals) > 1 else ast.Binary("=", item[1], vals[0]))
+            else:
+                result.append(item)
+        return result
+
+    def compare(self, node: ast.Binary) -> str:
+        op, left, right = node.op, node.left, node.right
+        if isinstance(left, ast.Literal) and not isinstance(right, ast.Literal):
+            op, left, right = _MIRROR[op], right, left
+        slow = self.const(self.sem.comparator(op), ("cmp", op))
+        if self.d.null_equality == "artemis" and op in ("=", "<>"):
+            # NULL handling differs for = / <>: always through the dialect's rules, with a fast path
+            # for a str against a string literal.
+            if isinstance(right, ast.Literal) and right.type == "string":
+                x = self.tmp()
+                c = self.const(right.value, ("lit", "string", right.value))
+                return f"(({x} {_PY_OP[op]} {c}) if ({x} := {self.value(left)}).__class__ is str else {slow}({x}, {c}))"
+            return f"{slow}({self.value(left)}, {self.value(right)})"
+        x = self.tmp()
+        lv = self.value(left)
+        if isinstance(right, ast.Literal):
+            c = self.value(right)
+            fast = None
+            if right.type == "string" and op in ("=", "<>"):
+                fast = f"{x}.__class__ is str"
+            elif right.type in ("int", "long"):
+                fast = f"{x}.__class__ in {self.const(_INT_CLASSES, ('intclasses',))}"
+            elif right.type == "double":
+                fast = f"{x}.__class__ in {self.const(_FLOAT_CLASSES, ('floatclasses',))} and {x} == {x}"
+            if fast is not None:
+                return f"(None if ({x} := {lv}) is None else (({x} {_PY_OP[op]} {c}) if {fast} else {slow}({x}, {c})))"
+            return f"(None if ({x} := {lv}) is None else {slow}({x}, {c}))"
+        return f"{slow}({lv}, {self.value(right)})"
+
+    def _predicate(self, operand: Any, match: Any, negated: bool, fast: str | None) -> str:
+        """A string predicate: NULL -> UNKNOWN, str -> inline `fast`, anything else -> dialect rules."""
+        x = self.tmp()
+        pred = self.const(self.sem.predicate(match, negated))
+        if fast is None:
+            return f"{pred}({self.value(operand)})"
+        fast = fast.replace("$", x)
+        if negated:
+            fast = f"not ({fast})"
+        return f"(None if ({x} := {self.value(operand)}) is None else (({fast}) if {x}.__class__ is str else {pred}({x})))"
+
+    def in_(self, node: ast.In) -> str:
+        if any(v.type != "string" for v in node.values):
+            fn = self.const(self.sem.numeric_in(tuple(_literal_value(v) for v in node.values), node.negated))
+            return f"{fn}({self.value(node.operand)})"
+        values = frozenset(v.value for v in node.values)
+        s = self.const(values)
+        return self._predicate(node.operand, values.__contains__, node.negated, f"$ in {s}")
+
+    def like(self, node: ast.Like) -> str:
+        matcher = like_matcher(node.pattern, node.escape)
+        m = self.const(matcher)
+        return self._predicate(node.operand, matcher, node.negated, f"{m}($)")
+
+    def string_test(self, node: ast.StringTest) -> str:
+        v = node.value
+        c = self.const(v, ("lit", "string", v))
+        if node.op == "CONTAINS":
+            match, fast = (lambda s: v in s), f"{c} in $"
+        elif node.op == "STARTSWITH":
+            match, fast = (lambda s: s.startswith(v)), f"$.startswith({c})"
+        else:
+            match, fast = (lambda s: s.endswith(v)), f"$.endswith({c})"
+        return self._predicate(node.operand, match, node.negated, fast)
+
+    def between(self, node: ast.Between) -> str:
+        fn = self.const(self.sem.between(node.negated), ("between", node.negated))
+        lo, hi = node.low, node.high
+        if (
+            isinstance(lo, ast.Literal)
+            and isinstance(hi, ast.Literal)
+            and lo.type in ("int", "long")
+            and hi.type in ("int", "long")
+        ):
+            x = self.tmp()
+            clo, chi = self.value(lo), self.value(hi)
+            inside = f"{clo} <= {x} <= {chi}"
+            if node.negated:
+                inside = f"not ({inside})"
+            ints = self.const(_INT_CLASSES, ("intclasses",))
+            return (
+                f"(None if ({x} := {self.value(node.operand)}) is None else "
+                f"(({inside}) if {x}.__class__ in {ints} else {fn}({x}, {clo}, {chi})))"
+            )
+        return f"{fn}({self.value(node.operand)}, {self.value(lo)}, {self.value(hi)})"
+
+    def tags(self, node: ast.Tags) -> str:
+        if node.tags is None:
+            return "True"
+        self.reads.add("properties")
+        x = self.tmp()
+        getter = self.const(HEADERS["TAGS"][1], ("hdr", "TAGS"))
+        return f"(({x} := {getter}(m)) is not None and {x} in {self.const(frozenset(node.tags))})"
+
+
+def _literal_value(lit: ast.Literal) -> Any:
+    return t.int32(lit.value) if lit.type == "int" else lit.value
+
+
+def _flatten(op: str, node: Any) -> list:
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Binary) and n.op == op:
+            stack.append(n.right)
+            stack.append(n.left)
+        else:
+            out.append(n)
+    return out
+
+
+def _rebuild(op: str, items: list) -> Any:
+    if len(items) == 1:
+        return items[0]
+    mid = len(items) // 2
+    return ast.Binary(op, _rebuild(op, items[:mid]), _rebuild(op, items[mid:]))
+
+
+def compile_ast(selector: ast.Selector, dialect: Any) -> tuple[Any, frozenset[str], str]:
+    """-> (fn(message, receiver) -> True/False/None, sections read, generated source)."""
+    if selector.expr is None:
+        return (lambda m, r: True), frozenset(), "def _selector(m, r):\n    return True\n"
+    c = _Compiler(selector, dialect)
+    body = c.cond(selector.expr)
+    # RocketMQ: an evaluation error means "not delivered"; everywhere: evaluation never raises.
+    source = "\n".join(c.functions) + (
+        "def _selector(m, r):\n"
+        "    ap = m.application_properties\n"
+        "    if ap is None:\n"
+        "        ap = _EMPTY\n"
+        "    ma = m.message_annotations\n"
+        "    if ma is None:\n"
+        "        ma = _EMPTY\n"
+        "    try:\n"
+        f"        return {body}\n"
+        "    except Exception:\n"
+        "        return None\n"
+    )
+    namespace: dict[str, Any] = {k: v for k, v in c.consts.items() if v is not None}
+    namespace["_EMPTY"] = _EMPTY
+    namespace["Abort"] = Abort
+    code = compile(source, "<selector>", "exec")
+    exec(code, namespace)  # noqa: S102 - source holds only generated names; literals are bound constants
+    return namespace["_selector"], frozenset(c.reads), source

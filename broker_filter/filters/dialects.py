@@ -1,0 +1,75 @@
+"""Selector dialects: small frozen sets of flags, passed explicitly (never global state).
+
+Each flag is one row of the decision table in docs/selectors.md.  The parser reads the syntax flags,
+the evaluators read the semantic ones; nothing else differs between dialects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import SelectorError
+from .view import ARTEMIS_HEADERS, JMS_HEADERS
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    headers: frozenset  # identifiers read from the message's header/properties instead of app properties
+    # semantics
+    mismatch: str = "false"  # non-like operands: "false" (JMS) | "not" (Artemis: negated forms are NOT of
+    #                          the positive one) | "error" (RocketMQ: evaluation error, not delivered)
+    null_equality: str = "unknown"  # "unknown" (JMS) | "artemis" (= with one NULL is FALSE, both NULL TRUE)
+    floating_division: bool = False  # Artemis: `/` always divides as double
+    string_coercion: bool = False  # RocketMQ: a string compares as the other side's number type
+    # syntax
+    quoted_identifiers: bool = False  # Artemis "my-prop"
+    annotation_prefix: bool = False  # Artemis m.name
+    prefixes: bool = False  # Artemis convert_string_expressions: / hyphenated_props:
+    like: bool = True
+    string_tests: bool = False  # RocketMQ CONTAINS / STARTSWITH / ENDSWITH
+    tags: bool = False  # RocketMQ tag expressions
+    numeric_in: bool = False  # IN accepts numbers (RocketMQ)
+    strict_literals: bool = False  # RocketMQ: refuse string literals in < <= > >= BETWEEN, low > high
+
+    @property
+    def or_chain_to_set(self) -> bool:
+        """`x = 'a' OR x = 'b'` may become a set lookup only where it means the same as IN."""
+        return self.null_equality == "unknown" and self.mismatch != "not"
+
+
+JMS = Dialect(name="jms", headers=JMS_HEADERS)
+ARTEMIS = Dialect(
+    name="artemis",
+    headers=JMS_HEADERS | ARTEMIS_HEADERS,
+    mismatch="not",
+    null_equality="artemis",
+    floating_division=True,
+    quoted_identifiers=True,
+    annotation_prefix=True,
+    prefixes=True,
+)
+ROCKETMQ = Dialect(
+    name="rocketmq",
+    headers=frozenset({"TAGS"}),
+    mismatch="error",
+    string_coercion=True,
+    like=False,
+    string_tests=True,
+    tags=True,
+    numeric_in=True,
+    strict_literals=True,
+)
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (JMS, ARTEMIS, ROCKETMQ)}
+
+
+def get_dialect(dialect: "str | Dialect") -> Dialect:
+    if isinstance(dialect, Dialect):
+        return dialect
+    try:
+        return DIALECTS[dialect]
+    except KeyError:
+        raise SelectorError(
+            f"unknown selector dialect {dialect!r} (choose one of {', '.join(sorted(DIALECTS))})"
+        ) from None

@@ -1,0 +1,587 @@
+"""Selector text -> AST (`ast.Selector`), with static type checks.
+
+Theory of operation: one LALR grammar (grammar/selector.lark) with per-dialect terminals; the tree is
+built by an inline transformer while parsing, so no parse tree is materialised and every static error
+is raised with the position of the offending token.  A node's static type is one of
+    "cond" (a condition), "str", "bool", "num" (literals and arithmetic), "any" (identifiers),
+and the checks enforce docs/selectors.md's compile-time errors.  AND/OR chains are collected flat and
+built balanced, so a long OR chain does not make a deep tree.  Limits (length, nesting depth, IN-list
+size) are enforced with `LimitError`; nothing here recurses on input size.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from lark import Lark, Token
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from . import ast
+from .dialects import Dialect, get_dialect
+from .errors import LimitError, SelectorError
+
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
+
+CONVERT_PREFIX = "convert_string_expressions:"
+HYPHEN_PREFIX = "hyphenated_props:"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_length: int = 64 * 1024  # characters of selector text
+    max_depth: int = 200  # nesting depth of the expression (an AND/OR chain counts once)
+    max_in: int = 10_000  # elements of one IN list
+
+
+DEFAULT_LIMITS = Limits()
+
+_IDENT = r"/(?!\d)[\w$]+/"
+_IDENT_HYPHEN = r"/(?!\d)[\w$]+(?:-[\w$]+)*/"
+
+_EXTRA_ARTEMIS = """| QIDENT                                 -> qident
+        | ANNOT                                  -> annotation"""
+_TERMINALS_ARTEMIS = r"""
+QIDENT: /"(?:[^"]|"")*"/
+ANNOT.2: /m\.[\w$][\w$.\-]*/
+"""
+_STRING_TESTS = """| sum STRTEST sum                      -> strtest
+          | sum NOT STRTEST sum                  -> not_strtest"""
+_TERMINALS_ROCKETMQ = """
+STRTEST: "contains"i | "startswith"i | "endswith"i
+"""
+
+# RocketMQ tag expression: `*`, or tag words separated by `||` (no SQL punctuation in a tag).
+_TAG_WORD = r"[^\s|'\"()=<>!,]+"
+_TAGS_RE = re.compile(rf"\s*(?:(\*)|({_TAG_WORD}(?:\s*\|\|\s*{_TAG_WORD})*))\s*")
+
+
+@functools.lru_cache(maxsize=None)
+def _parser(artemis: bool, hyphenated: bool, rocketmq: bool) -> Lark:
+    text = resources.files(__package__).joinpath("grammar/selector.lark").read_text(encoding="utf-8")
+    text = text.replace("@IDENT@", _IDENT_HYPHEN if hyphenated else _IDENT)
+    text = text.replace("@EXTRA_PRIMARY@", _EXTRA_ARTEMIS if artemis else "")
+    text = text.replace("@STRING_TESTS@", _STRING_TESTS if rocketmq else "")
+    if artemis:
+        text += _TERMINALS_ARTEMIS
+    if rocketmq:
+        text += _TERMINALS_ROCKETMQ
+    return Lark(text, parser="lalr", lexer="contextual", maybe_placeholders=False, transformer=_DELEGATE)
+
+
+class _Chain:
+    """An AND/OR chain under construction: flat items, turned balanced by `_fin`."""
+
+    __slots__ = ("op", "items", "pos")
+
+    def __init__(self, op: str, items: list, pos: int):
+        self.op = op
+        self.items = items
+        self.pos = pos
+
+
+def _balanced(op: str, items: list) -> Any:
+    if len(items) == 1:
+        return items[0]
+    mid = len(items) // 2
+    return ast.Binary(op, _balanced(op, items[:mid]), _balanced(op, items[mid:]))
+
+
+def _flatten(op: str, node: Any) -> list:
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Binary) and n.op == op:
+            stack.append(n.right)
+            stack.append(n.left)
+        else:
+            out.append(n)
+    return out
+
+
+_TOKEN_NAMES = {
+    "$END": "the end of the selector",
+    "COMPARE": "a comparison operator",
+    "ADD": "'+' or '-'",
+    "MUL": "'*' or '/'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "COMMA": "','",
+    "STRING": "a string",
+    "NUMBER": "a number",
+    "IDENT": "an identifier",
+    "QIDENT": "a quoted identifier",
+    "ANNOT": "an annotation reference",
+    "STRTEST": "CONTAINS/STARTSWITH/ENDSWITH",
+}
+
+
+def _describe_token(tok: Token) -> str:
+    if tok.type == "$END":
+        return "the end of the selector"
+    if tok.type in ("STRING", "NUMBER", "IDENT", "QIDENT", "ANNOT"):
+        return f"{_TOKEN_NAMES[tok.type]} {tok.value}"
+    if tok.type.isupper() and tok.type.isalpha() and tok.type not in _TOKEN_NAMES:
+        return f"keyword {tok.value.upper()}"
+    return repr(tok.value)
+
+
+class _Builder:
+    """Callbacks of the inline transformer: build AST nodes and check static types."""
+
+    def __init__(self, dialect: Dialect, text: str, offset: int, limits: Limits):
+        self.d = dialect
+        self.text = text  # the whole original text (positions point into it)
+        self.offset = offset  # length of stripped prefixes
+        self.limits = limits
+        self.pos: dict[int, int] = {}  # id(node) -> position of its first token
+        self.keep: list = []  # keeps nodes alive so id() stays unique while parsing
+        self.unsuffixed: set[int] = set()  # numeric literals without an L suffix
+        self.overflow: dict[int, int] = {}  # 2**63 literals awaiting a unary minus
+
+    # ------------------------------------------------------------------ helpers
+    def err(self, message: str, pos: int | None) -> SelectorError:
+        return SelectorError(message, self.text, None if pos is None else pos + self.offset)
+
+    def at(self, node: Any, pos: int) -> Any:
+        self.pos[id(node)] = pos
+        self.keep.append(node)
+        return node
+
+    def p(self, node: Any) -> int | None:
+        if isinstance(node, _Chain):
+            return node.pos
+        if isinstance(node, Token):
+            return node.start_pos
+        return self.pos.get(id(node))
+
+    def fin(self, node: Any) -> Any:
+        if isinstance(node, _Chain):
+            return self.at(_balanced(node.op, node.items), node.pos)
+        return node
+
+    @staticmethod
+    def stype(node: Any) -> str:
+        if isinstance(node, ast.Literal):
+            return {"string": "str", "boolean": "bool"}.get(node.type, "num")
+        if isinstance(node, ast.Ident):
+            return "any"
+        if isinstance(node, ast.Unary):
+            return "cond" if node.op == "NOT" else "num"
+        if isinstance(node, ast.Binary):
+            return "num" if node.op in ast.ARITHMETIC_OPS else "cond"
+        return "cond"
+
+    @staticmethod
+    def what(node: Any) -> str:
+        if isinstance(node, ast.Literal):
+            return {"string": "string", "boolean": "boolean"}.get(node.type, "number") + " literal"
+        return {"cond": "a condition", "num": "an arithmetic expression"}.get(_Builder.stype(node), "an expression")
+
+    def cond(self, node: Any) -> Any:
+        node = self.fin(node)
+        if self.stype(node) in ("cond", "bool", "any"):
+            return node
+        raise self.err(f"expected a condition, found {self.what(node)}", self.p(node))
+
+    def value(self, node: Any) -> Any:
+        node = self.fin(node)
+        if self.stype(node) == "cond":
+            raise self.err("a condition cannot be used as a value here", self.p(node))
+        return node
+
+    def numeric(self, node: Any, context: str) -> Any:
+        node = self.value(node)
+        st = self.stype(node)
+        if st in ("str", "bool"):
+            raise self.err(f"{context} needs a number, found {self.what(node)}", self.p(node))
+        return node
+
+    # ------------------------------------------------------------------ literals and names
+    def string(self, c):
+        tok = c[0]
+        return self.at(ast.Literal(tok.value[1:-1].replace("''", "'"), "string"), tok.start_pos)
+
+    def boolean(self, c):
+        tok = c[0]
+        return self.at(ast.Literal(tok.type == "TRUE", "boolean"), tok.start_pos)
+
+    def null(self, c):
+        raise self.err("NULL is not a value: test for it with IS NULL or IS NOT NULL", c[0].start_pos)
+
+    def number(self, c):
+        tok = c[0]
+        s, pos = tok.value, tok.start_pos
+        low = s.lower()
+        if low.startswith("0x"):
+            long_suffix = low.endswith("l")
+            value = int(s[2:-1] if long_suffix else s[2:], 16)
+            node = self._integer(value, long_suffix, pos)
+        elif "." in s or "e" in low or low[-1] in "fd":
+            body = s[:-1] if low[-1] in "fd" else s
+            value = float(body)
+            if value == float("inf"):
+                raise self.err(f"number {s} is out of range for a double", pos)
+            node = self.at(ast.Literal(value, "double"), pos)
+        else:
+            long_suffix = low.endswith("l")
+            digits = s[:-1] if long_suffix else s
+            if len(digits) > 1 and digits[0] == "0":
+                try:
+                    value = int(digits, 8)
+                except ValueError:
+                    raise self.err(f"{s} is not a valid octal number (digits 0-7 after a leading 0)", pos) from None
+            else:
+                value = int(digits)
+            node = self._integer(value, long_suffix, pos)
+        return node
+
+    def _integer(self, value: int, long_suffix: bool, pos: int) -> ast.Literal:
+        if value > LONG_MAX + 1:
+            raise self.err(f"integer {value} is out of range for a long", pos)
+        typ = "int" if not long_suffix and INT_MIN <= value <= INT_MAX else "long"
+        node = self.at(ast.Literal(value, typ), pos)
+        if not long_suffix:
+            self.unsuffixed.add(id(node))
+        if value == LONG_MAX + 1:
+            self.overflow[id(node)] = pos
+        return node
+
+    def ident(self, c):
+        tok = c[0]
+        return self.at(self._name(tok.value), tok.start_pos)
+
+    def qident(self, c):
+        tok = c[0]
+        return self.at(ast.Ident(tok.value[1:-1].replace('""', '"'), "property", tok.value[1:-1].replace('""', '"')), tok.start_pos)
+
+    def annotation(self, c):
+        tok = c[0]
+        key = tok.value[2:]
+        return self.at(ast.Ident(key, "annotation", key), tok.start_pos)
+
+    def _name(self, name: str) -> ast.Ident:
+        if name in self.d.headers:
+            return ast.Ident(name, "header", name)
+        return ast.Ident(name, "property", name)
+
+    def group(self, c):
+        node = self.fin(c[1])
+        self.pos.setdefault(id(node), c[0].start_pos)
+        return node
+
+    # ------------------------------------------------------------------ arithmetic
+    def sign(self, c):
+        op, operand = c[0], self.fin(c[1])
+        if isinstance(operand, ast.Literal) and operand.type in ("int", "long", "double"):
+            if op.value == "+":
+                return self.at(operand, op.start_pos)
+            value = -operand.value
+            self.overflow.pop(id(operand), None)
+            if operand.type == "double":
+                return self.at(ast.Literal(value, "double"), op.start_pos)
+            typ = "int" if id(operand) in self.unsuffixed and INT_MIN <= value <= INT_MAX else "long"
+            node = self.at(ast.Literal(value, typ), op.start_pos)
+            if id(operand) in self.unsuffixed:
+                self.unsuffixed.add(id(node))
+            return node
+        operand = self.numeric(operand, f"unary {op.value}")
+        return self.at(ast.Unary(op.value, operand), op.start_pos)
+
+    def arith(self, c):
+        left, op, right = c
+        left = self.numeric(left, f"'{op.value}'")
+        right = self.numeric(right, f"'{op.value}'")
+        return self.at(ast.Binary(op.value, left, right), self.p(left))
+
+    # ------------------------------------------------------------------ comparisons and predicates
+    def compare(self, c):
+        left, op, right = self.value(c[0]), c[1].value, self.value(c[2])
+        lt, rt = self.stype(left), self.stype(right)
+        if op not in ("=", "<>"):
+            for side, st in ((left, lt), (right, rt)):
+                if st in ("str", "bool"):
+                    raise self.err(f"'{op}' compares numbers; {self.what(side)} can only be compared with = or <>", self.p(side))
+        if isinstance(left, ast.Literal) and isinstance(right, ast.Literal) and lt != rt:
+            raise self.err(f"cannot compare a {self.what(left)} with a {self.what(right)}", c[1].start_pos)
+        return self.at(ast.Binary(op, left, right), self.p(left))
+
+    def _between(self, c, negated: bool):
+        operand = self.value(c[0])
+        kw = c[2] if negated else c[1]
+        low, high = (c[3], c[5]) if negated else (c[2], c[4])
+        low = self.numeric(low, "BETWEEN")
+        high = self.numeric(high, "BETWEEN")
+        if self.stype(operand) in ("str", "bool"):
+            raise self.err(f"BETWEEN needs a number, found {self.what(operand)}", self.p(operand))
+        if (
+            self.d.strict_literals
+            and isinstance(low, ast.Literal)
+            and isinstance(high, ast.Literal)
+            and low.value > high.value
+        ):
+            raise self.err(f"BETWEEN {low.value} AND {high.value}: the low bound is greater than the high bound", self.p(low))
+        return self.at(ast.Between(operand, low, high, negated), self.p(operand) if self.p(operand) is not None else kw.start_pos)
+
+    def between(self, c):
+        return self._between(c, False)
+
+    def not_between(self, c):
+        return self._between(c, True)
+
+    def _in(self, c, negated: bool):
+        operand = self.value(c[0])
+        items_tree = c[4] if negated else c[3]
+        if self.stype(operand) in ("bool",):
+            raise self.err(f"IN needs a value to look up, found {self.what(operand)}", self.p(operand))
+        return self.at(ast.In(operand, items_tree, negated), self.p(operand))
+
+    def in_list(self, c):
+        items = []
+        for item in c:
+            if isinstance(item, Token):  # COMMA
+                continue
+            item = self.fin(item)
+            if not isinstance(item, ast.Literal):
+                raise self.err("IN lists take literals only", self.p(item))
+            if item.type == "boolean" or (item.type != "string" and not self.d.numeric_in):
+                kind = "string" if not self.d.numeric_in else "string or number"
+                raise self.err(f"IN lists take {kind} literals, found {self.what(item)}", self.p(item))
+            items.append(item)
+            if len(items) > self.limits.max_in:
+                raise LimitError(
+                    f"IN list has more than {self.limits.max_in} elements", self.text, self.p(item) + self.offset
+                )
+        return tuple(items)
+
+    def in_(self, c):
+        return self._in(c, False)
+
+    def not_in(self, c):
+        return self._in(c, True)
+
+    def _like(self, c, negated: bool):
+        operand = self.value(c[0])
+        kw = c[2] if negated else c[1]
+        if not self.d.like:
+            raise self.err(
+                f"LIKE is not part of the {self.d.name} dialect; use CONTAINS, STARTSWITH or ENDSWITH", kw.start_pos
+            )
+        rest = c[3:] if negated else c[2:]
+        pattern = self.fin(rest[0])
+        if not (isinstance(pattern, ast.Literal) and pattern.type == "string"):
+            raise self.err("LIKE needs a string literal pattern", self.p(pattern))
+        escape = None
+        if len(rest) > 1:
+            esc = self.fin(rest[2])
+            if not (isinstance(esc, ast.Literal) and esc.type == "string"):
+                raise self.err("ESCAPE needs a string literal", self.p(esc))
+            if len(esc.value) != 1:
+                raise self.err(f"ESCAPE must be exactly one character, got '{esc.value}'", self.p(esc))
+            escape = esc.value
+            if _ends_with_lone_escape(pattern.value, escape):
+                raise self.err(f"LIKE pattern ends with its escape character '{escape}'", self.p(pattern))
+        if self.stype(operand) in ("num", "bool"):
+            raise self.err(f"LIKE needs a string, found {self.what(operand)}", self.p(operand))
+        return self.at(ast.Like(operand, pattern.value, escape, negated), self.p(operand))
+
+    def like(self, c):
+        return self._like(c, False)
+
+    def not_like(self, c):
+        return self._like(c, True)
+
+    def is_null(self, c):
+        operand = self.value(c[0])
+        return self.at(ast.IsNull(operand, False), self.p(operand))
+
+    def is_not_null(self, c):
+        operand = self.value(c[0])
+        return self.at(ast.IsNull(operand, True), self.p(operand))
+
+    def _strtest(self, c, negated: bool):
+        operand = self.value(c[0])
+        op = c[2] if negated else c[1]
+        value = self.fin(c[3] if negated else c[2])
+        if not (isinstance(value, ast.Literal) and value.type == "string"):
+            raise self.err(f"{op.value.upper()} needs a string literal", self.p(value))
+        if self.stype(operand) in ("num", "bool"):
+            raise self.err(f"{op.value.upper()} needs a string, found {self.what(operand)}", self.p(operand))
+        return self.at(ast.StringTest(op.value.upper(), operand, value.value, negated), self.p(operand))
+
+    def strtest(self, c):
+        return self._strtest(c, False)
+
+    def not_strtest(self, c):
+        return self._strtest(c, True)
+
+    # ------------------------------------------------------------------ logic
+    def not_(self, c):
+        operand = self.cond(c[1])
+        return self.at(ast.Unary("NOT", operand), c[0].start_pos)
+
+    def logic(self, c):
+        left, op, right = c
+        op = op.type  # "AND" | "OR"
+        right = self.cond(right)
+        if isinstance(left, _Chain) and left.op == op:
+            left.items.extend(_flatten(op, right))
+            return left
+        left = self.cond(left)
+        pos = self.p(left)
+        return _Chain(op, _flatten(op, left) + _flatten(op, right), pos if pos is not None else 0)
+
+    def empty(self, c):
+        return None
+
+
+def _ends_with_lone_escape(pattern: str, escape: str) -> bool:
+    i, n = 0, len(pattern)
+    while i < n:
+        if pattern[i] == escape:
+            if i + 1 == n:
+                return True
+            i += 2
+        else:
+            i += 1
+    return False
+
+
+_CALLBACKS = (
+    "string", "boolean", "null", "number", "ident", "qident", "annotation", "group", "sign", "arith",
+    "compare", "between", "not_between", "in_", "not_in", "in_list", "like", "not_like", "is_null",
+    "is_not_null", "strtest", "not_strtest", "not_", "logic", "empty",
+)  # fmt: skip
+
+
+class _Delegate:
+    """The transformer lark binds at construction: forwards each callback to the builder of the
+    parse running on this thread, so one compiled parser serves every parse."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+
+def _forwarder(name: str):
+    def forward(self: _Delegate, children: list) -> Any:
+        return getattr(self.local.builder, name)(children)
+
+    forward.__name__ = name
+    return forward
+
+
+for _name in _CALLBACKS:
+    setattr(_Delegate, _name, _forwarder(_name))
+_DELEGATE = _Delegate()
+
+
+def _nesting_depth(root: Any) -> int:
+    """Depth of the tree where a same-operator AND/OR chain counts once (iterative)."""
+    best = 0
+    stack = [(root, 1, None)]
+    while stack:
+        node, depth, parent_op = stack.pop()
+        if node is None:
+            continue
+        if isinstance(node, ast.Binary) and node.op in ast.LOGICAL_OPS and node.op == parent_op:
+            depth -= 1  # continuation of the parent's chain
+        best = max(best, depth)
+        op = node.op if isinstance(node, ast.Binary) else None
+        if isinstance(node, ast.Unary):
+            stack.append((node.operand, depth + 1, None))
+        elif isinstance(node, ast.Binary):
+            stack.append((node.left, depth + 1, op))
+            stack.append((node.right, depth + 1, op))
+        elif isinstance(node, ast.Between):
+            stack.extend(((node.operand, depth + 1, None), (node.low, depth + 1, None), (node.high, depth + 1, None)))
+        elif isinstance(node, (ast.In, ast.Like, ast.IsNull, ast.StringTest)):
+            stack.append((node.operand, depth + 1, None))
+    return best
+
+
+def parse(text: str, dialect: "str | Dialect" = "jms", limits: Limits = DEFAULT_LIMITS) -> ast.Selector:
+    """Parse and check a selector; raises SelectorError (or LimitError) with line and column."""
+    d = get_dialect(dialect)
+    if not isinstance(text, str):
+        raise SelectorError(f"a selector is a string, not {type(text).__name__}")
+    if len(text) > limits.max_length:
+        raise LimitError(f"selector is {len(text)} characters long; the limit is {limits.max_length}", text, limits.max_length)
+    if "\x00" in text:
+        raise SelectorError("selector contains a NUL character", text, text.index("\x00"))
+
+    body, offset, convert, hyphenated = text, 0, False, False
+    if d.prefixes:
+        while True:
+            if body.startswith(CONVERT_PREFIX) and not convert:
+                convert, body, offset = True, body[len(CONVERT_PREFIX):], offset + len(CONVERT_PREFIX)
+            elif body.startswith(HYPHEN_PREFIX) and not hyphenated:
+                hyphenated, body, offset = True, body[len(HYPHEN_PREFIX):], offset + len(HYPHEN_PREFIX)
+            else:
+                break
+
+    if d.tags:
+        m = _TAGS_RE.fullmatch(body)
+        if m and body.strip().upper() not in ("TRUE", "FALSE"):
+            if m.group(1):
+                return ast.Selector(ast.Tags(None), d.name, text=text)
+            tags = tuple(dict.fromkeys(w.strip() for w in m.group(2).split("||")))
+            return ast.Selector(ast.Tags(tags), d.name, text=text)
+
+    if not body.strip():
+        return ast.Selector(None, d.name, convert, hyphenated, text=text)
+
+    builder = _Builder(d, text, offset, limits)
+    parser = _parser(d.quoted_identifiers, hyphenated, d.string_tests)
+    try:
+        _DELEGATE.local.builder = builder
+        try:
+            expr = parser.parse(body)
+        finally:
+            _DELEGATE.local.builder = None
+    except SelectorError:
+        raise
+    except UnexpectedInput as e:
+        raise _syntax_error(e, text, offset, d) from None
+    except VisitError as e:  # pragma: no cover - callbacks raise SelectorError directly
+        if isinstance(e.orig_exc, SelectorError):
+            raise e.orig_exc from None
+        raise
+    except RecursionError:  # pragma: no cover - nothing recursive on input size
+        raise LimitError("selector is nested too deeply", text, None) from None
+    if builder.overflow:
+        pos = min(builder.overflow.values())
+        raise SelectorError("integer 9223372036854775808 is out of range for a long", text, pos + offset)
+    expr = builder.cond(expr) if expr is not None else None
+    if expr is not None:
+        depth = _nesting_depth(expr)
+        if depth > limits.max_depth:
+            raise LimitError(f"selector nesting depth {depth} exceeds the limit of {limits.max_depth}", text, None)
+    return ast.Selector(expr, d.name, convert, hyphenated, text=text)
+
+
+def _syntax_error(e: UnexpectedInput, text: str, offset: int, d: Dialect) -> SelectorError:
+    if isinstance(e, UnexpectedCharacters):
+        pos = e.pos_in_stream + offset
+        ch = text[pos] if pos < len(text) else ""
+        if ch == "'":
+            return SelectorError("unterminated string literal (strings end with a single quote)", text, pos)
+        if ch == '"' and not d.quoted_identifiers:
+            return SelectorError("double quotes are not allowed: string literals use single quotes ('...')", text, pos)
+        return SelectorError(f"unexpected character {ch!r}", text, pos)
+    if isinstance(e, UnexpectedEOF):
+        return SelectorError("unexpected end of the selector", text, len(text))
+    if isinstance(e, UnexpectedToken):
+        tok = e.token
+        if tok.type == "$END":
+            return SelectorError("unexpected end of the selector", text, len(text))
+        expected = sorted({_TOKEN_NAMES.get(x, x.upper() if x.isalpha() else x) for x in (e.expected or ())})
+        hint = ""
+        if expected and len(expected) <= 6:
+            hint = "; expected " + ", ".join(expected)
+        return SelectorError(f"unexpected {_describe_token(tok)}{hint}", text, tok.start_pos + offset)
+    return SelectorError(str(e).splitlines()[0], text, getattr(e, "pos_in_stream", None))  # pragma: no cover

@@ -1,0 +1,402 @@
+"""Run-time semantics of selector operations, per dialect (docs/selectors.md, "Typing").
+
+Theory of operation: the compiler inlines the common cases (a string property against a string
+literal, a number against a number literal of the same kind) and calls these functions for every
+other case: NULLs, symbols, decimals, type mismatches, coercions, NaN.  Every function returns
+True / False / None (UNKNOWN) or a value; in the RocketMQ dialect a type error raises `Abort`, which
+the compiled selector turns into "not delivered".
+
+Numbers follow Java: an integer compared with a floating value is widened to double; NaN equals NaN
+and is greater than every other number (Double.compareTo, as Java brokers and Spark do); integer
+arithmetic wraps at 32 bits (byte/short/int operands) or 64 bits; integer division truncates.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable
+
+from .. import amqptypes as t
+from .view import INT32_TYPES, Opaque, jms_value
+
+
+class Abort(Exception):
+    """An evaluation error in a dialect where errors mean 'not delivered' (RocketMQ)."""
+
+
+def category(v: Any) -> str:
+    if v is True or v is False:
+        return "bool"
+    if isinstance(v, (int, float)):
+        return "num"
+    if isinstance(v, str) and not isinstance(v, t.char):
+        return "str"
+    return "other"
+
+
+def _wrap(value: int, bits: int) -> int:
+    half = 1 << (bits - 1)
+    return ((value + half) % (1 << bits)) - half
+
+
+def _java_float_from_string(s: str) -> float:
+    """Double.valueOf: surrounding whitespace allowed, optional f/d suffix, NaN / Infinity."""
+    text = s.strip()
+    if text and text[-1] in "fFdD" and not text.endswith(("Infinity",)):
+        text = text[:-1]
+    if not re.fullmatch(r"[+-]?(NaN|Infinity|(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)", text):
+        raise ValueError(s)
+    return float(text.replace("Infinity", "inf"))
+
+
+def _java_long_from_string(s: str) -> int:
+    """Long.valueOf: optional sign, decimal digits only."""
+    if not re.fullmatch(r"[+-]?\d+", s):
+        raise ValueError(s)
+    value = int(s)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(s)
+    return value
+
+
+def _num_cmp(a: Any, b: Any) -> int:
+    """Java-style three-way comparison of two numbers (NaN largest and equal to itself)."""
+    if isinstance(a, float) or isinstance(b, float):
+        a, b = float(a), float(b)
+        an, bn = a != a, b != b
+        if an or bn:
+            return 0 if an and bn else (1 if an else -1)
+    return (a > b) - (a < b)
+
+
+_ORDER = {
+    "=": lambda c: c == 0,
+    "<>": lambda c: c != 0,
+    "<": lambda c: c < 0,
+    "<=": lambda c: c <= 0,
+    ">": lambda c: c > 0,
+    ">=": lambda c: c >= 0,
+}
+
+
+class Semantics:
+    """The operations of one dialect (and the Artemis `convert_string_expressions:` flag)."""
+
+    def __init__(self, dialect: Any, convert_strings: bool = False):
+        self.d = dialect
+        self.convert = convert_strings
+        self.error = dialect.mismatch == "error"
+
+    # ------------------------------------------------------------------ coercion
+    def _coerce(self, s: str, other: Any) -> Any:
+        """A string converted to the other operand's type (raises ValueError when it cannot be)."""
+        if other is True or other is False:
+            if self.convert:
+                return s.lower() == "true"  # Boolean.valueOf
+            raise ValueError(s)
+        if isinstance(other, float):
+            return _java_float_from_string(s)
+        return _java_long_from_string(s)
+
+    def _mismatch(self, op: str) -> bool:
+        if self.error:
+            raise Abort(f"cannot compare values of different types with {op}")
+        if self.d.mismatch == "not" and op == "<>":
+            return True
+        return False
+
+    # ------------------------------------------------------------------ comparison
+    def compare(self, op: str, a: Any, b: Any) -> bool | None:
+        a = jms_value(a)
+        b = jms_value(b)
+        if self.d.null_equality == "artemis" and op in ("=", "<>"):
+            if a is None or b is None:
+                eq = a is None and b is None
+                return eq if op == "=" else not eq
+        if a is None or b is None:
+            return None
+        ca, cb = category(a), category(b)
+        if ca != cb:
+            if (self.convert or self.d.string_coercion) and (ca == "str" or cb == "str") and "other" not in (ca, cb):
+                try:
+                    if ca == "str":
+                        a = self._coerce(a, b)
+                    else:
+                        b = self._coerce(b, a)
+                except ValueError:
+                    if self.error:
+                        raise Abort("string does not convert to a number") from None
+                    return self._mismatch(op) if self.d.mismatch == "not" else False
+                ca = cb = category(a)
+                if ca != category(b):
+                    return self._mismatch(op)
+            else:
+                return self._mismatch(op)
+        if ca == "num":
+            return _ORDER[op](_num_cmp(a, b))
+        if ca in ("str", "bool"):
+            if op == "=":
+                return a == b
+            if op == "<>":
+                return a != b
+            if self.error:
+                raise Abort(f"{op} needs numbers")
+            return False
+        return self._mismatch(op)  # opaque values have no operations
+
+    def comparator(self, op: str) -> Callable[[Any, Any], Any]:
+        compare = self.compare
+
+        def cmp(a: Any, b: Any) -> Any:
+            return compare(op, a, b)
+
+        return cmp
+
+    # ------------------------------------------------------------------ arithmetic
+    def _number(self, v: Any) -> Any:
+        v = jms_value(v)
+        if v is None:
+            return None
+        c = category(v)
+        if c == "num":
+            return v
+        if c == "str" and (self.convert or self.d.string_coercion):
+            try:
+                return _java_float_from_string(v) if ("." in v or "e" in v.lower()) else _java_long_from_string(v)
+            except ValueError:
+                pass
+        if self.error:
+            raise Abort("arithmetic needs numbers")
+        return _NOT_A_NUMBER
+
+    def arith(self, op: str, a: Any, b: Any) -> Any:
+        a = self._number(a)
+        if a is None:
+            return None
+        b = self._number(b)
+        if b is None or a is _NOT_A_NUMBER or b is _NOT_A_NUMBER:
+            return None
+        if isinstance(a, float) or isinstance(b, float) or (op == "/" and self.d.floating_division):
+            a, b = float(a), float(b)
+            if op == "+":
+                return a + b
+            if op == "-":
+                return a - b
+            if op == "*":
+                return a * b
+            if b == 0.0:
+                if a != a or a == 0.0:
+                    return math.nan
+                return math.copysign(math.inf, a) * math.copysign(1.0, b)
+            return a / b
+        bits = 32 if isinstance(a, INT32_TYPES) and isinstance(b, INT32_TYPES) else 64
+        if op == "+":
+            r = a + b
+        elif op == "-":
+            r = a - b
+        elif op == "*":
+            r = a * b
+        else:
+            if b == 0:
+                if self.error:
+                    raise Abort("division by zero")
+                return None
+            q = abs(a) // abs(b)
+            r = q if (a >= 0) == (b >= 0) else -q
+        r = _wrap(int(r), bits)
+        return t.int32(r) if bits == 32 else r
+
+    def negate(self, a: Any) -> Any:
+        a = self._number(a)
+        if a is None or a is _NOT_A_NUMBER:
+            return None
+        if isinstance(a, float):
+            return -a
+        if isinstance(a, INT32_TYPES):
+            return t.int32(_wrap(-int(a), 32))
+        return _wrap(-int(a), 64)
+
+    def arithmetic(self, op: str) -> Callable[[Any, Any], Any]:
+        arith = self.arith
+
+        def fn(a: Any, b: Any) -> Any:
+            return arith(op, a, b)
+
+        return fn
+
+    # ------------------------------------------------------------------ predicates
+    def string_of(self, v: Any) -> Any:
+        """The string a LIKE / IN / string test looks at, or _MISMATCH."""
+        v = jms_value(v)
+        if isinstance(v, str):
+            return v
+        if self.error:
+            raise Abort("a string operation needs a string")
+        return _MISMATCH
+
+    def predicate(self, match: Callable[[str], bool], negated: bool) -> Callable[[Any], Any]:
+        """LIKE / IN / string test over a value, with the dialect's NULL and mismatch rules."""
+        string_of = self.string_of
+        artemis = self.d.mismatch == "not"
+
+        def pred(v: Any) -> Any:
+            if v is None:
+                return None
+            s = string_of(v)
+            if s is _MISMATCH:
+                return negated if artemis else False
+            return (not match(s)) if negated else match(s)
+
+        return pred
+
+    def numeric_in(self, values: tuple, negated: bool) -> Callable[[Any], Any]:
+        """RocketMQ IN, whose list may hold numbers: each element compared with `=`."""
+        compare = self.compare
+
+        def pred(v: Any) -> Any:
+            if v is None:
+                return None
+            found: Any = False
+            for item in values:
+                r = compare("=", v, item)
+                if r is True:
+                    found = True
+                    break
+                if r is None:
+                    found = None
+            if found is None:
+                return None
+            return (not found) if negated else found
+
+        return pred
+
+    def between(self, negated: bool) -> Callable[[Any, Any, Any], Any]:
+        compare = self.compare
+        strict_mismatch = self.d.mismatch == "false"
+
+        def fn(v: Any, low: Any, high: Any) -> Any:
+            ge = compare(">=", v, low)
+            le = compare("<=", v, high)
+            if ge is False or le is False:
+                result: Any = False
+                if negated and strict_mismatch and _mismatched(v, low, high):
+                    return False
+            elif ge is None or le is None:
+                result = None
+            else:
+                result = True
+            if not negated or result is None:
+                return result
+            return not result
+
+        return fn
+
+    def condition(self, v: Any) -> Any:
+        """A bare identifier used as a condition."""
+        if v is True or v is False or v is None:
+            return v
+        if self.error:
+            raise Abort("not a boolean")
+        return False
+
+
+def _mismatched(v: Any, low: Any, high: Any) -> bool:
+    cv = category(jms_value(v))
+    return any(x is not None and category(jms_value(x)) != cv for x in (low, high))
+
+
+class _Sentinel:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_MISMATCH = _Sentinel("MISMATCH")
+_NOT_A_NUMBER = _Sentinel("NOT_A_NUMBER")
+
+
+# ---------------------------------------------------------------------- LIKE
+def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
+    """A matcher for a LIKE pattern, linear in the value for a fixed pattern.
+
+    The pattern is cut at each `%` into segments (with `_` as a one-character wildcard).  The first
+    segment must match at the start, the last at the end, and each middle one is found leftmost after
+    the previous: greedy leftmost placement is optimal for `%`-separated segments, so no backtracking.
+    """
+    segments: list[list] = [[]]
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if escape is not None and ch == escape and i + 1 < n:
+            segments[-1].append(pattern[i + 1])
+            i += 2
+            continue
+        if ch == "%":
+            segments.append([])
+        elif ch == "_":
+            segments[-1].append(None)
+        else:
+            segments[-1].append(ch)
+        i += 1
+
+    def plain(seg: list) -> str | None:
+        return None if any(c is None for c in seg) else "".join(seg)
+
+    if len(segments) == 1:
+        seg = segments[0]
+        text = plain(seg)
+        if text is not None:
+            return text.__eq__
+        rx = _segment_regex(seg)
+        return lambda s: rx.fullmatch(s) is not None
+
+    first, middle, last = segments[0], segments[1:-1], segments[-1]
+    pf, pl = plain(first), plain(last)
+    middle = [m for m in middle if m]
+    if not middle and pf is not None and pl is not None:
+        if not pl:
+            return (lambda s: True) if not pf else (lambda s: s.startswith(pf))
+        if not pf:
+            return lambda s: s.endswith(pl)
+        lf, ll = len(pf), len(pl)
+        return lambda s: len(s) >= lf + ll and s.startswith(pf) and s.endswith(pl)
+    if not first and not last and len(middle) == 1 and plain(middle[0]) is not None:
+        needle = plain(middle[0])
+        return lambda s: needle in s
+
+    first_rx = _segment_regex(first)
+    last_rx = _segment_regex(last)
+    finders = [(plain(m), _segment_regex(m), len(m)) for m in middle]
+    lf, ll = len(first), len(last)
+
+    def match(s: str) -> bool:
+        n = len(s)
+        if n < lf + ll:
+            return False
+        if lf and first_rx.match(s, 0) is None:
+            return False
+        end = n - ll
+        if ll and last_rx.fullmatch(s, end) is None:
+            return False
+        pos = lf
+        for text, rx, size in finders:
+            if text is not None:
+                found = s.find(text, pos, end)
+            else:
+                m = rx.search(s, pos, end)
+                found = -1 if m is None else m.start()
+            if found < 0:
+                return False
+            pos = found + size
+        return pos <= end
+
+    return match
+
+
+def _segment_regex(seg: list) -> "re.Pattern[str]":
+    return re.compile("".join("." if c is None else re.escape(c) for c in seg), re.DOTALL)
