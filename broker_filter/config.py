@@ -258,13 +258,16 @@ class VirtualAddress:
     dialect: str = "jms"
     routing_type: str = ""
 
-    def compile(self) -> Any:
-        """The compiled filter (a `Filter` or `FilterSet` of the filter core)."""
+    def compile(self, limits: Limits | None = None) -> Any:
+        """The compiled filter (a `Filter` or `FilterSet` of the filter core); FilterError if invalid."""
         from .filters import compile_filter_set, compile_selector
 
+        limits = limits or Limits()
         if self.selector is not None:
-            return compile_selector(self.selector, dialect=self.dialect)
-        return compile_filter_set(_thaw(self.filter_set), dialect=self.dialect)
+            return compile_selector(self.selector, dialect=self.dialect, limits=limits.filter_limits())
+        return compile_filter_set(
+            _thaw(self.filter_set), dialect=self.dialect, limits=limits.filter_limits(), max_depth=limits.nesting_depth
+        )
 
 
 @dataclass(frozen=True)
@@ -292,6 +295,12 @@ class Limits:
         kind="int",
         minimum=0,
     )
+
+    def filter_limits(self) -> Any:
+        """These limits in the filter core's terms (`broker_filter.filters.parser.Limits`)."""
+        from .filters.parser import Limits as FilterLimits
+
+        return FilterLimits(max_length=self.selector_length, max_depth=self.nesting_depth)
 
 
 @dataclass(frozen=True)
@@ -708,17 +717,7 @@ def _build_virtual(raw: Any, key: str) -> Mapping[str, VirtualAddress]:
         if not isinstance(dialect, str):
             raise ConfigError(f"{here}.dialect", "must be a string")
         routing = _routing_type(item.get("routing_type", ""), f"{here}.routing_type")
-        virtual = VirtualAddress(str(name), upstream, selector, _freeze(filter_set), dialect, routing)
-        try:
-            virtual.compile()
-        except ImportError:  # pragma: no cover - the filter core is part of the package
-            raise
-        except Exception as e:  # noqa: BLE001 - every compile failure is a configuration error
-            what = "selector" if selector is not None else "filter_set"
-            describe = getattr(e, "describe", None)
-            reason = describe() if callable(describe) else str(e)
-            raise ConfigError(f"{here}.{what}", reason) from None
-        out[str(name)] = virtual
+        out[str(name)] = VirtualAddress(str(name), upstream, selector, _freeze(filter_set), dialect, routing)
     return MappingProxyType(out)
 
 
@@ -771,15 +770,22 @@ def _check(config: Config) -> None:
         raise ConfigError("upstream.reconnect.max_delay", "must be >= upstream.reconnect.initial_delay")
     if config.journal.enabled and not config.journal.directory:
         raise ConfigError("journal.directory", "is required when journal.enabled = true")
-    for name in config.virtual_addresses:
-        if len(name) == 0:
+    for name, virtual in config.virtual_addresses.items():
+        if not name:
             raise ConfigError("virtual_addresses", "names must not be empty")
-        virtual = config.virtual_addresses[name]
-        if virtual.selector is not None and len(virtual.selector) > config.limits.selector_length:
-            raise ConfigError(
-                f"virtual_addresses.{name}.selector",
-                f"is {len(virtual.selector)} characters, over limits.selector_length = {config.limits.selector_length}",
-            )
+        from .filters import FilterError, get_dialect
+
+        what = "selector" if virtual.selector is not None else "filter_set"
+        try:
+            get_dialect(virtual.dialect)
+        except FilterError as e:
+            raise ConfigError(f"virtual_addresses.{name}.dialect", e.message) from None
+        try:
+            compiled = virtual.compile(config.limits)
+        except FilterError as e:
+            raise ConfigError(f"virtual_addresses.{name}.{what}", e.describe()) from None
+        for ignored in getattr(compiled, "ignored", ()):
+            raise ConfigError(f"virtual_addresses.{name}.filter_set", f"entry {ignored.key!r}: {ignored.reason}")
 
 
 def _check_file(key: str, path: str) -> None:

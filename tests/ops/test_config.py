@@ -323,3 +323,77 @@ def test_shipped_config_file_loads_and_documents_every_key():
     load(parse("--config", path), {})
     for key, _ in cfg._leaves():
         assert key.rsplit(".", 1)[-1] in text, f"{key} is not documented in config/broker-filter.toml"
+
+
+VIRTUAL = """
+[[address_rules]]
+pattern = "orders"
+routing_type = "anycast"
+upstream = "/queue/{address}"
+
+[virtual_addresses."orders.red"]
+upstream = "orders"
+selector = "color = 'red' AND weight > 2.5"
+
+[virtual_addresses."news.sport"]
+upstream = "/exchange/amq.topic/news"
+routing_type = "multicast"
+filter_set = '{"t": {"descriptor": "apache.org:legacy-amqp-topic-binding:string", "value": "*.sport"}}'
+
+[virtual_addresses.vip.filter_set.sel]
+descriptor = "0x0000468C:0x00000004"
+value = "JMSPriority > 6"
+[virtual_addresses.vip]
+upstream = "orders"
+"""
+
+
+def test_virtual_addresses_compile_and_route(tmp_path):
+    from broker_filter.message import Message
+
+    config = load(parse("--config", write(tmp_path, VIRTUAL)), {})
+    red = config.route("orders.red")
+    assert (red.upstream, red.routing_type) == ("/queue/orders", "anycast")  # the rule applies upstream
+    assert red.virtual is config.virtual_addresses["orders.red"]
+    selected = red.virtual.compile(config.limits)
+    assert selected.matches(Message.from_json({"application_properties": {"color": "red", "weight": 3.0}}))
+    assert not selected.matches(Message.from_json({"application_properties": {"color": "red", "weight": 1}}))
+
+    sport = config.route("news.sport")
+    assert (sport.upstream, sport.routing_type) == ("/exchange/amq.topic/news", "multicast")
+    topic = sport.virtual.compile(config.limits)
+    assert [e.kind for e in topic.entries] == ["topic"]
+    assert topic.matches(Message.from_json({"properties": {"subject": "eu.sport"}}))
+    assert not topic.matches(Message.from_json({"properties": {"subject": "eu.politics"}}))
+
+    vip = config.route("vip").virtual.compile(config.limits)
+    assert vip.matches(Message.from_json({"header": {"priority": 9}}))
+    assert not vip.matches(Message.from_json({}))
+    assert config.to_dict()["virtual_addresses"]["news.sport"]["filter_set"]["t"]["value"] == "*.sport"
+
+
+@pytest.mark.parametrize(
+    "toml, key, reason",
+    [
+        ("[virtual_addresses.v]\nupstream = 'o'\nselector = 'color = '", "virtual_addresses.v.selector",
+         "line 1, column"),
+        ("[virtual_addresses.v]\nupstream = 'o'\nselector = 'a = 1'\ndialect = 'sql'", "virtual_addresses.v.dialect",
+         "unknown selector dialect"),
+        ("[virtual_addresses.v]\nupstream = 'o'\nfilter_set = '{\"k\": {\"descriptor\": \"x:unknown\", \"value\": 1}}'",
+         "virtual_addresses.v.filter_set", "entry 'k'"),
+        ("[limits]\nselector_length = 5\n[virtual_addresses.v]\nupstream = 'o'\nselector = 'color = 1'",
+         "virtual_addresses.v.selector", ""),
+        ("[limits]\nnesting_depth = 2\n[virtual_addresses.v]\nupstream = 'o'\nselector = 'NOT NOT NOT a = 1'",
+         "virtual_addresses.v.selector", ""),
+    ],
+)
+def test_bad_virtual_address_filters_name_the_key(tmp_path, toml, key, reason):
+    err = error_of(parse("--config", write(tmp_path, toml)))
+    assert err.key == key
+    assert reason in err.reason
+
+
+def test_filter_limits_follow_the_configuration():
+    limits = load(parse("--set", "limits.selector_length=10", "--set", "limits.nesting_depth=3"), {}).limits
+    core = limits.filter_limits()
+    assert (core.max_length, core.max_depth) == (10, 3)
