@@ -18,8 +18,10 @@ import re
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from struct import error as struct_error
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 SCRYPT_LOG2_N = 15
@@ -193,3 +195,231 @@ _URL_IN_TEXT = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@:]*):([^\s/@]*)
 def redact_text(text: str) -> str:
     """Mask passwords of URLs embedded anywhere in free text."""
     return _URL_IN_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}:{REDACTED}@", text)
+
+
+
+# --------------------------------------------------------------------------------------------------
+# SASL server (sans-I/O)
+#
+# Proton's built-in SASL (without Cyrus) verifies only ANONYMOUS and EXTERNAL on the server side, so
+# PLAIN against our user database -- and pass-through, which needs the client's password -- happens
+# here, before proton sees the connection: bytes in, bytes out, an outcome.  After a successful
+# exchange the rest of the stream (starting with the client's AMQP protocol header) goes to a proton
+# server Transport without a SASL layer of its own.
+
+SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+TLS_HEADER = b"AMQP\x02\x01\x00\x00"
+SASL_OK, SASL_AUTH, SASL_SYS, SASL_SYS_PERM, SASL_SYS_TEMP = range(5)
+_SASL_FRAME_TYPE = 1
+_SASL_MAX_FRAME = 64 * 1024
+_SASL_INIT = (0x41, "amqp:sasl-init:list")
+
+
+@dataclass(frozen=True, repr=False)
+class SaslOutcome:
+    ok: bool
+    mechanism: str  # "PLAIN", "ANONYMOUS", "EXTERNAL"; "" when the client skipped SASL
+    user: str | None = None
+    password: str | None = None  # the client's PLAIN password, for pass-through only; never logged
+    reason: str = ""  # why it failed, for the log (never the password)
+
+    def __repr__(self) -> str:
+        return f"SaslOutcome(ok={self.ok}, mechanism={self.mechanism!r}, user={self.user!r}, reason={self.reason!r})"
+
+
+class SaslServer:
+    """The server side of an AMQP SASL exchange, without I/O.
+
+    Feed received bytes to `receive()`, send what `data_to_send()` returns.  When `done` is set,
+    `outcome` says whether the client is in; `leftover` holds the bytes that followed the exchange
+    (give them, and everything received later, to the proton Transport).  `failed` connections must
+    be closed once `data_to_send()` is flushed.
+
+    `verify(user, password)` checks PLAIN credentials: True / False, or None to decide later (e.g.
+    pass-through, which first opens an upstream connection with them) and call `resolve(ok)`.
+    `allow_skip`: a client that sends the plain AMQP header without SASL is let in as anonymous.
+    """
+
+    def __init__(
+        self,
+        mechanisms: tuple[str, ...] | list[str],
+        verify: Callable[[str, str], bool | None] | None = None,
+        *,
+        allow_skip: bool = False,
+        external_identity: str | None = None,
+        keep_password: bool = False,
+    ):
+        self.mechanisms = tuple(m for m in mechanisms if m != "EXTERNAL" or external_identity)
+        self._verify = verify
+        self._allow_skip = allow_skip
+        self._external = external_identity
+        self._keep_password = keep_password
+        self._buffer = bytearray()
+        self._out = bytearray()
+        self._state = "header"
+        self._pending: SaslOutcome | None = None
+        self.outcome: SaslOutcome | None = None
+        self.leftover = b""
+
+    @property
+    def done(self) -> bool:
+        return self._state == "done"
+
+    @property
+    def failed(self) -> bool:
+        return self._state == "failed"
+
+    @property
+    def pending(self) -> bool:
+        """Waiting for `resolve()`."""
+        return self._state == "pending"
+
+    def data_to_send(self) -> bytes:
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    def receive(self, data: bytes) -> None:
+        if self._state in ("done", "failed"):
+            if self._state == "done":
+                self.leftover += data
+            return
+        self._buffer += data
+        try:
+            self._advance()
+        except (ValueError, IndexError, TypeError, struct_error) as e:
+            self._fail(f"malformed SASL frame: {type(e).__name__}", SASL_SYS_PERM)
+
+    def resolve(self, ok: bool, reason: str = "") -> None:
+        """Finish a PLAIN exchange whose `verify` answered None."""
+        if self._state != "pending" or self._pending is None:
+            raise RuntimeError("no SASL verification pending")
+        pending = self._pending
+        self._pending = None
+        if ok:
+            self._succeed(pending)
+        else:
+            self._fail(reason or "authentication failed", SASL_AUTH, pending.mechanism, pending.user)
+        if self.done:
+            self._advance_leftover()
+
+    def _advance(self) -> None:
+        if self._state == "header":
+            if len(self._buffer) < 8:
+                if not (SASL_HEADER.startswith(bytes(self._buffer)) or AMQP_HEADER.startswith(bytes(self._buffer))):
+                    self._reject_header()
+                return
+            header = bytes(self._buffer[:8])
+            if header == SASL_HEADER:
+                del self._buffer[:8]
+                self._out += SASL_HEADER + _sasl_frame(0x40, [_symbol_array(self.mechanisms)])
+                self._state = "init"
+            elif header == AMQP_HEADER and self._allow_skip:
+                self.outcome = SaslOutcome(True, "", "anonymous")
+                self._state = "done"
+                self._advance_leftover()
+                return
+            else:
+                self._reject_header()
+                return
+        if self._state == "init":
+            frame = self._take_frame()
+            if frame is None:
+                return
+            self._on_init(frame)
+        if self._state == "done":
+            self._advance_leftover()
+
+    def _advance_leftover(self) -> None:
+        self.leftover += bytes(self._buffer)
+        self._buffer.clear()
+
+    def _reject_header(self) -> None:
+        # Spec: answer a header we do not speak with the one we do, then close.
+        self._out += SASL_HEADER
+        self.outcome = SaslOutcome(False, "", reason="client did not start SASL")
+        self._state = "failed"
+
+    def _take_frame(self) -> bytes | None:
+        if len(self._buffer) < 8:
+            return None
+        size = int.from_bytes(self._buffer[:4], "big")
+        doff, ftype = self._buffer[4], self._buffer[5]
+        if size > _SASL_MAX_FRAME or size < 8 or doff < 2 or doff * 4 > size or ftype != _SASL_FRAME_TYPE:
+            raise ValueError("bad SASL frame header")
+        if len(self._buffer) < size:
+            return None
+        body = bytes(self._buffer[doff * 4 : size])
+        del self._buffer[:size]
+        return body
+
+    def _on_init(self, body: bytes) -> None:
+        from . import amqptypes as t
+        from .codec import decode
+
+        value, _ = decode(body, 0)
+        if not isinstance(value, t.Described) or value.descriptor not in _SASL_INIT:
+            raise ValueError("expected sasl-init")
+        fields = list(value.value or [])
+        fields += [None] * (3 - len(fields))
+        mechanism, response = str(fields[0] or ""), fields[1]
+        if mechanism not in self.mechanisms:
+            self._fail(f"mechanism {mechanism[:40]!r} not offered", SASL_AUTH, mechanism)
+            return
+        if mechanism == "ANONYMOUS":
+            self._succeed(SaslOutcome(True, mechanism, "anonymous"))
+        elif mechanism == "EXTERNAL":
+            self._succeed(SaslOutcome(True, mechanism, self._external))
+        else:  # PLAIN: [authzid] NUL authcid NUL passwd (RFC 4616)
+            parts = bytes(response or b"").split(b"\0")
+            if len(parts) != 3:
+                self._fail("malformed PLAIN response", SASL_AUTH, mechanism)
+                return
+            try:
+                authzid, user, password = (p.decode("utf-8") for p in parts)
+            except UnicodeDecodeError:
+                self._fail("PLAIN response is not UTF-8", SASL_AUTH, mechanism)
+                return
+            if authzid and authzid != user:
+                self._fail("authorization identity differs from the user", SASL_AUTH, mechanism, user)
+                return
+            verdict = self._verify(user, password) if self._verify is not None else False
+            kept = password if self._keep_password else None
+            if verdict is None:
+                self._pending = SaslOutcome(True, mechanism, user, kept)
+                self._state = "pending"
+            elif verdict:
+                self._succeed(SaslOutcome(True, mechanism, user, kept))
+            else:
+                self._fail("wrong user name or password", SASL_AUTH, mechanism, user)
+
+    def _succeed(self, outcome: SaslOutcome) -> None:
+        self._out += _sasl_frame(0x44, [_ubyte(SASL_OK)])
+        self.outcome = outcome
+        self._state = "done"
+
+    def _fail(self, reason: str, code: int, mechanism: str = "", user: str | None = None) -> None:
+        self._out += _sasl_frame(0x44, [_ubyte(code)])
+        self.outcome = SaslOutcome(False, mechanism, user, reason=reason)
+        self._state = "failed"
+
+
+def _ubyte(n: int) -> Any:
+    from . import amqptypes as t
+
+    return t.ubyte(n)
+
+
+def _symbol_array(names: tuple[str, ...]) -> Any:
+    from . import amqptypes as t
+
+    return t.Array("symbol", [t.symbol(n) for n in names])
+
+
+def _sasl_frame(code: int, fields: list) -> bytes:
+    from . import amqptypes as t
+    from .codec import encode
+
+    body = encode(t.Described(t.ulong(code), fields))
+    return (8 + len(body)).to_bytes(4, "big") + bytes((2, _SASL_FRAME_TYPE, 0, 0)) + body

@@ -1,0 +1,295 @@
+"""Password hashes, the user database, redaction, and the SASL server against real proton clients."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+from proton import Collector, Connection, Event, Transport
+from proton.utils import BlockingConnection
+
+from broker_filter import amqptypes as t
+from broker_filter.codec import decode, encode
+from broker_filter.security import (
+    AMQP_HEADER,
+    SASL_HEADER,
+    PasswordHashError,
+    SaslServer,
+    UserDatabase,
+    hash_password,
+    parse_password_hash,
+    redact_text,
+    redact_url,
+)
+
+ALICE = hash_password("wonderland", algorithm="pbkdf2-sha256")
+
+
+# -------------------------------------------------------------------------------------------------
+# hashes
+
+
+def test_hashes_are_salted_and_verify():
+    first, second = hash_password("pw"), hash_password("pw")
+    assert first != second and first.startswith("$scrypt$ln=15,r=8,p=1$")
+    assert parse_password_hash(first).verify("pw")
+    assert not parse_password_hash(first).verify("pW")
+    assert parse_password_hash(ALICE).verify("wonderland")
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("wonderland", "plain-text passwords are not accepted"),
+        ("$argon2id$v=19$x$y", "unknown password hash algorithm"),
+        ("$scrypt$ln=99,r=8,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA", "out of range"),
+        ("$scrypt$ln=15,r=8$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA", "lacks parameter 'p'"),
+        ("$pbkdf2-sha256$i=600000$!!$aGFzaA", "base64"),
+        ("$pbkdf2-sha256$i=600000$c2FsdA$aGFzaA", "too short"),
+    ],
+)
+def test_bad_hashes_say_why_without_echoing(text, reason):
+    with pytest.raises(PasswordHashError) as info:
+        parse_password_hash(text)
+    assert reason in str(info.value)
+    assert "aGFzaGhhc2hoYXNoaGFzaA" not in str(info.value)
+
+
+def test_user_database_unknown_users_and_cache(monkeypatch):
+    from broker_filter.security import PasswordHash
+
+    hashed = []
+    compute = PasswordHash.compute
+    monkeypatch.setattr(PasswordHash, "compute", lambda self, pw: hashed.append(1) or compute(self, pw))
+    db = UserDatabase({"alice": ALICE})
+    hashed.clear()
+    assert "alice" in db and len(db) == 1
+    assert db.authenticate("alice", "wonderland")
+    assert not db.authenticate("alice", "Wonderland")
+    assert not db.authenticate("mallory", "wonderland")  # hashes against a dummy: same cost
+    assert len(hashed) == 3
+    for _ in range(20):
+        assert db.authenticate("alice", "wonderland")  # remembered: no second hashing
+        assert not db.authenticate("alice", "Wonderland")  # failures are never remembered
+    assert len(hashed) == 23
+    uncached = UserDatabase({"alice": ALICE}, cache_size=0)
+    assert uncached.authenticate("alice", "wonderland")
+    assert not uncached.authenticate("alice", "nope")
+
+
+def test_redaction():
+    assert redact_url("amqp://guest:guest@localhost:5672/q") == "amqp://guest:***@localhost:5672/q"
+    assert redact_url("amqps://host:5671") == "amqps://host:5671"
+    assert redact_url("amqp://user@host") == "amqp://user@host"
+    assert redact_url("amqp://u:p@h:bad") == "amqp://u:***@h:bad"
+    assert redact_text("to amqp://a:b@h and amqps://c:d@e/x") == "to amqp://a:***@h and amqps://c:***@e/x"
+
+
+# -------------------------------------------------------------------------------------------------
+# SASL frames without a network
+
+
+def frame(code: int, fields: list) -> bytes:
+    body = encode(t.Described(t.ulong(code), fields))
+    return (8 + len(body)).to_bytes(4, "big") + b"\x02\x01\x00\x00" + body
+
+
+def frames(data: bytes) -> list:
+    out = []
+    while data:
+        size = int.from_bytes(data[:4], "big")
+        out.append(decode(data[data[4] * 4 : size], 0)[0])
+        data = data[size:]
+    return out
+
+
+def plain_init(user: str, password: str, authzid: str = "") -> bytes:
+    response = f"{authzid}\0{user}\0{password}".encode()
+    return frame(0x41, [t.symbol("PLAIN"), response])
+
+
+def test_plain_exchange_in_pieces_with_pipelined_amqp_header():
+    db = UserDatabase({"alice": ALICE})
+    sasl = SaslServer(("PLAIN",), db.authenticate)
+    stream = SASL_HEADER + plain_init("alice", "wonderland") + AMQP_HEADER + b"rest"
+    for i in range(len(stream)):  # one byte at a time
+        sasl.receive(stream[i : i + 1])
+    out = sasl.data_to_send()
+    assert out.startswith(SASL_HEADER)
+    mechanisms, outcome = frames(out[8:])
+    assert mechanisms.descriptor == 0x40 and list(mechanisms.value[0]) == ["PLAIN"]
+    assert outcome.descriptor == 0x44 and outcome.value[0] == 0
+    assert sasl.done and sasl.outcome.ok and sasl.outcome.user == "alice"
+    assert sasl.outcome.password is None  # not kept unless pass-through asks
+    assert sasl.leftover == AMQP_HEADER + b"rest"
+    sasl.receive(b"more")
+    assert sasl.leftover.endswith(b"restmore")
+
+
+@pytest.mark.parametrize(
+    "init, reason",
+    [
+        (plain_init("alice", "nope"), "wrong user name or password"),
+        (plain_init("alice", "wonderland", authzid="root"), "authorization identity differs"),
+        (frame(0x41, [t.symbol("PLAIN"), b"no-nul-bytes"]), "malformed PLAIN response"),
+        (frame(0x41, [t.symbol("ANONYMOUS")]), "not offered"),
+        (frame(0x41, [t.symbol("GSSAPI"), b""]), "not offered"),
+        (frame(0x42, [b""]), "malformed SASL frame"),
+        (b"\xff\xff\xff\xff\x02\x01\x00\x00", "malformed SASL frame"),
+    ],
+)
+def test_refusals(init, reason):
+    sasl = SaslServer(("PLAIN",), UserDatabase({"alice": ALICE}).authenticate)
+    sasl.receive(SASL_HEADER + init)
+    assert sasl.failed and not sasl.outcome.ok and reason in sasl.outcome.reason
+    assert "wonderland" not in repr(sasl.outcome)
+    outcome = frames(sasl.data_to_send()[8:])[-1]
+    assert outcome.descriptor == 0x44 and outcome.value[0] in (1, 3)
+
+
+def test_wrong_protocol_header_is_answered_with_ours():
+    sasl = SaslServer(("ANONYMOUS",))
+    sasl.receive(b"GET / HTTP/1.1\r\n")
+    assert sasl.failed and sasl.data_to_send() == SASL_HEADER
+    skipped = SaslServer(("ANONYMOUS",), allow_skip=False)
+    skipped.receive(AMQP_HEADER)
+    assert skipped.failed
+    allowed = SaslServer(("ANONYMOUS",), allow_skip=True)
+    allowed.receive(AMQP_HEADER + b"x")
+    assert allowed.done and allowed.outcome.user == "anonymous" and allowed.leftover == AMQP_HEADER + b"x"
+
+
+def test_deferred_verification_for_pass_through():
+    seen = []
+    sasl = SaslServer(("PLAIN",), lambda u, p: seen.append((u, p)), keep_password=True)
+    sasl.receive(SASL_HEADER + plain_init("bob", "builder") + AMQP_HEADER)
+    assert sasl.pending and seen == [("bob", "builder")]
+    sasl.data_to_send()
+    sasl.resolve(True)
+    assert sasl.done and sasl.outcome.password == "builder" and sasl.leftover == AMQP_HEADER
+    assert "builder" not in repr(sasl.outcome)
+    assert frames(sasl.data_to_send())[0].value[0] == 0
+    with pytest.raises(RuntimeError):
+        sasl.resolve(True)
+    refused = SaslServer(("PLAIN",), lambda u, p: None)
+    refused.receive(SASL_HEADER + plain_init("bob", "x"))
+    refused.resolve(False, "upstream refused the credentials")
+    assert refused.failed and refused.outcome.reason == "upstream refused the credentials"
+
+
+# -------------------------------------------------------------------------------------------------
+# Against real proton clients: SaslServer first, then a proton server Transport without SASL.
+
+
+class SaslFrontedServer:
+    """A one-connection AMQP server: our SASL exchange, then proton's engine for the AMQP part."""
+
+    def __init__(self, make_sasl):
+        self._make_sasl = make_sasl
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.outcome = None
+        self.opened = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.listener.settimeout(20)
+            sock, _ = self.listener.accept()
+            with sock:
+                sock.settimeout(20)
+                sasl = self._make_sasl()
+                while not (sasl.done or sasl.failed):
+                    data = sock.recv(4096)
+                    if not data:
+                        return
+                    sasl.receive(data)
+                    sock.sendall(sasl.data_to_send())
+                self.outcome = sasl.outcome
+                if sasl.failed:
+                    return
+                self._serve_amqp(sock, sasl.leftover)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            self.error = e
+        finally:
+            self.listener.close()
+
+    def _serve_amqp(self, sock: socket.socket, leftover: bytes) -> None:
+        transport = Transport(Transport.SERVER)
+        connection = Connection()
+        collector = Collector()
+        connection.collect(collector)
+        transport.bind(connection)
+        if leftover:
+            transport.push(leftover)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            event = collector.peek()
+            while event is not None:
+                if event.type == Event.CONNECTION_REMOTE_OPEN:
+                    connection.open()
+                    self.opened.set()
+                elif event.type == Event.CONNECTION_REMOTE_CLOSE:
+                    connection.close()
+                collector.pop()
+                event = collector.peek()
+            pending = transport.pending()
+            if pending > 0:
+                sock.sendall(transport.peek(pending))
+                transport.pop(pending)
+            elif pending < 0 or transport.closed:
+                return
+            data = sock.recv(4096)
+            if not data:
+                return
+            transport.push(data)
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+        if self.error is not None:
+            raise self.error
+
+
+def test_proton_client_logs_in_with_plain():
+    db = UserDatabase({"alice": ALICE})
+    server = SaslFrontedServer(lambda: SaslServer(("PLAIN", "ANONYMOUS"), db.authenticate))
+    conn = BlockingConnection(
+        f"amqp://127.0.0.1:{server.port}", timeout=20, user="alice", password="wonderland", allowed_mechs="PLAIN"
+    )
+    assert server.opened.wait(20)
+    conn.close()
+    server.join()
+    assert server.outcome.ok and server.outcome.user == "alice" and server.outcome.mechanism == "PLAIN"
+
+
+def test_proton_client_with_wrong_password_gets_unauthorized_access():
+    db = UserDatabase({"alice": ALICE})
+    server = SaslFrontedServer(lambda: SaslServer(("PLAIN",), db.authenticate))
+    with pytest.raises(Exception) as info:
+        BlockingConnection(
+            f"amqp://127.0.0.1:{server.port}", timeout=20, user="alice", password="guess", allowed_mechs="PLAIN"
+        )
+    server.join()
+    assert "amqp:unauthorized-access" in str(info.value)
+    assert not server.outcome.ok and server.outcome.reason == "wrong user name or password"
+
+
+def test_proton_client_anonymous():
+    server = SaslFrontedServer(lambda: SaslServer(("ANONYMOUS",)))
+    conn = BlockingConnection(f"amqp://127.0.0.1:{server.port}", timeout=20, allowed_mechs="ANONYMOUS")
+    assert server.opened.wait(20)
+    conn.close()
+    server.join()
+    assert server.outcome.ok and server.outcome.mechanism == "ANONYMOUS"
+
+
+def test_proton_client_refused_anonymous_when_only_plain_is_offered():
+    server = SaslFrontedServer(lambda: SaslServer(("PLAIN",), UserDatabase({"alice": ALICE}).authenticate))
+    with pytest.raises(Exception) as info:
+        BlockingConnection(f"amqp://127.0.0.1:{server.port}", timeout=20, allowed_mechs="ANONYMOUS")
+    server.join()
+    assert "amqp:unauthorized-access" in str(info.value)
