@@ -25,27 +25,51 @@ EvalFn = Callable[[Any, Any], "bool | None"]
 
 
 class Filter:
-    """A compiled filter.  `evaluate` -> True / False / None (UNKNOWN); `matches` -> bool."""
+    """A compiled filter.  `evaluate(message, receiver=None)` -> True / False / None (UNKNOWN);
+    `matches(message, receiver=None)` -> bool.  Both are plain functions stored on the instance
+    (generated code where the filter is a selector), so a call costs no extra Python frame."""
 
-    __slots__ = ("_fn", "reads", "description", "ast")
+    __slots__ = ("_fn", "evaluate", "matches", "reads", "description", "ast")
 
-    def __init__(self, fn: EvalFn, reads: frozenset[str] = frozenset(), description: str = "", ast: Any = None):
+    def __init__(
+        self,
+        fn: EvalFn,
+        reads: frozenset[str] = frozenset(),
+        description: str = "",
+        ast: Any = None,
+        matches: Callable[..., bool] | None = None,
+    ):
         self._fn = fn
+        self.evaluate = fn if _receiver_optional(fn) else _with_default(fn)
+        self.matches = matches if matches is not None else _matcher(fn)
         self.reads = frozenset(reads)
         self.description = description
         self.ast = ast  # the selector AST where there is one (backends such as Spark compile it)
-
-    def evaluate(self, message: Any, receiver: Any = None) -> bool | None:
-        return self._fn(message, receiver)
-
-    def matches(self, message: Any, receiver: Any = None) -> bool:
-        return self._fn(message, receiver) is True
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.description}>"
 
 
-def _true(message: Any, receiver: Any) -> bool:
+def _receiver_optional(fn: Callable) -> bool:
+    defaults = getattr(fn, "__defaults__", None)
+    return bool(defaults) and getattr(getattr(fn, "__code__", None), "co_argcount", 0) == 2
+
+
+def _with_default(fn: EvalFn) -> Callable[..., "bool | None"]:
+    def evaluate(message: Any, receiver: Any = None) -> "bool | None":
+        return fn(message, receiver)
+
+    return evaluate
+
+
+def _matcher(fn: EvalFn) -> Callable[..., bool]:
+    def matches(message: Any, receiver: Any = None) -> bool:
+        return fn(message, receiver) is True
+
+    return matches
+
+
+def _true(message: Any, receiver: Any = None) -> bool:
     return True
 
 
@@ -81,13 +105,14 @@ class FilterSet(Filter):
         self.ignored = tuple(ignored)
         fns = [e.filter._fn for e in self.entries]
         reads = frozenset().union(*(e.filter.reads for e in self.entries)) if self.entries else frozenset()
+        matches = None
         if not fns:
             fn = _true
         elif len(fns) == 1:
-            fn = fns[0]
+            fn, matches = self.entries[0].filter.evaluate, self.entries[0].filter.matches
         else:
             fn = _and_all(fns)
-        super().__init__(fn, reads, " AND ".join(e.filter.description for e in self.entries) or "TRUE")
+        super().__init__(fn, reads, " AND ".join(e.filter.description for e in self.entries) or "TRUE", matches=matches)
 
     @property
     def applied(self) -> dict:
@@ -104,7 +129,7 @@ class FilterSet(Filter):
 
 
 def _and_all(fns: list[EvalFn]) -> EvalFn:
-    def fn(message: Any, receiver: Any) -> bool | None:
+    def fn(message: Any, receiver: Any = None) -> bool | None:
         result: bool | None = True
         for f in fns:
             r = f(message, receiver)

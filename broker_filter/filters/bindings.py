@@ -35,7 +35,7 @@ def direct_binding(key: Any) -> Filter:
         raise FilterError(f"a direct binding key is a string, not {_kind(key)}")
     key = str(key)
 
-    def fn(m: Any, r: Any) -> bool:
+    def fn(m: Any, r: Any = None) -> bool:
         p = m.properties
         return p is not None and p.subject is not None and str(p.subject) == key
 
@@ -93,7 +93,7 @@ def topic_binding(key: Any) -> Filter:
     match = topic_matcher(key)
     only_hash = key == "#"
 
-    def fn(m: Any, r: Any) -> bool:
+    def fn(m: Any, r: Any = None) -> bool:
         s = _subject(m)
         if s is None:
             return only_hash
@@ -130,7 +130,7 @@ def headers_binding(binding: Any) -> Filter:
             return False
         return True if v is None else same_amqp_value(got, v)
 
-    def fn(m: Any, r: Any) -> bool:
+    def fn(m: Any, r: Any = None) -> bool:
         props = m.application_properties or {}
         if want_all:
             return all(pair_matches(props, k, v) for k, v in pairs)

@@ -163,7 +163,7 @@ class _Compiler:
 def _no_local() -> Filter:
     key = ORIGIN_ANNOTATION
 
-    def fn(m: Any, receiver: Any) -> bool:
+    def fn(m: Any, receiver: Any = None) -> bool:
         if receiver is None:
             return True
         ma = m.message_annotations
@@ -178,14 +178,14 @@ def _logical(kind: str, children: list[Filter]) -> Filter:
     if kind == "not":
         inner = fns[0]
 
-        def fn_not(m: Any, r: Any) -> Any:
+        def fn_not(m: Any, r: Any = None) -> Any:
             v = inner(m, r)
             return None if v is None else not v
 
         return Filter(fn_not, reads, f"NOT ({children[0].description})")
     if kind == "and":
 
-        def fn_and(m: Any, r: Any) -> Any:
+        def fn_and(m: Any, r: Any = None) -> Any:
             result: Any = True
             for f in fns:
                 v = f(m, r)
@@ -197,7 +197,7 @@ def _logical(kind: str, children: list[Filter]) -> Filter:
 
         return Filter(fn_and, reads, " AND ".join(f"({c.description})" for c in children))
 
-    def fn_or(m: Any, r: Any) -> Any:
+    def fn_or(m: Any, r: Any = None) -> Any:
         result: Any = False
         for f in fns:
             v = f(m, r)

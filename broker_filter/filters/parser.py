@@ -1,7 +1,8 @@
 """Selector text -> AST (`ast.Selector`), with static type checks.
 
-Theory of operation: one LALR grammar (grammar/selector.lark) with per-dialect terminals; the tree is
-built by an inline transformer while parsing, so no parse tree is materialised and every static error
+Theory of operation: one LALR grammar (grammar/selector.lark) with per-dialect terminals, driven by
+lark with a lexer of our own (one master regex; lark's general lexer costs more than the parser on
+long selectors); the tree is built by an inline transformer while parsing, so no parse tree is materialised and every static error
 is raised with the position of the offending token.  A node's static type is one of
     "cond" (a condition), "str", "bool", "num" (literals and arithmetic), "any" (identifiers),
 and the checks enforce docs/selectors.md's compile-time errors.  AND/OR chains are collected flat and
@@ -20,6 +21,7 @@ from typing import Any
 
 from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.lexer import Lexer
 
 from . import ast
 from .dialects import Dialect, get_dialect
@@ -62,7 +64,7 @@ _TAGS_RE = re.compile(rf"\s*(?:(\*)|({_TAG_WORD}(?:\s*\|\|\s*{_TAG_WORD})*))\s*"
 
 
 @functools.lru_cache(maxsize=None)
-def _parser(artemis: bool, hyphenated: bool, rocketmq: bool) -> Lark:
+def _grammar(artemis: bool, hyphenated: bool, rocketmq: bool) -> str:
     text = resources.files(__package__).joinpath("grammar/selector.lark").read_text(encoding="utf-8")
     text = text.replace("@IDENT@", _IDENT_HYPHEN if hyphenated else _IDENT)
     text = text.replace("@EXTRA_PRIMARY@", _EXTRA_ARTEMIS if artemis else "")
@@ -71,7 +73,91 @@ def _parser(artemis: bool, hyphenated: bool, rocketmq: bool) -> Lark:
         text += _TERMINALS_ARTEMIS
     if rocketmq:
         text += _TERMINALS_ROCKETMQ
-    return Lark(text, parser="lalr", lexer="contextual", maybe_placeholders=False, transformer=_DELEGATE)
+    return text
+
+
+_KEYWORDS = frozenset({"OR", "AND", "NOT", "BETWEEN", "IN", "LIKE", "ESCAPE", "IS", "NULL", "TRUE", "FALSE"})
+_STRING_TEST_WORDS = frozenset({"CONTAINS", "STARTSWITH", "ENDSWITH"})
+_NUMBER_RE = r"(?:0[xX][0-9a-fA-F]+|[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)[lLfFdD]?"
+
+
+class _BadCharacter(Exception):
+    def __init__(self, pos: int):
+        self.pos = pos
+
+
+def _lexer_class(artemis: bool, hyphenated: bool, rocketmq: bool) -> type:
+    """A lexer for lark's custom-lexer interface: one master regex, keywords by table lookup.
+
+    It produces exactly the grammar's terminals, several times faster than lark's general lexer."""
+    ident = r"(?!\d)[\w$]+(?:-[\w$]+)*" if hyphenated else r"(?!\d)[\w$]+"
+    parts = [r"(?P<WS>[ \t\f\r\n]+)", r"(?P<STRING>'(?:[^']|'')*')", f"(?P<NUMBER>{_NUMBER_RE})"]
+    if artemis:
+        parts += [r'(?P<QIDENT>"(?:[^"]|"")*")', r"(?P<ANNOT>m\.[\w$][\w$.\-]*)"]
+    parts += [
+        f"(?P<IDENT>{ident})",
+        r"(?P<COMPARE><>|<=|>=|=|<|>)",
+        r"(?P<ADD>[+-])",
+        r"(?P<MUL>[*/])",
+        r"(?P<LPAR>\()",
+        r"(?P<RPAR>\))",
+        r"(?P<COMMA>,)",
+    ]
+    master = re.compile("|".join(parts))
+    words = _STRING_TEST_WORDS if rocketmq else frozenset()
+
+    class SelectorLexer(Lexer):
+        __future_interface__ = 0
+
+        def __init__(self, lexer_conf: Any) -> None:
+            pass
+
+        def lex(self, text: str):  # type: ignore[override]
+            match = master.match
+            pos, n = 0, len(text)
+            while pos < n:
+                m = match(text, pos)
+                if m is None:
+                    raise _BadCharacter(pos)
+                kind = m.lastgroup
+                value = m.group()
+                if kind != "WS":
+                    if kind == "IDENT":
+                        upper = value.upper()
+                        if upper in _KEYWORDS:
+                            kind = upper
+                        elif upper in words:
+                            kind = "STRTEST"
+                    yield Token(kind, value, pos)
+                pos = m.end()
+
+    return SelectorLexer
+
+
+_THREAD = threading.local()
+
+
+def _parser(artemis: bool, hyphenated: bool, rocketmq: bool) -> "tuple[Lark, _Builder]":
+    """This thread's parser for a grammar variant, with its builder bound as the transformer.
+
+    Lark binds transformer callbacks when the parser is built, so each thread builds its own
+    (once per variant) and the builder is reset before every parse."""
+    cache = getattr(_THREAD, "parsers", None)
+    if cache is None:
+        cache = _THREAD.parsers = {}
+    key = (artemis, hyphenated, rocketmq)
+    entry = cache.get(key)
+    if entry is None:
+        builder = _Builder()
+        lark = Lark(
+            _grammar(*key),
+            parser="lalr",
+            lexer=_lexer_class(*key),
+            maybe_placeholders=False,
+            transformer=builder,
+        )
+        entry = cache[key] = (lark, builder)
+    return entry
 
 
 class _Chain:
@@ -134,7 +220,10 @@ def _describe_token(tok: Token) -> str:
 class _Builder:
     """Callbacks of the inline transformer: build AST nodes and check static types."""
 
-    def __init__(self, dialect: Dialect, text: str, offset: int, limits: Limits):
+    def __init__(self, dialect: Dialect | None = None, text: str = "", offset: int = 0, limits: Limits = DEFAULT_LIMITS):
+        self.reset(dialect, text, offset, limits)
+
+    def reset(self, dialect: Dialect | None, text: str, offset: int, limits: Limits) -> None:
         self.d = dialect
         self.text = text  # the whole original text (positions point into it)
         self.offset = offset  # length of stripped prefixes
@@ -452,34 +541,6 @@ def _ends_with_lone_escape(pattern: str, escape: str) -> bool:
     return False
 
 
-_CALLBACKS = (
-    "string", "boolean", "null", "number", "ident", "qident", "annotation", "group", "sign", "arith",
-    "compare", "between", "not_between", "in_", "not_in", "in_list", "like", "not_like", "is_null",
-    "is_not_null", "strtest", "not_strtest", "not_", "logic", "empty",
-)  # fmt: skip
-
-
-class _Delegate:
-    """The transformer lark binds at construction: forwards each callback to the builder of the
-    parse running on this thread, so one compiled parser serves every parse."""
-
-    def __init__(self) -> None:
-        self.local = threading.local()
-
-
-def _forwarder(name: str):
-    def forward(self: _Delegate, children: list) -> Any:
-        return getattr(self.local.builder, name)(children)
-
-    forward.__name__ = name
-    return forward
-
-
-for _name in _CALLBACKS:
-    setattr(_Delegate, _name, _forwarder(_name))
-_DELEGATE = _Delegate()
-
-
 def _nesting_depth(root: Any) -> int:
     """Depth of the tree where a same-operator AND/OR chain counts once (iterative)."""
     best = 0
@@ -535,16 +596,17 @@ def parse(text: str, dialect: "str | Dialect" = "jms", limits: Limits = DEFAULT_
     if not body.strip():
         return ast.Selector(None, d.name, convert, hyphenated, text=text)
 
-    builder = _Builder(d, text, offset, limits)
-    parser = _parser(d.quoted_identifiers, hyphenated, d.string_tests)
+    parser, builder = _parser(d.quoted_identifiers, hyphenated, d.string_tests)
+    builder.reset(d, text, offset, limits)
     try:
-        _DELEGATE.local.builder = builder
         try:
             expr = parser.parse(body)
         finally:
-            _DELEGATE.local.builder = None
+            builder.keep = []  # release the parse's nodes held for id() uniqueness
     except SelectorError:
         raise
+    except _BadCharacter as e:
+        raise _character_error(text, e.pos + offset, d) from None
     except UnexpectedInput as e:
         raise _syntax_error(e, text, offset, d) from None
     except VisitError as e:  # pragma: no cover - callbacks raise SelectorError directly
@@ -557,22 +619,27 @@ def parse(text: str, dialect: "str | Dialect" = "jms", limits: Limits = DEFAULT_
         pos = min(builder.overflow.values())
         raise SelectorError("integer 9223372036854775808 is out of range for a long", text, pos + offset)
     expr = builder.cond(expr) if expr is not None else None
-    if expr is not None:
+    if expr is not None and len(body) > limits.max_depth:  # each level of nesting takes a character
         depth = _nesting_depth(expr)
         if depth > limits.max_depth:
             raise LimitError(f"selector nesting depth {depth} exceeds the limit of {limits.max_depth}", text, None)
     return ast.Selector(expr, d.name, convert, hyphenated, text=text)
 
 
+def _character_error(text: str, pos: int, d: Dialect) -> SelectorError:
+    ch = text[pos] if pos < len(text) else ""
+    if ch == "'":
+        return SelectorError("unterminated string literal (strings end with a single quote)", text, pos)
+    if ch == '"':
+        if d.quoted_identifiers:
+            return SelectorError('unterminated quoted identifier (it ends with a double quote)', text, pos)
+        return SelectorError("double quotes are not allowed: string literals use single quotes ('...')", text, pos)
+    return SelectorError(f"unexpected character {ch!r}", text, pos)
+
+
 def _syntax_error(e: UnexpectedInput, text: str, offset: int, d: Dialect) -> SelectorError:
     if isinstance(e, UnexpectedCharacters):
-        pos = e.pos_in_stream + offset
-        ch = text[pos] if pos < len(text) else ""
-        if ch == "'":
-            return SelectorError("unterminated string literal (strings end with a single quote)", text, pos)
-        if ch == '"' and not d.quoted_identifiers:
-            return SelectorError("double quotes are not allowed: string literals use single quotes ('...')", text, pos)
-        return SelectorError(f"unexpected character {ch!r}", text, pos)
+        return _character_error(text, e.pos_in_stream + offset, d)
     if isinstance(e, UnexpectedEOF):
         return SelectorError("unexpected end of the selector", text, len(text))
     if isinstance(e, UnexpectedToken):

@@ -321,6 +321,37 @@ _NOT_A_NUMBER = _Sentinel("NOT_A_NUMBER")
 
 
 # ---------------------------------------------------------------------- LIKE
+def like_form(pattern: str, escape: str | None) -> tuple[str, str] | None:
+    """("equals" | "prefix" | "suffix" | "contains", text) for patterns that are one of those, else None."""
+    chars: list = []
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if escape is not None and ch == escape and i + 1 < n:
+            chars.append(pattern[i + 1])
+            i += 2
+            continue
+        chars.append(None if ch == "_" else ("%" if ch == "%" else ch) if ch != "%" else _PERCENT)
+        i += 1
+    if any(c is None for c in chars):
+        return None
+    wild = [k for k, c in enumerate(chars) if c is _PERCENT]
+    text = "".join(c for c in chars if c is not _PERCENT)
+    last = len(chars) - 1
+    if not wild:
+        return ("equals", text)
+    if wild == [last]:
+        return ("prefix", text)
+    if wild == [0] and last > 0:
+        return ("suffix", text)
+    if wild == [0, last] and last > 1:
+        return ("contains", text)
+    return None
+
+
+_PERCENT = object()
+
+
 def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
     """A matcher for a LIKE pattern, linear in the value for a fixed pattern.
 

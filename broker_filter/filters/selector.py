@@ -34,11 +34,11 @@ def compile_selector(text: str, dialect: "str | Dialect" = "jms", limits: Limits
 def _compile_cached(text: str, dialect: Dialect, limits: Limits) -> Filter:
     selector = parse(text, dialect, limits)
     fn, reads, _source = compile_ast(selector, dialect)
-    return Filter(fn, reads, render(selector) or "TRUE", ast=selector)
+    return Filter(fn, reads, selector.text.strip() or "TRUE", ast=selector, matches=getattr(fn, "matches", None))
 
 
 def compile_parsed(selector: ast.Selector) -> Filter:
     """Compile an already parsed selector (no cache)."""
     d = get_dialect(selector.dialect)
     fn, reads, _source = compile_ast(selector, d)
-    return Filter(fn, reads, render(selector) or "TRUE", ast=selector)
+    return Filter(fn, reads, selector.text.strip() or "TRUE", ast=selector, matches=getattr(fn, "matches", None))
