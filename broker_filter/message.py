@@ -59,6 +59,7 @@ PROPERTIES_FIELDS: dict[str, str | None] = {
     "reply_to_group_id": "string",
 }
 _MESSAGE_ID_TYPES = frozenset({"ulong", "uuid", "binary", "string"})
+_INTEGER_TYPES = frozenset({"ubyte", "ushort", "uint", "ulong", "byte", "short", "int", "long", "timestamp"})
 
 
 class Header:
@@ -434,12 +435,15 @@ def _fields_from_json(obj: Any, section: str, fields: dict[str, str | None]) -> 
         else:
             kind = t.amqp_type(value)
             if kind != want:
+                convertible = (kind in _INTEGER_TYPES and want in _INTEGER_TYPES) or (
+                    kind in ("string", "symbol") and want in ("string", "symbol")
+                )
+                if not convertible:
+                    raise MessageFormatError(path, f"needs a {want}, got {kind}")
                 try:
-                    if want == "boolean" or kind not in ("long", "string", "symbol", "ubyte", "uint", "int", "ulong"):
-                        raise TypeError
                     value = t.TYPE_CONSTRUCTORS[want](value)
                 except (TypeError, ValueError) as e:
-                    raise MessageFormatError(path, f"needs a {want}, got {kind}" + (f" ({e})" if str(e) else "")) from None
+                    raise MessageFormatError(path, f"needs a {want}: {e}") from None
         out[name] = value
     return out
 
