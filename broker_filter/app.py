@@ -1,0 +1,141 @@
+"""Composition root: builds the daemon from a `Config` and runs it.
+
+    App(config).run()   # blocks until SIGINT/SIGTERM; returns the exit status
+
+Parts: one proton Container (the event loop), the upstream (remote broker or embedded), the
+client-facing `ProxyServer` on the configured listener, and optionally the metrics exporter, which
+receives a snapshot of the proxy's state once a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+from proton.reactor import Container
+
+from .proxy.loop import ProtonLoop
+from .proxy.remote import RemoteUpstream
+from .proxy.server import ProxyServer
+
+log = logging.getLogger("broker_filter.app")
+
+
+def build_upstream(config: Any) -> Any:
+    up = config.upstream
+    if up.urls:
+        kinds = None
+        if up.evaluates_selectors is True:
+            kinds = frozenset({"selector"})
+        elif up.evaluates_selectors is False:
+            kinds = frozenset()
+        url = up.urls[0]
+        if up.user and "@" not in url.split("://", 1)[-1]:
+            from urllib.parse import quote
+
+            scheme, rest = url.split("://", 1)
+            url = f"{scheme}://{quote(up.user, safe='')}:{quote(up.password, safe='')}@{rest}"
+        return RemoteUpstream(url, pushdown_kinds=kinds, max_backoff=up.reconnect.max_delay or 5.0)
+    from .proxy.embedded import EmbeddedUpstream
+
+    return EmbeddedUpstream.from_config(config.embedded)
+
+
+class App:
+    def __init__(self, config: Any, *, instance: str | None = None):
+        self.config = config
+        self.instance = instance or f"{socket.gethostname()}-{os.getpid()}"
+        self.container = Container()
+        self.container.container_id = self.instance
+        self.loop = ProtonLoop(self.container)
+        self.upstream = build_upstream(config)
+        self.server = ProxyServer(
+            self.upstream,
+            instance=self.instance,
+            window=max(1, config.limits.upstream_window),
+        )
+        self.acceptor = None
+        self.port: int | None = None
+        self.metrics = None
+        self.exporter = None
+        self._stopping = False
+
+    def start(self) -> None:
+        """Bind the listener and start connecting upstream (the loop runs in `run`)."""
+        host, port = self.config.listener.host, self.config.listener.port
+        self.acceptor = self.container.acceptor(host, port, self.server)
+        sock = self.acceptor._selectable._delegate
+        self.port = sock.getsockname()[1]
+        self.upstream.start(self.loop, self.server)
+        log.info("listening on %s:%s, upstream %s, instance %s", host, self.port, self.upstream.name, self.instance)
+        if self.config.metrics.enabled:
+            self._start_metrics()
+
+    def _start_metrics(self) -> None:
+        from .metrics import Health, Metrics, serve_http
+
+        self.metrics = Metrics(address_labels=self.config.metrics.address_labels)
+        self.health = Health() if _takes_no_args(Health) else None
+        self.exporter = serve_http(self.metrics, self.health, self.config.metrics.host, self.config.metrics.port)
+        self.loop.call_later(1.0, self._publish_snapshot)
+
+    def _publish_snapshot(self) -> None:
+        from .metrics import Snapshot
+
+        snap = self.server.snapshot()
+        held: dict[str, int] = {}
+        stalled: dict[str, bool] = {}
+        for f in snap["feeds"]:
+            a = f["address"] or ""
+            held[a] = held.get(a, 0) + f["held"]
+            stalled[a] = stalled.get(a, False) or f["starved"] > 0
+        self.metrics.publish(Snapshot(connections=snap["connections"], held=held, stalled=stalled,
+                                      upstream_connected=snap["upstream_connected"]))
+        if self.health is not None:
+            self.health.beat()
+            self.health.set_ready(bool(snap["upstream_connected"]), "" if snap["upstream_connected"] else "upstream down")
+        if not self._stopping:
+            self.loop.call_later(1.0, self._publish_snapshot)
+
+    def run(self) -> int:
+        if self.acceptor is None:
+            self.start()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            self.container.run()
+        except KeyboardInterrupt:
+            log.info("stopping")
+        finally:
+            self._stopping = True
+            self.close()
+        return 0
+
+    def close(self) -> None:
+        try:
+            self.upstream.stop()
+        except Exception:
+            log.exception("stopping the upstream failed")
+        if self.acceptor is not None:
+            self.acceptor.close()
+        if self.exporter is not None:
+            self.exporter.close()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _takes_no_args(cls: type) -> bool:
+    import inspect
+
+    try:
+        sig = inspect.signature(cls)
+    except (TypeError, ValueError):
+        return False
+    return all(p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in sig.parameters.values())

@@ -1,0 +1,28 @@
+"""`broker-filter serve`: run the filtering proxy daemon."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from ..config import add_serve_arguments
+
+    p = sub.add_parser(
+        "serve",
+        help="run the filtering AMQP 1.0 proxy",
+        description="Accept AMQP 1.0 clients, apply the filters of their receiving links to messages "
+        "from the upstream broker (or the embedded one) and forward only matching messages.",
+    )
+    add_serve_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import logs
+    from ..app import App
+    from ..config import load_for_cli
+
+    config = load_for_cli(args)
+    logs.configure_from(config)
+    return App(config).run()

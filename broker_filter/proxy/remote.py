@@ -1,0 +1,501 @@
+"""An upstream that is a remote AMQP 1.0 broker (RabbitMQ or any other), over one proton connection.
+
+Theory of operation: one connection with one session carries every consumer and publisher of the
+proxy.  Deliveries are received as raw bytes and settled with the client's outcome; nothing is
+settled upstream on the proxy's own initiative except what the forwarding rules decide.  When the
+connection drops, every consumer and publisher is reported closed with a transient
+`amqp:connection:forced` error (the broker returns their unsettled messages to the queues) and the
+upstream reconnects with exponential backoff (0.1 s doubling to `max_backoff`).
+
+What the remote evaluates (push-down) is decided from its open frame, never from an attach echo
+(RabbitMQ 3.10 echoes a selector and still delivers everything): selectors only if it offers
+`APACHE.ORG:SELECTOR` or `APACHE.ORG:JMS_FILTERS`, legacy bindings only if it offers
+`APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS`, unless the configuration declares the kinds itself.
+RabbitMQ (by its `product` connection property) takes a binding key as part of an `/exchange/X/key`
+address (`binds_exchange_keys`), and ends the session on a `modified` outcome, so `modified` is sent
+to it as `released`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Callable
+from urllib.parse import unquote, urlsplit
+
+from proton import Condition, Delivery, Disposition, Endpoint, Terminus
+from proton import symbol as psymbol
+from proton import Handler
+
+from .. import amqptypes as t
+from ..codec import CodecError, decode, encode
+from .upstream import (
+    ConsumerHandler,
+    ConsumerInfo,
+    ConsumerSpec,
+    ErrorInfo,
+    Loop,
+    Outcome,
+    PublisherHandler,
+    UpstreamDelivery,
+    UpstreamListener,
+)
+
+log = logging.getLogger("broker_filter.proxy.upstream")
+
+SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
+BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
+_OUTCOME_KINDS = {
+    Disposition.ACCEPTED: "accepted",
+    Disposition.REJECTED: "rejected",
+    Disposition.RELEASED: "released",
+    Disposition.MODIFIED: "modified",
+}
+_DISPOSITIONS = {v: k for k, v in _OUTCOME_KINDS.items()}
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return parts._replace(netloc=netloc).geturl()
+
+
+def data_value(data) -> Any:
+    """A proton Data (terminus filter/capabilities) as typed values of `broker_filter.amqptypes`."""
+    raw = data.encode() if data is not None else b""
+    if not raw:
+        return None
+    value, _ = decode(raw, 0)
+    return value
+
+
+def put_value(data, value: Any) -> None:
+    """Write a typed value into a proton Data (replacing its content)."""
+    data.clear()
+    if value is not None:
+        data.decode(encode(value))
+
+
+def outcome_of(disposition) -> Outcome | None:
+    """The Outcome a remote disposition carries, or None if it is not a terminal state."""
+    kind = _OUTCOME_KINDS.get(disposition.type)
+    if kind is None:
+        return None
+    if kind == "rejected":
+        c = disposition.condition
+        return Outcome("rejected", error=(c.name, c.description) if c is not None else None)
+    if kind == "modified":
+        return Outcome(
+            "modified",
+            delivery_failed=bool(disposition.failed),
+            undeliverable_here=bool(disposition.undeliverable),
+            annotations=dict(disposition.annotations) if disposition.annotations else None,
+        )
+    return Outcome(kind)
+
+
+def apply_outcome(delivery: Delivery, outcome: Outcome) -> None:
+    """Set the outcome as the delivery's local state and settle it."""
+    local = delivery.local
+    if outcome.kind == "rejected" and outcome.error is not None:
+        local.condition = Condition(outcome.error[0], outcome.error[1])
+    elif outcome.kind == "modified":
+        local.failed = outcome.delivery_failed
+        local.undeliverable = outcome.undeliverable_here
+        if outcome.annotations:
+            local.annotations = {psymbol(str(k)) if isinstance(k, str) else k: v for k, v in outcome.annotations.items()}
+    delivery.update(_DISPOSITIONS[outcome.kind])
+    delivery.settle()
+
+
+def _caps(data) -> tuple[str, ...]:
+    v = data_value(data)
+    if v is None:
+        return ()
+    if isinstance(v, list):
+        return tuple(str(x) for x in v)
+    return (str(v),)
+
+
+class RemoteConsumer:
+    def __init__(self, upstream: "RemoteUpstream", spec: ConsumerSpec, handler: ConsumerHandler):
+        self.spec = spec
+        self.handler = handler
+        self.upstream = upstream
+        self.link = None
+        self.closed = False
+        self.ready = False
+
+    @property
+    def credit(self) -> int:
+        return self.link.credit if self.link is not None and not self.closed else 0
+
+    def flow(self, n: int) -> None:
+        if n > 0 and not self.closed and self.link is not None:
+            self.link.flow(n)
+
+    def settle(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
+        dlv = delivery.ref
+        delivery.ref = None
+        if dlv is None or self.closed:
+            return  # the link is gone: the broker has already taken the message back
+        if outcome.kind == "modified" and not self.upstream.modified_ok:
+            outcome = Outcome("released")
+        apply_outcome(dlv, outcome)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.upstream._forget(self)
+        if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
+            self.link.close()
+
+    def _closed_by_upstream(self, error: ErrorInfo) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.upstream._forget(self)
+        self.handler.on_consumer_closed(self, error)
+
+
+class RemotePublisher:
+    def __init__(self, upstream: "RemoteUpstream", address: str | None, handler: PublisherHandler):
+        self.address = address
+        self.handler = handler
+        self.upstream = upstream
+        self.link = None
+        self.closed = False
+        self.ready = False
+        self._tags = itertools.count(1)
+        self.pending: dict[str, Callable[[Outcome], None]] = {}
+
+    @property
+    def credit(self) -> int:
+        return self.link.credit if self.link is not None and self.ready and not self.closed else 0
+
+    def send(self, data: bytes, on_settled: Callable[[Outcome], None]) -> None:
+        if self.closed or self.link is None:
+            return
+        tag = str(next(self._tags))  # proton hands tags back as str
+        dlv = self.link.delivery(tag)
+        self.link.send(data)
+        self.link.advance()
+        self.pending[tag] = on_settled
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.pending.clear()
+        self.upstream._forget(self)
+        if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
+            self.link.close()
+
+    def _closed_by_upstream(self, error: ErrorInfo) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.pending.clear()
+        self.upstream._forget(self)
+        self.handler.on_publisher_closed(self, error)
+
+
+class RemoteUpstream(Handler):
+    """`upstream.Upstream` for a remote broker at `url` (amqp://[user:pass@]host:port, amqps://…)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pushdown_kinds: frozenset[str] | None = None,
+        max_backoff: float = 5.0,
+        container_id: str | None = None,
+        heartbeat: float | None = None,
+    ):
+        super().__init__()
+        parts = urlsplit(url)
+        if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+            raise ValueError(f"upstream URL must be amqp://[user:pass@]host[:port] or amqps://…, not {url!r}")
+        self.url = url
+        self.name = redact(url)
+        self._user = unquote(parts.username) if parts.username else None
+        self._password = unquote(parts.password) if parts.password else None
+        self._address = f"{parts.scheme}://{parts.hostname}:{parts.port or (5671 if parts.scheme == 'amqps' else 5672)}"
+        self.configured_pushdown = pushdown_kinds
+        self.max_backoff = max_backoff
+        self.heartbeat = heartbeat
+        self.container_id = container_id
+        self.loop: Loop | None = None
+        self.listener: UpstreamListener | None = None
+        self.connection = None
+        self.session = None
+        self.connected = False
+        self.stopped = False
+        self.remote_capabilities: frozenset[str] = frozenset()
+        self.product: str | None = None
+        self.binds_exchange_keys = False
+        self.modified_ok = True
+        self._endpoints: dict[str, Any] = {}
+        self._names = itertools.count(1)
+        self._backoff = 0.1
+        self._reconnect_timer = None
+        self.connects = 0
+
+    # ------------------------------------------------------------------ Upstream
+    def start(self, loop: Loop, listener: UpstreamListener) -> None:
+        self.loop = loop
+        self.listener = listener
+        self._connect()
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self._reconnect_timer is not None:
+            self._reconnect_timer.cancel()
+        for ep in list(self._endpoints.values()):
+            ep.close()
+        if self.connection is not None:
+            self.connection.close()
+
+    def can_evaluate(self, entry: Any) -> bool:
+        kind = getattr(entry, "kind", None)
+        if self.configured_pushdown is not None:
+            return kind in self.configured_pushdown
+        if kind == "selector":
+            return bool(self.remote_capabilities & SELECTOR_CAPS)
+        if kind in ("direct", "topic", "headers"):
+            return bool(self.remote_capabilities & BINDING_CAPS)
+        return False
+
+    def open_consumer(self, spec: ConsumerSpec, handler: ConsumerHandler) -> RemoteConsumer:
+        consumer = RemoteConsumer(self, spec, handler)
+        name = f"{spec.name or 'consumer'}-{next(self._names)}"
+        if not self.connected or self.session is None:
+            self.loop.call_soon(lambda: consumer._closed_by_upstream(
+                ErrorInfo("amqp:connection:forced", f"upstream {self.name} is not connected", transient=True)))
+            return consumer
+        link = self.session.receiver(name)
+        link.source.address = spec.address
+        if spec.filters:
+            put_value(link.source.filter, {_key(e.key): e.value for e in spec.filters})
+        if spec.capabilities:
+            put_value(link.source.capabilities, t.Array("symbol", [t.symbol(c) for c in spec.capabilities]))
+        if spec.distribution_mode == "copy":
+            link.source.distribution_mode = Terminus.DIST_MODE_COPY
+        elif spec.distribution_mode == "move":
+            link.source.distribution_mode = Terminus.DIST_MODE_MOVE
+        if spec.durable is not None:
+            link.source.durability = spec.durable
+        link.target.address = None
+        link.bf_endpoint = consumer
+        consumer.link = link
+        self._endpoints[name] = consumer
+        link.open()
+        return consumer
+
+    def open_publisher(self, address: str | None, handler: PublisherHandler) -> RemotePublisher:
+        publisher = RemotePublisher(self, address, handler)
+        name = f"publisher-{next(self._names)}"
+        if not self.connected or self.session is None:
+            self.loop.call_soon(lambda: publisher._closed_by_upstream(
+                ErrorInfo("amqp:connection:forced", f"upstream {self.name} is not connected", transient=True)))
+            return publisher
+        link = self.session.sender(name)
+        link.target.address = address
+        link.source.address = None
+        link.bf_endpoint = publisher
+        publisher.link = link
+        self._endpoints[name] = publisher
+        link.open()
+        return publisher
+
+    def _forget(self, endpoint: Any) -> None:
+        if endpoint.link is not None:
+            self._endpoints.pop(endpoint.link.name, None)
+
+    # ------------------------------------------------------------------ connection
+    def _connect(self) -> None:
+        self._reconnect_timer = None
+        if self.stopped:
+            return
+        self.connects += 1
+        kwargs: dict[str, Any] = {
+            "url": self._address,
+            "handler": self,
+            "reconnect": False,
+            "properties": {psymbol("product"): "broker-filter"},
+        }
+        if self.heartbeat:
+            kwargs["heartbeat"] = self.heartbeat
+        if self._user is not None:
+            kwargs["user"] = self._user
+            kwargs["password"] = self._password or ""
+            kwargs["allow_insecure_mechs"] = True
+        else:
+            kwargs["allowed_mechs"] = "ANONYMOUS"
+        try:
+            self.connection = self.loop.container.connect(**kwargs)
+        except Exception as e:  # e.g. DNS failure raised synchronously
+            log.warning("upstream %s: connect failed: %s", self.name, e)
+            self._schedule_reconnect()
+
+    def _schedule_reconnect(self) -> None:
+        if self.stopped or self._reconnect_timer is not None:
+            return
+        delay = self._backoff
+        self._backoff = min(self._backoff * 2, self.max_backoff)
+        log.info("upstream %s: reconnecting in %.1fs", self.name, delay)
+        self._reconnect_timer = self.loop.call_later(delay, self._connect)
+
+    def _lost(self, condition: Any) -> None:
+        was_connected = self.connected
+        self.connected = False
+        self.session = None
+        conn, self.connection = self.connection, None
+        desc = f"upstream {self.name} connection lost"
+        if condition is not None and getattr(condition, "description", None):
+            desc += f": {condition.description}"
+        err = ErrorInfo("amqp:connection:forced", desc, transient=True)
+        for ep in list(self._endpoints.values()):
+            try:
+                ep._closed_by_upstream(err)
+            except Exception:
+                log.exception("upstream %s: closing an endpoint failed", self.name)
+        self._endpoints.clear()
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+        if was_connected:
+            log.warning("%s", desc)
+            self.listener.on_upstream_down(self, err)
+        self._schedule_reconnect()
+
+    # ------------------------------------------------------------------ proton events
+    def on_connection_remote_open(self, event) -> None:
+        conn = event.connection
+        if conn is not self.connection and conn != self.connection:
+            return
+        caps = conn.remote_offered_capabilities or ()
+        self.remote_capabilities = frozenset(str(c) for c in caps)
+        props = conn.remote_properties or {}
+        product = props.get(psymbol("product")) if hasattr(props, "get") else None
+        self.product = str(product) if product is not None else None
+        is_rabbit = self.product is not None and "rabbitmq" in self.product.lower()
+        self.binds_exchange_keys = is_rabbit
+        self.modified_ok = not is_rabbit
+        self.session = conn.session()
+        self.session.open()
+        self.connected = True
+        self._backoff = 0.1
+        log.info("upstream %s: connected (%s)", self.name, self.product or "unknown product")
+        self.listener.on_upstream_up(self)
+
+    def on_connection_remote_close(self, event) -> None:
+        if event.connection == self.connection:
+            self._lost(event.connection.remote_condition)
+
+    def on_session_remote_close(self, event) -> None:
+        if event.connection == self.connection and event.session == self.session:
+            self._lost(event.session.remote_condition)
+
+    def on_transport_closed(self, event) -> None:
+        if event.connection is None or event.connection == self.connection or self.connection is None:
+            self._lost(event.transport.condition)
+
+    def on_transport_error(self, event) -> None:
+        if event.connection is None or event.connection == self.connection:
+            log.info("upstream %s: transport error: %s", self.name, event.transport.condition)
+
+    def on_link_remote_open(self, event) -> None:
+        link = event.link
+        ep = _endpoint(link)
+        if ep is None or ep.closed:
+            return
+        if isinstance(ep, RemoteConsumer):
+            src = link.remote_source
+            if src.type == Terminus.UNSPECIFIED:
+                return  # refused: a detach with the reason follows
+            echoed = data_value(src.filter)
+            info = ConsumerInfo(
+                address=src.address,
+                subscription=True if src.distribution_mode == Terminus.DIST_MODE_COPY else None,
+                filters_applied=tuple(echoed) if isinstance(echoed, dict) else (),
+                capabilities=_caps(src.capabilities),
+            )
+            ep.ready = True
+            ep.handler.on_consumer_ready(ep, info)
+        else:
+            if link.remote_target.type == Terminus.UNSPECIFIED:
+                return
+            ep.ready = True
+            ep.handler.on_publisher_ready(ep)
+            if link.credit > 0:
+                ep.handler.on_publisher_credit(ep)
+
+    def on_link_remote_close(self, event) -> None:
+        link = event.link
+        ep = _endpoint(link)
+        if not (link.state & Endpoint.LOCAL_CLOSED):
+            link.close()
+        if ep is None or ep.closed:
+            return
+        c = link.remote_condition
+        err = ErrorInfo(
+            c.name if c is not None else "amqp:link:detach-forced",
+            c.description if c is not None else f"upstream {self.name} detached the link",
+            transient=False,
+        )
+        ep._closed_by_upstream(err)
+
+    def on_link_flow(self, event) -> None:
+        link = event.link
+        if link.is_sender:
+            ep = _endpoint(link)
+            if ep is not None and ep.ready and not ep.closed and link.credit > 0:
+                ep.handler.on_publisher_credit(ep)
+
+    def on_delivery(self, event) -> None:
+        dlv = event.delivery
+        link = dlv.link
+        ep = _endpoint(link)
+        if link.is_receiver:
+            if not dlv.readable or dlv.partial:
+                return
+            data = link.recv(dlv.pending)
+            link.advance()
+            if ep is None or ep.closed:
+                dlv.update(Disposition.RELEASED)
+                dlv.settle()
+                return
+            if dlv.aborted:
+                dlv.settle()
+                return
+            ud = UpstreamDelivery(data, dlv)
+            ep.handler.on_delivery(ep, ud)
+        else:
+            if ep is None:
+                dlv.settle()
+                return
+            outcome = outcome_of(dlv.remote)
+            if outcome is None and not dlv.settled:
+                return
+            cb = ep.pending.pop(dlv.tag, None)
+            dlv.settle()
+            if cb is not None and not ep.closed:
+                cb(outcome if outcome is not None else Outcome("accepted"))
+
+
+def _endpoint(link) -> Any:
+    try:
+        return link.bf_endpoint
+    except AttributeError:
+        return None
+
+
+def _key(k: Any) -> Any:
+    return t.symbol(k) if type(k) is str else k

@@ -1,0 +1,686 @@
+"""The client-facing side of the proxy: proton handlers for accepted connections.
+
+Theory of operation
+-------------------
+Every client receiving link becomes an `Outlet` on a `Feed` (see `broker_filter.forwarding`), and
+every feed is one upstream consumer.  Subscription sources get a feed of their own; links on the same
+queue (and the same pushed-down filters) share one feed.  The attach reply is sent only once the
+upstream consumer is attached, so an upstream refusal reaches the client as an attach refusal.
+
+Every client sending link becomes an `Inlet` with one upstream publisher to the same address.  The
+client gets credit only as far as the upstream gives credit (plus nothing): an accepted delivery
+means the upstream accepted it.  Each published message gets the origin annotation
+"<instance>/<connection>" spliced in, which is what no-local receivers are compared against.
+
+Refusals follow the wire contract: an attach reply with a null source (or target), then a detach
+with closed=true and the error.  Every `on_*` method runs inside an error boundary: a failure closes
+the link (or, outside any link, the connection) with `amqp:internal-error` and is logged; nothing
+else is affected.
+
+Upstream loss: client links are not re-attached transparently.  Each receiving and sending link
+served by the lost upstream is detached with `amqp:connection:forced`; attaches made while the
+upstream is down are refused the same way.  The client re-attaches when it wants; deliveries it had
+not settled were returned to the queue by the broker and are delivered again (at-least-once).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import re
+from typing import Any, Callable
+
+from proton import Condition, Disposition, Endpoint, Link, Terminus
+from proton import symbol as psymbol
+from proton import Handler
+
+from .. import amqptypes as t
+from ..codec import CodecError, set_message_annotation
+from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
+from ..forwarding import ACCEPTED, Feed, FeedStats, Outcome, Outlet
+from .remote import apply_outcome, data_value, outcome_of, put_value
+from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
+
+log = logging.getLogger("broker_filter.proxy")
+
+FILTER_CAPABILITIES = (
+    "APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS",
+    "APACHE.ORG:JMS_FILTERS",
+    "APACHE.ORG:LOGIC_FILTERS",
+    "APACHE.ORG:SELECTOR",
+    "APACHE.ORG:NO_LOCAL",
+)
+_OFFERED = [psymbol(c) for c in FILTER_CAPABILITIES]
+_SUBSCRIPTION_PREFIXES = ("/topic/", "/exchange/")
+_EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
+
+
+def boundary(fn: Callable) -> Callable:
+    """Error boundary for a proton callback: log, then fail only the link or connection concerned."""
+
+    @functools.wraps(fn)
+    def wrapper(self, event):
+        try:
+            fn(self, event)
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            self._fail(event)
+
+    return wrapper
+
+
+def is_subscription(address: str | None, capabilities: tuple[str, ...], distribution_mode: int,
+                    multicast_prefixes: tuple[str, ...] = ()) -> bool:
+    """Whether a source gives each consumer its own copy (non-matches may then be consumed)."""
+    if distribution_mode == Terminus.DIST_MODE_COPY or "topic" in capabilities:
+        return True
+    if address is None:
+        return False
+    return address.startswith(_SUBSCRIPTION_PREFIXES) or any(address.startswith(p) for p in multicast_prefixes)
+
+
+def push_down(upstream: Upstream, address: str | None, fs: FilterSet, dialect: str) -> tuple[str | None, tuple, FilterSet]:
+    """(upstream address, entries the upstream evaluates, filter-set left to evaluate locally)."""
+    pushed: list = []
+    taken: set[int] = set()
+    m = _EXCHANGE.match(address or "")
+    if m and getattr(upstream, "binds_exchange_keys", False):
+        exchange = m.group(1)
+        bindings = [e for e in fs.entries if e.kind in ("direct", "topic") and isinstance(e.text, str)]
+        if len(bindings) == 1:
+            e = bindings[0]
+            wild = "*" in e.text or "#" in e.text
+            if "/" not in e.text and (not wild or (e.kind == "topic" and exchange == "amq.topic")):
+                address = f"/exchange/{exchange}/{e.text}"
+                taken.add(id(e))
+    if dialect == "jms":
+        for e in fs.entries:
+            if id(e) not in taken and e.kind != "no-local" and upstream.can_evaluate(e):
+                pushed.append(e)
+                taken.add(id(e))
+    local = fs.subset(lambda e: id(e) not in taken)
+    return address, tuple(pushed), local
+
+
+class _Conn:
+    __slots__ = ("id", "links", "closed")
+
+    def __init__(self, id: str):
+        self.id = id
+        self.links: set = set()
+        self.closed = False
+
+
+class FeedBinding:
+    """One Feed and its upstream consumer: `FeedIO` for the feed, `ConsumerHandler` for the upstream."""
+
+    def __init__(self, server: "ProxyServer", key: Any, spec: ConsumerSpec, subscription: bool):
+        self.server = server
+        self.key = key
+        self.spec = spec
+        self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
+                         recycle=server.recycle and not subscription, log=log.warning)
+        self.pending: list[Outlet] = []  # attached by clients, waiting for the upstream consumer
+        self.ready = False
+        self.closed = False
+        self.consumer = None
+        self.info: ConsumerInfo | None = None
+        self._recycler = None
+        self._recycler_waiters: list = []
+
+    # FeedIO -------------------------------------------------------------
+    def send(self, outlet: Outlet, delivery: UpstreamDelivery) -> Any:
+        link = outlet.io_ref
+        tag = self.server.next_tag()
+        dlv = link.delivery(tag)
+        link.send(delivery.data)
+        if outlet.presettled:
+            dlv.settle()
+        link.advance()
+        return tag
+
+    def settle_upstream(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
+        if self.consumer is not None:
+            self.consumer.settle(delivery, outcome)
+
+    def flow_upstream(self, n: int) -> None:
+        if self.consumer is not None:
+            self.consumer.flow(n)
+
+    def recycle(self, delivery: UpstreamDelivery, done: Callable[[bool], None]) -> None:
+        self.server.recycle_message(self, delivery, done)
+
+    # ConsumerHandler ----------------------------------------------------------
+    def on_consumer_ready(self, consumer, info: ConsumerInfo) -> None:
+        try:
+            self.ready = True
+            self.info = info
+            if info.subscription is False and self.feed.subscription:
+                # The upstream says this source is shared: never consume a non-match on it.
+                self.feed.subscription = False
+            pending, self.pending = self.pending, []
+            for outlet in pending:
+                self.server.complete_outlet(self, outlet)
+        except Exception:
+            log.exception("consumer ready handling failed")
+            self.server.fail_feed(self, ErrorInfo("amqp:internal-error", "proxy failure attaching upstream"))
+
+    def on_delivery(self, consumer, delivery: UpstreamDelivery) -> None:
+        try:
+            self.feed.on_upstream_delivery(delivery)
+        except Exception:
+            log.exception("forwarding a delivery failed")
+            self.server.fail_feed(self, ErrorInfo("amqp:internal-error", "proxy failure forwarding a message"))
+
+    def on_consumer_closed(self, consumer, error: ErrorInfo | None) -> None:
+        try:
+            self.server.fail_feed(self, error or ErrorInfo("amqp:link:detach-forced", "upstream detached"))
+        except Exception:
+            log.exception("consumer close handling failed")
+
+
+class Inlet:
+    """A client sending link and its upstream publisher."""
+
+    __slots__ = ("link", "publisher", "address", "ready", "closed", "conn", "unsettled")
+
+    def __init__(self, link, address: str, conn: _Conn):
+        self.link = link
+        self.address = address
+        self.conn = conn
+        self.publisher = None
+        self.ready = False
+        self.closed = False
+        self.unsettled = 0
+
+    # PublisherHandler
+    def on_publisher_ready(self, publisher) -> None:
+        self.ready = True
+        if not self.closed:
+            link = self.link
+            link.target.address = self.address
+            link.source.copy(link.remote_source)
+            link.open()
+            self.top_up()
+
+    def on_publisher_credit(self, publisher) -> None:
+        self.top_up()
+
+    def on_publisher_closed(self, publisher, error: ErrorInfo | None) -> None:
+        if self.closed:
+            return
+        err = error or ErrorInfo("amqp:link:detach-forced", "upstream detached")
+        if not self.ready:
+            self.link.target.type = Terminus.UNSPECIFIED
+            self.link.open()
+        close_link(self.link, err.condition, err.description)
+        self.closed = True
+
+    def top_up(self) -> None:
+        if self.closed or not self.ready or self.publisher is None:
+            return
+        want = min(self.publisher.credit, 1000) - self.link.credit - self.unsettled
+        if want > 0:
+            self.link.flow(want)
+
+
+def close_link(link, condition: str, description: str | None, info: dict | None = None) -> None:
+    if link.state & Endpoint.LOCAL_CLOSED:
+        return
+    if link.state & Endpoint.LOCAL_UNINIT:
+        link.open()
+    link.condition = Condition(condition, description, info)
+    link.close()
+
+
+class ProxyServer(Handler):
+    """Handler for every client connection accepted by the proxy's listener."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        instance: str,
+        dialect: str = "jms",
+        window: int = 100,
+        max_credit: int = 1000,
+        recycle: bool = True,
+        multicast_prefixes: tuple[str, ...] = (),
+    ):
+        super().__init__()
+        self.upstream = upstream
+        self.instance = instance
+        self.dialect = dialect
+        self.window = window
+        self.max_credit = max_credit
+        self.recycle = recycle
+        self.multicast_prefixes = multicast_prefixes
+        self.feeds: dict[Any, FeedBinding] = {}
+        self.connections: dict[str, _Conn] = {}
+        self._conn_ids = itertools.count(1)
+        self._tags = itertools.count(1)
+        self._recyclers: dict[str, Any] = {}
+        self.refused = 0
+        self.upstream_up = False
+
+    def next_tag(self) -> str:
+        return "%x" % next(self._tags)  # proton hands tags back as str
+
+    # ---------------------------------------------------------------- stats
+    def snapshot(self) -> dict:
+        """Plain numbers for metrics: per-feed held / starved counts and totals."""
+        feeds = []
+        for b in list(self.feeds.values()):
+            s: FeedStats = b.feed.stats
+            feeds.append({
+                "address": b.spec.address,
+                "mode": "subscription" if b.feed.subscription else "queue",
+                "outlets": len(b.feed.outlets),
+                "held": s.held,
+                "held_peak": s.held_peak,
+                "starved": s.starved,
+                "blocked": s.blocked,
+                "delivered": s.delivered,
+                "filtered": s.filtered,
+                "recycled": s.recycled,
+                "undecodable": s.undecodable,
+            })
+        return {
+            "connections": len(self.connections),
+            "upstream_connected": self.upstream_up,
+            "feeds": feeds,
+            "held": sum(f["held"] for f in feeds),
+            "starved": sum(f["starved"] for f in feeds),
+            "refused": self.refused,
+        }
+
+    # ---------------------------------------------------------------- upstream listener
+    def on_upstream_up(self, upstream) -> None:
+        self.upstream_up = True
+        self._recyclers.clear()
+
+    def on_upstream_down(self, upstream, error: ErrorInfo) -> None:
+        self.upstream_up = False
+        self._recyclers.clear()
+        for b in list(self.feeds.values()):
+            self.fail_feed(b, error)
+
+    # ---------------------------------------------------------------- connections
+    @boundary
+    def on_connection_remote_open(self, event) -> None:
+        conn = event.connection
+        cid = f"{self.instance}/{next(self._conn_ids)}"
+        conn.bf_conn = _Conn(cid)
+        self.connections[cid] = conn.bf_conn
+        conn.offered_capabilities = _OFFERED
+        conn.properties = {psymbol("product"): "broker-filter"}
+        conn.container = self.instance
+        conn.open()
+
+    @boundary
+    def on_session_remote_open(self, event) -> None:
+        if event.session.state & Endpoint.LOCAL_UNINIT:
+            event.session.open()
+
+    @boundary
+    def on_session_remote_close(self, event) -> None:
+        ssn = event.session
+        conn = event.connection
+        for link in _links(conn):
+            if link.session == ssn:
+                self._drop_link(link)
+        if not (ssn.state & Endpoint.LOCAL_CLOSED):
+            ssn.close()
+
+    @boundary
+    def on_connection_remote_close(self, event) -> None:
+        self._drop_connection(event.connection)
+        if not (event.connection.state & Endpoint.LOCAL_CLOSED):
+            event.connection.close()
+
+    @boundary
+    def on_transport_closed(self, event) -> None:
+        if event.connection is not None:
+            self._drop_connection(event.connection)
+
+    def _drop_connection(self, conn) -> None:
+        c = _conn_state(conn)
+        if c is None or c.closed:
+            return
+        c.closed = True
+        for link in _links(conn):
+            self._drop_link(link)
+        self.connections.pop(c.id, None)
+
+    # ---------------------------------------------------------------- links
+    @boundary
+    def on_link_remote_open(self, event) -> None:
+        link = event.link
+        if not (link.state & Endpoint.LOCAL_UNINIT):
+            return
+        conn = _conn_state(event.connection)
+        if link.is_sender:
+            self._attach_outlet(link, conn)
+        else:
+            self._attach_inlet(link, conn)
+
+    @boundary
+    def on_link_remote_close(self, event) -> None:
+        link = event.link
+        self._drop_link(link)
+        if not (link.state & Endpoint.LOCAL_CLOSED):
+            if link.state & Endpoint.LOCAL_UNINIT:
+                link.open()
+            link.close()
+
+    @boundary
+    def on_link_flow(self, event) -> None:
+        link = event.link
+        if link.is_sender:
+            outlet = _attr(link, "bf_outlet")
+            if outlet is None:
+                return
+            binding = _attr(link, "bf_binding")
+            if binding is None or binding.closed or outlet not in binding.feed.outlets:
+                if link.drain_mode and link.credit > 0:
+                    link.drained()
+                return
+            binding.feed.set_credit(outlet, link.credit)
+            if link.drain_mode and link.credit > 0:
+                link.drained()
+                binding.feed.set_credit(outlet, 0)
+
+    @boundary
+    def on_delivery(self, event) -> None:
+        dlv = event.delivery
+        link = dlv.link
+        if link.is_sender:
+            self._client_outcome(link, dlv)
+        else:
+            self._client_publish(link, dlv)
+
+    def _fail(self, event) -> None:
+        """After an unexpected exception: close the link concerned, else the connection."""
+        try:
+            link = event.link
+            if link is not None:
+                self._drop_link(link)
+                close_link(link, "amqp:internal-error", "proxy failure on this link; see the proxy log")
+                return
+            conn = event.connection
+            if conn is not None:
+                self._drop_connection(conn)
+                if not (conn.state & Endpoint.LOCAL_CLOSED):
+                    conn.condition = Condition("amqp:internal-error", "proxy failure; see the proxy log")
+                    conn.close()
+        except Exception:
+            log.exception("failure handling a failure")
+
+    def _refuse(self, link, condition: str, description: str, info: dict | None = None) -> None:
+        self.refused += 1
+        if link.is_sender:
+            link.source.type = Terminus.UNSPECIFIED
+            link.target.copy(link.remote_target)
+        else:
+            link.target.type = Terminus.UNSPECIFIED
+            link.source.copy(link.remote_source)
+        link.open()
+        close_link(link, condition, description, info)
+        log.info("refused link %r: %s: %s", link.name, condition, description)
+
+    # ---------------------------------------------------------------- receiving (outlets)
+    def _attach_outlet(self, link, conn: _Conn) -> None:
+        src = link.remote_source
+        address = src.address
+        try:
+            raw = data_value(src.filter)
+        except CodecError as e:
+            self._refuse(link, "amqp:invalid-field", f"filter set not decodable: {e}", {psymbol("field"): psymbol("filter")})
+            return
+        if raw is not None and not isinstance(raw, dict):
+            self._refuse(link, "amqp:invalid-field", "the source filter must be a map (a filter-set)",
+                         {psymbol("field"): psymbol("filter")})
+            return
+        try:
+            fs = compile_filter_set(raw or {}, dialect=self.dialect)
+        except FilterError as e:
+            self._refuse(link, e.condition, e.describe(), {psymbol("field"): psymbol("filter")})
+            return
+        if not self.upstream_up:
+            self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
+            return
+        try:
+            caps = tuple(str(c) for c in (_as_list(data_value(src.capabilities))))
+        except CodecError:
+            caps = ()
+        subscription = is_subscription(address, caps, src.distribution_mode, self.multicast_prefixes)
+        up_address, pushed, local = push_down(self.upstream, address, fs, self.dialect)
+        link.bf_fs = fs
+        link.bf_subscription = subscription
+        outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link)
+        link.bf_outlet = outlet
+        conn.links.add(link)
+        if outlet_presettled_requested(link):
+            link.snd_settle_mode = Link.SND_SETTLED
+            outlet.presettled = True
+        spec = ConsumerSpec(
+            address=up_address,
+            filters=pushed,
+            capabilities=tuple(c for c in caps if c in ("topic", "queue")),
+            distribution_mode="copy" if src.distribution_mode == Terminus.DIST_MODE_COPY else None,
+            name=link.name[:64],
+        )
+        if subscription:
+            key = ("sub", outlet.name)
+        else:
+            key = ("queue", up_address, tuple((str(e.key), repr(e.value)) for e in pushed))
+        binding = self.feeds.get(key)
+        if binding is None or binding.closed:
+            binding = FeedBinding(self, key, spec, subscription)
+            self.feeds[key] = binding
+            binding.pending.append(outlet)
+            link.bf_binding = binding
+            binding.consumer = self.upstream.open_consumer(spec, binding)
+            return
+        link.bf_binding = binding
+        if binding.ready:
+            self.complete_outlet(binding, outlet)
+        else:
+            binding.pending.append(outlet)
+
+    def complete_outlet(self, binding: FeedBinding, outlet: Outlet) -> None:
+        link = outlet.io_ref
+        if link.state & Endpoint.LOCAL_CLOSED or link.state & Endpoint.REMOTE_CLOSED:
+            return
+        fs: FilterSet = link.bf_fs
+        src = link.remote_source
+        link.source.address = src.address
+        if fs.entries:
+            put_value(link.source.filter, {k: v for k, v in fs.applied.items()})
+        put_value(link.source.capabilities, t.Array("symbol", [t.symbol(c) for c in FILTER_CAPABILITIES]))
+        if link.bf_subscription:
+            link.source.distribution_mode = Terminus.DIST_MODE_COPY
+        link.source.durability = src.durability
+        link.source.expiry_policy = src.expiry_policy
+        link.target.copy(link.remote_target)
+        link.open()
+        binding.feed.add_outlet(outlet)
+        binding.feed.set_credit(outlet, link.credit)
+
+    def fail_feed(self, binding: FeedBinding, error: ErrorInfo) -> None:
+        if binding.closed:
+            return
+        binding.closed = True
+        if self.feeds.get(binding.key) is binding:
+            del self.feeds[binding.key]
+        outlets = list(binding.feed.outlets) + binding.pending
+        binding.pending = []
+        binding.feed.close()
+        if binding.consumer is not None:
+            binding.consumer.close()
+        for o in outlets:
+            link = o.io_ref
+            link.bf_binding = None
+            if link.state & Endpoint.LOCAL_UNINIT:
+                self._refuse(link, error.condition, error.description or "upstream refused", error.info)
+            else:
+                close_link(link, error.condition, error.description, error.info)
+
+    def _client_outcome(self, link, dlv) -> None:
+        outlet = _attr(link, "bf_outlet")
+        binding = _attr(link, "bf_binding")
+        if outlet is None:
+            dlv.settle()
+            return
+        outcome = outcome_of(dlv.remote)
+        if outcome is None:
+            if not dlv.settled:
+                return  # not a terminal state yet
+            # Settled without an outcome: never treat that as accepted.
+            outcome = Outcome("released")
+        if binding is not None and not binding.closed:
+            binding.feed.on_client_outcome(outlet, dlv.tag, outcome)
+        dlv.settle()
+
+    # ---------------------------------------------------------------- publishing (inlets)
+    def _attach_inlet(self, link, conn: _Conn) -> None:
+        address = link.remote_target.address
+        if address is None:
+            self._refuse(link, "amqp:not-implemented", "a target address is required (no anonymous relay)")
+            return
+        if not self.upstream_up:
+            self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
+            return
+        inlet = Inlet(link, address, conn)
+        link.bf_inlet = inlet
+        conn.links.add(link)
+        inlet.publisher = self.upstream.open_publisher(address, inlet)
+
+    def _client_publish(self, link, dlv) -> None:
+        if not dlv.readable or dlv.partial:
+            return
+        data = link.recv(dlv.pending)
+        link.advance()
+        inlet = _attr(link, "bf_inlet")
+        if dlv.aborted:
+            dlv.settle()
+            return
+        if inlet is None or inlet.closed or inlet.publisher is None:
+            dlv.update(Disposition.RELEASED)
+            dlv.settle()
+            return
+        try:
+            data = set_message_annotation(data, ORIGIN_ANNOTATION, inlet.conn.id)
+        except CodecError as e:
+            dlv.local.condition = Condition("amqp:decode-error", f"message not decodable: {e}")
+            dlv.update(Disposition.REJECTED)
+            dlv.settle()
+            return
+        if dlv.settled:  # sent pre-settled: at most once, nothing to report
+            inlet.publisher.send(data, _ignore)
+        else:
+            inlet.unsettled += 1
+
+            def settled(outcome: Outcome, dlv=dlv, inlet=inlet) -> None:
+                inlet.unsettled -= 1
+                if not inlet.closed:
+                    apply_outcome(dlv, outcome)
+                    inlet.top_up()
+
+            inlet.publisher.send(data, settled)
+        inlet.top_up()
+
+    # ---------------------------------------------------------------- recycling
+    def recycle_message(self, binding: FeedBinding, delivery: UpstreamDelivery, done: Callable[[bool], None]) -> None:
+        """Publish a copy of a held message to the tail of its queue (see forwarding)."""
+        address = binding.spec.address
+        loop_call = getattr(self.upstream, "loop").call_soon
+        rec = self._recyclers.get(address)
+        if rec is None or rec.closed:
+            rec = _Recycler(self, address)
+            self._recyclers[address] = rec
+            rec.publisher = self.upstream.open_publisher(address, rec)
+        if not rec.ready or rec.publisher.credit <= 0:
+            loop_call(lambda: done(False))
+            return
+        rec.publisher.send(delivery.data, lambda outcome: done(outcome.kind == "accepted"))
+
+    # ---------------------------------------------------------------- cleanup
+    def _drop_link(self, link) -> None:
+        outlet = _attr(link, "bf_outlet")
+        if outlet is not None:
+            link.bf_outlet = None
+            binding = _attr(link, "bf_binding")
+            link.bf_binding = None
+            if binding is not None and not binding.closed:
+                if outlet in binding.pending:
+                    binding.pending.remove(outlet)
+                binding.feed.remove_outlet(outlet)
+                if not binding.feed.outlets and not binding.pending:
+                    binding.closed = True
+                    if self.feeds.get(binding.key) is binding:
+                        del self.feeds[binding.key]
+                    binding.feed.close()
+                    if binding.consumer is not None:
+                        binding.consumer.close()
+        inlet = _attr(link, "bf_inlet")
+        if inlet is not None:
+            link.bf_inlet = None
+            inlet.closed = True
+            if inlet.publisher is not None:
+                inlet.publisher.close()
+
+
+class _Recycler:
+    def __init__(self, server: ProxyServer, address: str):
+        self.server = server
+        self.address = address
+        self.publisher = None
+        self.ready = False
+        self.closed = False
+
+    def on_publisher_ready(self, publisher) -> None:
+        self.ready = True
+
+    def on_publisher_credit(self, publisher) -> None:
+        for b in list(self.server.feeds.values()):
+            if b.spec.address == self.address and not b.closed:
+                b.feed.pump()
+
+    def on_publisher_closed(self, publisher, error) -> None:
+        self.closed = True
+
+
+def _ignore(outcome: Outcome) -> None:
+    pass
+
+
+def outlet_presettled_requested(link) -> bool:
+    return link.remote_snd_settle_mode == Link.SND_SETTLED
+
+
+def _attr(obj, name: str) -> Any:
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        return None
+
+
+def _conn_state(conn) -> _Conn | None:
+    return _attr(conn, "bf_conn") if conn is not None else None
+
+
+def _links(conn):
+    out = []
+    link = conn.link_head(0)
+    while link:
+        out.append(link)
+        link = link.next(0)
+    return out
+
+
+def _as_list(v: Any) -> list:
+    if v is None:
+        return []
+    return list(v) if isinstance(v, list) else [v]
