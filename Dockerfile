@@ -1,0 +1,38 @@
+# broker-filter: the filtering AMQP 1.0 proxy.  Build from the repository root:
+#   docker build -t broker-filter .
+# Configuration: /etc/broker-filter/broker-filter.toml (mount your own), overridden by BROKER_FILTER_*
+# environment variables.  Ports: 5672 (AMQP), 9464 (/metrics, /healthz, /readyz).
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+# python-qpid-proton is published as source: it compiles against OpenSSL here.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libssl-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY broker_filter ./broker_filter
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM ${PYTHON_IMAGE}
+RUN groupadd --system --gid 10001 broker-filter \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home \
+       --shell /usr/sbin/nologin broker-filter
+COPY --from=build /wheels /wheels
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir --no-index /wheels/*.whl && rm -rf /wheels
+COPY config/broker-filter.toml /etc/broker-filter/broker-filter.toml
+COPY docker/healthcheck.py /usr/local/bin/broker-filter-healthcheck
+ENV BROKER_FILTER_CONFIG=/etc/broker-filter/broker-filter.toml \
+    BROKER_FILTER_LISTENER_HOST=0.0.0.0 \
+    BROKER_FILTER_METRICS_LISTEN=0.0.0.0:9464 \
+    PYTHONUNBUFFERED=1
+USER 10001:10001
+EXPOSE 5672 9464
+HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["python", "/usr/local/bin/broker-filter-healthcheck"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["broker-filter"]
+CMD ["serve"]
