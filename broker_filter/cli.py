@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "archive",
     "backtest",
     "replay",
+    "hash_password",
 ]
 
 
