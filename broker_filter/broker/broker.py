@@ -90,9 +90,9 @@ class Address:
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig | None = None, *, decode: Callable[[Any], Any] | None = None):
+    def __init__(self, config: BrokerConfig | None = None, *, decode: Callable[[Any, Any], Any] | None = None):
         self.config = config or BrokerConfig()
-        self.decode = decode  # payload -> message as filters see it
+        self.decode = decode  # (payload, sections or None for all) -> message as filters see it
         self.addresses: dict[str, Address] = {}
         self.queues: dict[str, Queue] = {}
         self._wildcards = WildcardTrie(self.config.delimiter)
@@ -330,7 +330,7 @@ class Broker:
             return
         try:
             stored = entry.stored
-            self.publish(dla, stored.payload, size=stored.size, message=stored._message,
+            self.publish(dla, stored.payload, size=stored.size, message=stored._full,
                          capabilities=("queue",), origin=stored.origin)
             self.dead_lettered += 1
         except BrokerError:

@@ -13,11 +13,11 @@ message, each message at most once per consumer (see `queue`).
 
 from __future__ import annotations
 
+import bisect
+import decimal
 import heapq
 from dataclasses import dataclass
 from typing import Any, Iterator
-
-from sortedcontainers import SortedList
 
 # Dialects whose `=` on strings is plain string equality (no implicit conversions).
 _STRICT_DIALECTS = frozenset({"jms", "artemis"})
@@ -25,10 +25,10 @@ _STRICT_DIALECTS = frozenset({"jms", "artemis"})
 
 @dataclass(frozen=True)
 class EqualityHint:
-    """Only messages whose application property `key` is a string in `values` can match."""
+    """Only messages whose application property `key` has an `index_key` in `values` can match."""
 
     key: str
-    values: frozenset[str]
+    values: frozenset
 
 
 def equality_hint(filter_: Any) -> EqualityHint | None:
@@ -76,8 +76,14 @@ def _conjunct_hint(node: Any, ast: Any) -> EqualityHint | None:
     def prop(n: Any) -> str | None:
         return n.key if isinstance(n, ast.Ident) and n.kind == "property" and isinstance(n.key, str) else None
 
-    def text(n: Any) -> str | None:
-        return n.value if isinstance(n, ast.Literal) and n.type == "string" and isinstance(n.value, str) else None
+    def text(n: Any) -> Any:
+        if not isinstance(n, ast.Literal):
+            return None
+        if n.type == "string" and isinstance(n.value, str):
+            return n.value
+        if n.type in ("int", "long") and isinstance(n.value, int) and not isinstance(n.value, bool):
+            return int(n.value)
+        return None
 
     if isinstance(node, ast.Binary) and node.op == "=":
         for a, b in ((node.left, node.right), (node.right, node.left)):
@@ -92,52 +98,124 @@ def _conjunct_hint(node: Any, ast: Any) -> EqualityHint | None:
     return None
 
 
+def index_key(value: Any) -> Any:
+    """The key a property value is indexed under, or None if no hinted literal can equal it.
+
+    Strings (and symbols) under themselves; integral numbers under their int value, so 5, long 5,
+    ubyte 5 and 5.0 share a key as they compare equal in JMS."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, (float, decimal.Decimal)):
+        try:
+            return int(value) if value == value and value == int(value) else None
+        except (OverflowError, ValueError, decimal.InvalidOperation):
+            return None
+    return None
+
+
 class PropertyIndex:
-    """Application property `key` (string values only) -> sorted sequence numbers of messages."""
+    """Application property `key` -> ascending sequence numbers of the messages holding each value.
 
-    __slots__ = ("key", "users", "_postings")
+    Sequence numbers only grow at enqueue, so postings are plain appended lists; removed messages
+    are dropped lazily (readers skip seqs no longer in the queue) and a posting is compacted once
+    half of it is dead, which keeps memory linear in the queue depth.
 
-    def __init__(self, key: str):
+    An index over a deep queue is built in steps (`build_step`, a bounded amount of work per
+    dispatch turn) over a snapshot of the seqs present when it was created; messages enqueued
+    meanwhile are appended when the snapshot is done.  Until then (`ready` False) its consumers
+    scan, which is always correct."""
+
+    __slots__ = ("key", "users", "_postings", "_dead", "_todo", "_pos", "_pending")
+
+    def __init__(self, key: str, entries: Any):
         self.key = key
         self.users = 0
-        self._postings: dict[str, SortedList] = {}
+        self._postings: dict[Any, list[int]] = {}
+        self._dead: dict[Any, int] = {}
+        self._todo: list[int] | None = list(entries)  # dict keys: ascending seqs
+        self._pos = 0
+        self._pending: list[int] = []
 
-    def build(self, entries: Any) -> None:
-        """Index `entries` (seq -> entry, in ascending seq order)."""
-        lists: dict[str, list[int]] = {}
+    @property
+    def ready(self) -> bool:
+        return self._todo is None
+
+    def build_step(self, entries: Any, budget: int) -> int:
+        """Index up to `budget` more messages; returns the work done."""
+        todo = self._todo
+        if todo is None:
+            return 0
+        postings = self._postings
         key = self.key
-        for seq, entry in entries.items():
-            props = entry.stored.message_properties()
+        stop = min(len(todo), self._pos + budget)
+        get = entries.get
+        for i in range(self._pos, stop):
+            seq = todo[i]
+            entry = get(seq)
+            if entry is None:
+                continue
+            m = entry.stored.message
+            props = getattr(m, "application_properties", None) if m is not None else None
             if props:
                 value = props.get(key)
-                if isinstance(value, str):
-                    lists.setdefault(str(value), []).append(seq)
-        self._postings = {v: SortedList(seqs) for v, seqs in lists.items()}
+                k = value if type(value) is str else index_key(value)
+                if k is not None:
+                    posting = postings.get(k)
+                    if posting is None:
+                        postings[k] = [seq]
+                    else:
+                        posting.append(seq)
+        done = stop - self._pos
+        self._pos = stop
+        if stop == len(todo):
+            self._todo = None
+            pending, self._pending = self._pending, []
+            for seq in pending:
+                entry = get(seq)
+                if entry is not None:
+                    self.add(seq, entry.stored.message_properties())
+        return done
 
     def add(self, seq: int, props: Any) -> None:
+        if self._todo is not None:
+            self._pending.append(seq)
+            return
         if props:
-            value = props.get(self.key)
-            if isinstance(value, str):
-                posting = self._postings.get(value)
+            k = index_key(props.get(self.key))
+            if k is not None:
+                posting = self._postings.get(k)
                 if posting is None:
-                    posting = self._postings[str(value)] = SortedList()
-                posting.add(seq)
+                    self._postings[k] = [seq]
+                else:
+                    posting.append(seq)
 
-    def discard(self, seq: int, props: Any) -> None:
+    def discard(self, seq: int, props: Any, alive: Any) -> None:
+        """Note that `seq` left the queue; `alive(seq)` tells which seqs are still there."""
         if props:
-            value = props.get(self.key)
-            if isinstance(value, str):
-                posting = self._postings.get(value)
-                if posting is not None:
-                    posting.discard(seq)
-                    if not posting:
-                        del self._postings[value]
+            k = index_key(props.get(self.key))
+            posting = self._postings.get(k) if k is not None else None
+            if posting is not None:
+                dead = self._dead.get(k, 0) + 1
+                if dead * 2 >= len(posting):
+                    live = [s for s in posting if s != seq and alive(s)]
+                    if live:
+                        self._postings[k] = live
+                    else:
+                        del self._postings[k]
+                    self._dead.pop(k, None)
+                else:
+                    self._dead[k] = dead
 
-    def candidates(self, values: frozenset[str], after: int) -> Iterator[int]:
-        """Sequence numbers > after whose value is in `values`, ascending."""
+    def candidates(self, values: frozenset, after: int) -> Iterator[int]:
+        """Sequence numbers > after whose value is in `values`, ascending (may include removed ones)."""
         lists = [self._postings[v] for v in values if v in self._postings]
         if not lists:
             return iter(())
         if len(lists) == 1:
-            return lists[0].irange(minimum=after, inclusive=(False, True))
-        return heapq.merge(*(p.irange(minimum=after, inclusive=(False, True)) for p in lists))
+            p = lists[0]
+            return iter(p[bisect.bisect_right(p, after):])
+        return heapq.merge(*(p[bisect.bisect_right(p, after):] for p in lists))

@@ -39,29 +39,49 @@ from sortedcontainers import SortedList
 from .index import EqualityHint, PropertyIndex, equality_hint
 
 _consumer_ids = itertools.count(1)
+INDEX_BUILD_AT_ATTACH = 50_000  # deeper queues build a new index in steps during dispatch
+
+
+HEAD_SECTIONS = frozenset(
+    {"header", "delivery_annotations", "message_annotations", "properties", "application_properties"}
+)
 
 
 class Stored:
-    """One published message, shared by reference by every queue it was routed to."""
+    """One published message, shared by reference by every queue it was routed to.
 
-    __slots__ = ("payload", "size", "address", "refs", "_message", "_decode", "origin")
+    `message` is what filters see without the body (decoded when the message is stored, so a
+    selective consumer scanning a deep queue only evaluates); `full` adds the body, decoded on
+    first use by a filter that reads it."""
+
+    __slots__ = ("payload", "size", "address", "refs", "message", "_full", "_decode", "origin")
 
     def __init__(self, payload: Any, size: int, address: Any, message: Any = None,
-                 decode: Callable[[Any], Any] | None = None, origin: str | None = None):
+                 decode: Callable[[Any, Any], Any] | None = None, origin: str | None = None):
         self.payload = payload
         self.size = size
         self.address = address  # the Address whose limits this message counts against
         self.refs = 0
-        self._message = message
+        self._full = message
         self._decode = decode
         self.origin = origin
+        if message is None and decode is not None:
+            try:
+                message = decode(payload, HEAD_SECTIONS)
+            except Exception:  # malformed bytes: no filter matches, plain consumers still get it
+                message = None
+        self.message = message
 
     @property
-    def message(self) -> Any:
-        """The message as filters see it (decoded on first use)."""
-        if self._message is None and self._decode is not None:
-            self._message = self._decode(self.payload)
-        return self._message
+    def full(self) -> Any:
+        """The message with its body (None if it cannot be decoded)."""
+        if self._full is None and self._decode is not None:
+            decode, self._decode = self._decode, None
+            try:
+                self._full = decode(self.payload, None)
+            except Exception:
+                self._full = None
+        return self._full
 
     def message_properties(self) -> Any:
         m = self.message
@@ -83,7 +103,7 @@ class Entry:
 
     @property
     def message(self) -> Any:
-        return self.stored.message
+        return self.stored.full
 
     @property
     def payload(self) -> Any:
@@ -97,7 +117,7 @@ class Consumer:
     """A receiver on one queue.  `context` belongs to whoever drives the broker (e.g. the link)."""
 
     __slots__ = ("id", "queue", "filter", "receiver", "credit", "cursor", "recheck", "hint",
-                 "outstanding", "context", "name", "closed", "evaluations")
+                 "outstanding", "context", "name", "closed", "evaluations", "needs_body")
 
     def __init__(self, queue: "Queue", filter_: Any = None, receiver: Any = None, *,
                  context: Any = None, name: str | None = None):
@@ -114,9 +134,14 @@ class Consumer:
         self.name = name
         self.closed = False
         self.evaluations = 0
+        self.needs_body = _needs_body(filter_)
 
     def __repr__(self) -> str:
         return f"<Consumer {self.id} on {self.queue.name}>"
+
+
+def _needs_body(f: Any) -> bool:
+    return f is not None and "body" in getattr(f, "reads", ("body",))
 
 
 class Queue:
@@ -160,8 +185,9 @@ class Queue:
         """The queue filter's verdict (True when the queue has none)."""
         if self.filter is None:
             return True
+        f = self.filter
         try:
-            return self.filter.evaluate(stored.message, self.filter_receiver) is True
+            return f.evaluate(stored.full if _needs_body(f) else stored.message, self.filter_receiver) is True
         except Exception:  # a broken filter never takes the broker down: treat as no match
             return False
 
@@ -186,8 +212,9 @@ class Queue:
         self.bytes -= entry.stored.size
         if self._indexes:
             props = entry.stored.message_properties()
+            alive = self._entries.__contains__
             for index in self._indexes.values():
-                index.discard(entry.seq, props)
+                index.discard(entry.seq, props, alive)
         entry.stored.refs -= 1
         if self._on_removed is not None:
             self._on_removed(entry.stored)
@@ -215,8 +242,9 @@ class Queue:
         if hint is not None:
             index = self._indexes.get(hint.key)
             if index is None:
-                index = self._indexes[hint.key] = PropertyIndex(hint.key)
-                index.build(self._entries)
+                index = self._indexes[hint.key] = PropertyIndex(hint.key, self._entries)
+                if len(self._entries) <= INDEX_BUILD_AT_ATTACH:
+                    index.build_step(self._entries, len(self._entries))
             index.users += 1
             consumer.hint = hint
         self.consumers.append(consumer)
@@ -273,8 +301,9 @@ class Queue:
         if f is None:
             return True
         consumer.evaluations += 1
+        stored = entry.stored
         try:
-            return f.evaluate(entry.stored.message, consumer.receiver) is True
+            return f.evaluate(stored.full if consumer.needs_body else stored.message, consumer.receiver) is True
         except Exception:  # never let a broken filter stop the queue
             return False
 
@@ -294,15 +323,17 @@ class Queue:
             if self._takes(consumer, entry):
                 return entry, spent, True
         hint = consumer.hint
-        if hint is not None:
+        if hint is not None and self._indexes[hint.key].ready:
             source = self._indexes[hint.key].candidates(hint.values, consumer.cursor)
         else:
             source = self._available.irange(minimum=consumer.cursor, inclusive=(False, True))
         for seq in source:
             if spent >= budget:
                 return None, spent, False
-            entry = entries[seq]
+            entry = entries.get(seq)
             consumer.cursor = seq
+            if entry is None:
+                continue  # removed; the index forgets it lazily
             if entry.holder is not None:
                 continue  # out on a delivery; comes back through the recheck heap
             spent += 1
@@ -319,7 +350,7 @@ class Queue:
         out: list[tuple[Consumer, Entry]] = []
         spent = 0
         if not self._available or not self.consumers:
-            return out, spent, True
+            return out, spent, self._build_indexes(budget - spent)
         n = len(self.consumers)
         waiting = [c for c in self.consumers[self._rr % n:] + self.consumers[: self._rr % n] if c.credit > 0]
         while waiting and self._available:
@@ -327,7 +358,7 @@ class Queue:
             for c in waiting:
                 if not self._available:
                     break
-                entry, used, finished = self._next_for(c, budget - spent)
+                entry, used, finished = self._next_for(c, max(1, budget - spent))
                 spent += used
                 if not finished:
                     self.dirty = True
@@ -343,4 +374,17 @@ class Queue:
                 if c.credit > 0:
                     still.append(c)
             waiting = still
-        return out, spent, True
+        return out, spent, self._build_indexes(budget - spent)
+
+    def _build_indexes(self, budget: int) -> bool:
+        """Spend what is left of a dispatch turn on indexes under construction; True when none is."""
+        finished = True
+        for index in self._indexes.values():
+            if not index.ready:
+                if budget > 0:
+                    budget -= index.build_step(self._entries, budget)
+                if not index.ready:
+                    finished = False
+        if not finished:
+            self.dirty = True
+        return finished
