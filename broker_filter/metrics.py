@@ -456,3 +456,32 @@ __all__ = [
     "Snapshot",
     "serve_http",
 ]
+
+
+def reference_table() -> str:
+    """The Markdown table of every metric (README.md carries it): name, type, labels, meaning."""
+    metrics = Metrics(CollectorRegistry(), address_labels=1)
+    # Touch every labelled instrument once so the scrape below shows its label names.
+    counters = metrics.address("a")
+    for counter in (counters.received, counters.forwarded, counters.filtered_out, counters.published):
+        counter.inc()
+    counters.outcome("accepted")
+    metrics.refuse_attach("limit")
+    metrics.refuse_connection("limit")
+    metrics.authentication_failed("PLAIN")
+    metrics.publish(Snapshot(links={"consumer": 1}, held={"a": 1}, credit={"a": 1}, stalled={"a": True}))
+    lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for family in metrics.registry.collect():
+        name = {"counter": f"{family.name}_total", "info": f"{family.name}_info"}.get(family.type, family.name)
+        labels = sorted({k for s in family.samples for k in s.labels if k not in ("le", "version")})
+        if family.type == "info":
+            labels = ["version"]
+        shown = ", ".join(f"`{label}`" for label in labels) or "—"
+        lines.append(f"| `{name}` | {family.type} | {shown} | {family.documentation} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(reference_table())
