@@ -262,7 +262,7 @@ TYPE_CONSTRUCTORS: dict[str, Any] = {
     "byte": byte,
     "short": short,
     "int": int32,
-    "long": long,
+    "long": lambda v: int(long(v)),  # range-checked, then the canonical plain int
     "timestamp": timestamp,
     "float": float32,
     "double": float,
