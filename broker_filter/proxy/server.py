@@ -373,6 +373,8 @@ class ProxyServer(Handler):
             if link.state & Endpoint.LOCAL_UNINIT:
                 link.open()
             link.close()
+        # Both ends detached: free it, so the client may attach again under the same name.
+        link.free()
 
     @boundary
     def on_link_flow(self, event) -> None:
