@@ -88,12 +88,10 @@ def push_down(upstream: Upstream, address: str | None, fs: FilterSet, dialect: s
     if m and getattr(upstream, "binds_exchange_keys", False):
         exchange = m.group(1)
         bindings = [e for e in fs.entries if e.kind in ("direct", "topic") and isinstance(e.text, str)]
-        if len(bindings) == 1:
-            e = bindings[0]
-            wild = "*" in e.text or "#" in e.text
-            if "/" not in e.text and (not wild or (e.kind == "topic" and exchange == "amq.topic")):
-                address = f"/exchange/{exchange}/{e.text}"
-                taken.add(id(e))
+        if len(bindings) == 1 and "/" not in bindings[0].text:
+            # The exchange applies its own binding semantics, which is what a legacy binding asks for.
+            address = f"/exchange/{exchange}/{bindings[0].text}"
+            taken.add(id(bindings[0]))
     if dialect == "jms":
         for e in fs.entries:
             if id(e) not in taken and e.kind != "no-local" and upstream.can_evaluate(e):

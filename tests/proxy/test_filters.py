@@ -1,0 +1,152 @@
+"""Each filter type end to end: proton clients publish and receive through the proxy, RabbitMQ behind."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from proton import Described, Message, symbol, ulong
+from proton.reactor import Filter, Selector
+
+from proxy_clients import connect, receive
+
+pytestmark = pytest.mark.rabbitmq
+
+SELECTOR = symbol("apache.org:selector-filter:string")
+DIRECT = symbol("apache.org:legacy-amqp-direct-binding:string")
+TOPIC = symbol("apache.org:legacy-amqp-topic-binding:string")
+HEADERS = symbol("apache.org:legacy-amqp-headers-binding:map")
+
+
+def _tag() -> str:
+    return "t" + uuid.uuid4().hex[:8]
+
+
+def _bodies(messages) -> list:
+    return [m.body for m in messages]
+
+
+def test_selector_on_a_queue_with_jms_headers(proxy, address):
+    c = connect(proxy.url)
+    try:
+        r = c.create_receiver(f"/queue/{address}", credit=50,
+                              options=Selector("JMSType = 'order' AND JMSPriority > 5 AND qty BETWEEN 2 AND 4"))
+        s = c.create_sender(f"/queue/{address}")
+        for i in range(10):
+            s.send(Message(body=i, subject="order" if i % 2 == 0 else "quote", priority=9 if i < 6 else 1,
+                           properties={"qty": i % 5}))
+        got = receive(r, idle=1.0)
+        # even i, priority 9 (i < 6), qty in 2..4: i in {2, 4}
+        assert sorted(_bodies(got)) == [2, 4]
+        assert all(m.subject == "order" for m in got)
+    finally:
+        c.close()
+
+
+def test_direct_binding_on_an_exchange_becomes_the_binding_key(proxy):
+    tag = _tag()
+    c = connect(proxy.url)
+    try:
+        r = c.create_receiver("/exchange/amq.direct", credit=50,
+                              options=Filter({symbol("binding"): Described(DIRECT, f"{tag}.k1")}))
+        s = c.create_sender("/exchange/amq.direct")
+        for i, key in enumerate([f"{tag}.k1", f"{tag}.k2", f"{tag}.k1", "other"]):
+            s.send(Message(body=i, subject=key))
+        assert _bodies(receive(r, idle=1.0)) == [0, 2]
+    finally:
+        c.close()
+
+
+def test_topic_binding_on_an_exchange_with_wildcards(proxy):
+    tag = _tag()
+    c = connect(proxy.url)
+    try:
+        r = c.create_receiver("/exchange/amq.topic", credit=50,
+                              options=Filter({symbol("t"): Described(ulong(0x0000468C00000001), f"{tag}.*.x")}))
+        s = c.create_sender("/exchange/amq.topic")
+        for i, key in enumerate([f"{tag}.a.x", f"{tag}.a.b.x", f"{tag}.b.x", f"{tag}.x", "zz.a.x"]):
+            s.send(Message(body=i, subject=key))
+        assert _bodies(receive(r, idle=1.0)) == [0, 2]
+    finally:
+        c.close()
+
+
+def test_topic_binding_evaluated_locally_on_a_topic_subscription(proxy):
+    tag = _tag()
+    c = connect(proxy.url)
+    try:
+        # RabbitMQ binds '<tag>.#'; the proxy evaluates the narrower topic binding on the subject.
+        r = c.create_receiver(f"/topic/{tag}.#", credit=50,
+                              options=Filter({symbol("t"): Described(TOPIC, f"{tag}.a.#")}))
+        s = c.create_sender("/exchange/amq.topic")
+        for i, key in enumerate([f"{tag}.a", f"{tag}.b", f"{tag}.a.b.c", f"{tag}.ab", f"{tag}.a.z"]):
+            s.send(Message(body=i, subject=key))
+        assert _bodies(receive(r, idle=1.0)) == [0, 2, 4]
+    finally:
+        c.close()
+
+
+def test_headers_binding(proxy):
+    tag = _tag()
+    binding = {"x-match": "any", "region": "eu", "tier": "gold"}
+    c = connect(proxy.url)
+    try:
+        r = c.create_receiver(f"/topic/{tag}", credit=50, options=Filter({symbol("h"): Described(HEADERS, binding)}))
+        s = c.create_sender(f"/topic/{tag}")
+        props = [{"region": "eu"}, {"region": "us"}, {"tier": "gold"}, {"tier": "silver", "region": "us"}, {}]
+        for i, p in enumerate(props):
+            s.send(Message(body=i, subject=tag, properties=p))
+        assert _bodies(receive(r, idle=1.0)) == [0, 2]
+    finally:
+        c.close()
+
+
+def test_or_and_not_filters(proxy):
+    tag = _tag()
+    either = Described(symbol("apache.org:or-filter:list"),
+                       [Described(SELECTOR, "n < 2"), Described(SELECTOR, "n > 7")])
+    negated = Described(symbol("apache.org:not-filter:list"), [Described(SELECTOR, "n = 9")])
+    c = connect(proxy.url)
+    try:
+        r = c.create_receiver(f"/topic/{tag}", credit=50,
+                              options=Filter({symbol("either"): either, symbol("not9"): negated}))
+        s = c.create_sender(f"/topic/{tag}")
+        for i in range(10):
+            s.send(Message(body=i, subject=tag, properties={"n": i}))
+        assert _bodies(receive(r, idle=1.0)) == [0, 1, 8]
+    finally:
+        c.close()
+
+
+def test_no_local_with_two_connections(proxy):
+    tag = _tag()
+    no_local = Described(ulong(0x0000468C00000003), [])
+    a = connect(proxy.url)
+    b = connect(proxy.url)
+    try:
+        mine = a.create_receiver(f"/topic/{tag}", credit=50, options=Filter({symbol("no-local"): no_local}))
+        everything = a.create_receiver(f"/topic/{tag}", name="all", credit=50)
+        sa = a.create_sender(f"/topic/{tag}")
+        sb = b.create_sender(f"/topic/{tag}")
+        for i in range(6):
+            (sa if i % 2 == 0 else sb).send(Message(body=i, subject=tag))
+        assert _bodies(receive(mine, idle=1.0)) == [1, 3, 5]
+        assert _bodies(receive(everything, idle=0.5)) == [0, 1, 2, 3, 4, 5]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_published_messages_carry_the_origin_annotation(proxy, address):
+    c = connect(proxy.url)
+    try:
+        s = c.create_sender(f"/queue/{address}")
+        s.send(Message(body="x", annotations={symbol("x-opt-keep"): 1}))
+        r = c.create_receiver(f"/queue/{address}", credit=5)
+        (m,) = receive(r, count=1)
+        origin = m.annotations[symbol("x-opt-broker-filter-origin")]
+        assert isinstance(origin, str) and "/" in origin
+        assert m.annotations[symbol("x-opt-keep")] == 1
+        assert m.body == "x"
+    finally:
+        c.close()
