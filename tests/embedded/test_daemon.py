@@ -1,0 +1,138 @@
+"""Real proton clients against `broker-filter serve` with the embedded broker."""
+
+from __future__ import annotations
+
+import uuid
+
+from proton import Message
+
+from embedkit import Daemon, connect, nothing, receive, receiver, send, send_outcomes, sender
+
+
+def fresh(prefix: str = "a") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+def test_queue_keeps_order_and_holds_until_a_consumer_comes(daemon):
+    q = fresh("q")
+    conn = connect(daemon.url)
+    try:
+        send(sender(conn, q), *range(5))
+        r = receiver(conn, q)
+        assert receive(r, 5) == [0, 1, 2, 3, 4]
+    finally:
+        conn.close()
+
+
+def test_competing_consumers_share_a_queue(daemon):
+    q = fresh("q")
+    conn = connect(daemon.url)
+    try:
+        a = receiver(conn, q, credit=2)
+        b = receiver(conn, q, credit=2)
+        send(sender(conn, q), *range(4))
+        got = receive(a, 2) + receive(b, 2)
+        assert sorted(got) == [0, 1, 2, 3]
+        assert nothing(a, 0.3) and nothing(b, 0.1)
+    finally:
+        conn.close()
+
+
+def test_topic_gives_each_subscriber_a_copy(daemon):
+    t = fresh("t")
+    conn = connect(daemon.url)
+    try:
+        a = receiver(conn, t, caps=("topic",))
+        b = receiver(conn, f"multicast://{t}")
+        send(sender(conn, f"multicast://{t}"), "x", "y")
+        assert receive(a, 2) == ["x", "y"] and receive(b, 2) == ["x", "y"]
+    finally:
+        conn.close()
+
+
+def test_wildcard_subscriptions(daemon):
+    base = fresh("news")
+    conn = connect(daemon.url)
+    try:
+        everything = receiver(conn, f"multicast://{base}.#")
+        sport = receiver(conn, f"multicast://{base}.*.sport")
+        for a in (f"{base}.uk", f"{base}.uk.sport", f"{base}.fr.sport", f"{base}.a.b.sport"):
+            send(sender(conn, f"multicast://{a}"), a)
+        assert receive(everything, 4) == [f"{base}.uk", f"{base}.uk.sport", f"{base}.fr.sport", f"{base}.a.b.sport"]
+        assert receive(sport, 2) == [f"{base}.uk.sport", f"{base}.fr.sport"]
+        assert nothing(sport, 0.3)
+    finally:
+        conn.close()
+
+
+def test_fqqn_reads_one_queue(daemon):
+    addr = fresh("orders")
+    conn = connect(daemon.url)
+    try:
+        send(sender(conn, f"{addr}::east"), "e1")
+        send(sender(conn, f"{addr}::west"), "w1")
+        assert receive(receiver(conn, f"{addr}::west"), 1) == ["w1"]
+        assert receive(receiver(conn, f"{addr}::east"), 1) == ["e1"]
+    finally:
+        conn.close()
+
+
+def test_selector_takes_oldest_match_and_leaves_the_rest(daemon):
+    q = fresh("q")
+    conn = connect(daemon.url)
+    try:
+        snd = sender(conn, q)
+        for i, color in enumerate(["blue", "red", "green", "red", "blue"]):
+            snd.send(Message(body=i, properties={"color": color}))
+        red = receiver(conn, q, selector="color = 'red'")
+        assert receive(red, 2) == [1, 3]
+        assert nothing(red, 0.3)
+        rest = receiver(conn, q)
+        assert receive(rest, 3) == [0, 2, 4]
+    finally:
+        conn.close()
+
+
+def test_selective_consumer_finds_one_match_deep_in_the_queue(daemon):
+    q = fresh("deep")
+    conn = connect(daemon.url)
+    try:
+        snd = sender(conn, q)
+        msgs = [Message(body=i, properties={"id": f"m{i}", "n": i}) for i in range(2000)]
+        for m in msgs:
+            snd.send(m)
+        needle = receiver(conn, q, selector="n = 1999")
+        assert receive(needle, 1) == [1999]
+        other = receiver(conn, q, selector="id = 'm1000'")
+        assert receive(other, 1) == [1000]
+    finally:
+        conn.close()
+
+
+def test_released_goes_back_in_place(daemon):
+    q = fresh("q")
+    conn = connect(daemon.url)
+    try:
+        send(sender(conn, q), "first", "second", "third")
+        r = receiver(conn, q, credit=1)
+        m = r.receive(timeout=5)
+        assert m.body == "first"
+        r.release()
+        r.close()  # what the client prefetched meanwhile goes back too
+        assert receive(receiver(conn, q), 3) == ["first", "second", "third"]
+    finally:
+        conn.close()
+
+
+def test_address_limit_refuses_with_resource_limit_exceeded():
+    d = Daemon("--set", "embedded.max_messages=3")
+    try:
+        outcomes = send_outcomes(d.url, "limited", [1, 2, 3, 4])
+        assert outcomes[:3] == [("accepted", None)] * 3
+        assert outcomes[3] == ("rejected", "amqp:resource-limit-exceeded")
+        conn = connect(d.url)
+        assert receive(receiver(conn, "limited", credit=1), 1) == [1]
+        conn.close()
+        assert send_outcomes(d.url, "limited", [5]) == [("accepted", None)]  # room again after an accept
+    finally:
+        d.stop()
