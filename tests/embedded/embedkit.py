@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 class Daemon:
     """`broker-filter serve --listen 127.0.0.1:0 [args]`: the embedded broker unless --upstream is given."""
 
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, ready: str = ""):
+        self.ready = ready  # log text that must also appear before the daemon counts as started
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"broker-filter-embedded-{uuid.uuid4().hex[:8]}.log"
         self._log = open(self.log_path, "w+")
         cmd = [sys.executable, "-m", "broker_filter", "serve", "--listen", "127.0.0.1:0", *args]
@@ -33,7 +34,7 @@ class Daemon:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             m = re.search(r"listening on [^:\s]+:(\d+)", self.log())
-            if m:
+            if m and self.ready in self.log():
                 return int(m.group(1))
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
@@ -167,3 +168,32 @@ def send_outcomes(url: str, address: str, bodies, timeout: float = 10.0) -> list
     h = Sender()
     Container(h).run()
     return [h.results.get(i) for i in range(h.sent)]
+
+
+class InProcessDaemon:
+    """The daemon (`broker_filter.app.App`) on a thread of this process, so tests can read its
+    embedded broker's counters."""
+
+    def __init__(self, *args: str):
+        import argparse
+        import threading
+
+        from broker_filter.app import App
+        from broker_filter.config import add_serve_arguments, load
+
+        parser = argparse.ArgumentParser()
+        add_serve_arguments(parser)
+        self.app = App(load(parser.parse_args(["--listen", "127.0.0.1:0", *args]), environ={}))
+        self.app.start()
+        self.port = self.app.port
+        self.url = f"amqp://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.app.run, name="embedded-daemon", daemon=True)
+        self.thread.start()
+
+    @property
+    def broker(self):
+        return self.app.upstream.broker
+
+    def stop(self) -> None:
+        self.app.container.stop()
+        self.thread.join(10)

@@ -1,0 +1,68 @@
+"""A second daemon pointed at an embedded one pushes selectors down instead of evaluating them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from proton import Message
+
+from embedkit import Daemon, InProcessDaemon, connect, nothing, receive, receiver
+
+
+@pytest.fixture(scope="module")
+def chain():
+    upstream = InProcessDaemon()
+    front = Daemon("--upstream", upstream.url, ready="connected (")
+    yield upstream, front
+    front.stop()
+    upstream.stop()
+    assert "Traceback" not in front.log(), front.log()
+
+
+def evaluations(broker, queue: str) -> int:
+    q = broker.queues.get(queue)
+    return sum(c.evaluations for c in q.consumers) if q is not None else 0
+
+
+def test_selector_is_evaluated_once_per_message_by_the_embedded_upstream(chain):
+    upstream, front = chain
+    conn = connect(front.url)
+    try:
+        snd = conn.create_sender("chained", name="producer")
+        for i in range(10):
+            snd.send(Message(body=i, properties={"n": i}))
+        r = receiver(conn, "chained", selector="n > 6")
+        assert receive(r, 3) == [7, 8, 9]
+        assert nothing(r, 0.3)
+        # The upstream consumer carries the selector and looked at each message exactly once ...
+        [consumer] = upstream.broker.queues["chained"].consumers
+        assert consumer.filter is not None and "n > 6" in consumer.filter.description.replace("(", "").replace(")", "")
+        assert evaluations(upstream.broker, "chained") == 10
+        # ... and the non-matching messages never left the upstream queue, still in order.
+        direct = connect(upstream.url)
+        try:
+            assert receive(receiver(direct, "chained"), 7) == [0, 1, 2, 3, 4, 5, 6]
+        finally:
+            direct.close()
+    finally:
+        conn.close()
+
+
+def test_front_daemon_echoes_the_pushed_selector(chain):
+    upstream, front = chain
+    conn = connect(front.url)
+    try:
+        r = receiver(conn, "echoed", selector="color = 'red'")
+        remote = r.link.remote_source.filter
+        remote.rewind()
+        remote.next()
+        assert "color = 'red'" in str(remote.get_object())
+        for _ in range(50):
+            q = upstream.broker.queues.get("echoed")
+            if q is not None and q.consumers:
+                break
+            time.sleep(0.05)
+        assert upstream.broker.queues["echoed"].consumers[0].hint is not None  # equality index in use upstream
+    finally:
+        conn.close()
