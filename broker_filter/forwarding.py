@@ -73,7 +73,8 @@ class FeedIO(Protocol):
     def recycle(self, delivery: Any, done: Callable[[bool], None]) -> None:
         """Republish the delivery's bytes to the tail of the queue; done(True) once the broker accepted
         the copy (the feed then accepts the original), done(False) if it did not (the original is
-        then held again)."""
+        then held again, and the feed tries again at its next `pump`, which the I/O layer calls
+        when publishing is possible again)."""
 
 
 @dataclass
@@ -130,6 +131,7 @@ class Feed:
         window: int = 100,
         max_credit: int = 1000,
         recycle: bool = False,
+        recycle_budget: int | None = None,
         log: Callable[[str], None] | None = None,
     ):
         if window < 1 or max_credit < 1:
@@ -139,6 +141,10 @@ class Feed:
         self.window = window
         self.max_credit = max_credit
         self.recycle = recycle and not subscription
+        # Recycling without any delivery in between stops after this many messages (no endless cycling
+        # of a queue nobody matches); a delivery or a new outlet starts a fresh budget.
+        self.recycle_budget = recycle_budget if recycle_budget is not None else 10 * window
+        self._budget = self.recycle_budget
         self.outlets: list[Outlet] = []
         self.held: deque[_Held] = deque()
         self.upstream_credit = 0
@@ -154,6 +160,7 @@ class Feed:
             raise ValueError("a subscription feed serves one outlet")
         self.outlets.append(outlet)
         self._reads = self._reads | outlet.filter.reads
+        self._budget = self.recycle_budget
         self.pump()
 
     def remove_outlet(self, outlet: Outlet) -> None:
@@ -271,6 +278,7 @@ class Feed:
         o.credit -= 1
         o.delivered += 1
         self.stats.delivered += 1
+        self._budget = self.recycle_budget
 
     def _hold(self, h: _Held) -> None:
         self.held.append(h)
@@ -306,10 +314,11 @@ class Feed:
             self.io.flow_upstream(room)
 
     def _recycle_oldest(self) -> None:
-        if not self.held or self.recycling >= max(1, self.window // 10):
+        if not self.held or self.recycling >= max(1, self.window // 10) or self._budget <= 0:
             return
         h = self.held.popleft()
         self.recycling += 1
+        self._budget -= 1
         self._count_held()
 
         def done(ok: bool) -> None:
@@ -317,10 +326,12 @@ class Feed:
             if ok:
                 self.stats.recycled += 1
                 self.io.settle_upstream(h.delivery, ACCEPTED)
+                self.pump()
             else:
+                # Not recycled (no publisher credit yet): the I/O layer pumps again when it can.
                 self.held.appendleft(h)
+                self._budget += 1
                 self._count_held()
-            self.pump()
 
         self.io.recycle(h.delivery, done)
 

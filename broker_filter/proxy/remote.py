@@ -1,7 +1,8 @@
 """An upstream that is a remote AMQP 1.0 broker (RabbitMQ or any other), over one proton connection.
 
-Theory of operation: one connection with one session carries every consumer and publisher of the
-proxy.  Deliveries are received as raw bytes and settled with the client's outcome; nothing is
+Theory of operation: one connection carries every consumer and publisher of the proxy; publishers
+share one session, each consumer has a session of its own, ended with the consumer, because RabbitMQ
+3.10 returns a consumer's unsettled messages to the queue only when its session ends.  Deliveries are received as raw bytes and settled with the client's outcome; nothing is
 settled upstream on the proxy's own initiative except what the forwarding rules decide.  When the
 connection drops, every consumer and publisher is reported closed with a transient
 `amqp:connection:forced` error (the broker returns their unsettled messages to the queues) and the
@@ -126,6 +127,7 @@ class RemoteConsumer:
         self.handler = handler
         self.upstream = upstream
         self.link = None
+        self.session = None
         self.closed = False
         self.ready = False
 
@@ -151,14 +153,23 @@ class RemoteConsumer:
             return
         self.closed = True
         self.upstream._forget(self)
+        self._end()
+
+    def _end(self) -> None:
+        # Ending the consumer's own session is what returns its unsettled messages to the queue on
+        # RabbitMQ 3.10 (a detached link's unacknowledged messages stay with the session otherwise).
         if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
             self.link.close()
+        if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
+            self.session.close()
 
     def _closed_by_upstream(self, error: ErrorInfo) -> None:
         if self.closed:
             return
         self.closed = True
         self.upstream._forget(self)
+        if not error.transient:
+            self._end()
         self.handler.on_consumer_closed(self, error)
 
 
@@ -277,7 +288,11 @@ class RemoteUpstream(Handler):
             self.loop.call_soon(lambda: consumer._closed_by_upstream(
                 ErrorInfo("amqp:connection:forced", f"upstream {self.name} is not connected", transient=True)))
             return consumer
-        link = self.session.receiver(name)
+        session = self.connection.session()
+        session.bf_consumer = consumer
+        session.open()
+        consumer.session = session
+        link = session.receiver(name)
         link.source.address = spec.address
         if spec.filters:
             put_value(link.source.filter, {_key(e.key): e.value for e in spec.filters})
@@ -400,8 +415,21 @@ class RemoteUpstream(Handler):
             self._lost(event.connection.remote_condition)
 
     def on_session_remote_close(self, event) -> None:
-        if event.connection == self.connection and event.session == self.session:
-            self._lost(event.session.remote_condition)
+        ssn = event.session
+        if event.connection != self.connection:
+            return
+        if ssn == self.session:
+            self._lost(ssn.remote_condition)
+            return
+        consumer = getattr_or_none(ssn, "bf_consumer")
+        if not (ssn.state & Endpoint.LOCAL_CLOSED):
+            ssn.close()
+        if consumer is not None and not consumer.closed:
+            c = ssn.remote_condition
+            consumer._closed_by_upstream(ErrorInfo(
+                c.name if c is not None else "amqp:link:detach-forced",
+                c.description if c is not None else f"upstream {self.name} ended the session",
+            ))
 
     def on_transport_closed(self, event) -> None:
         if event.connection is None or event.connection == self.connection or self.connection is None:
@@ -488,6 +516,13 @@ class RemoteUpstream(Handler):
             dlv.settle()
             if cb is not None and not ep.closed:
                 cb(outcome if outcome is not None else Outcome("accepted"))
+
+
+def getattr_or_none(obj: Any, name: str) -> Any:
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        return None
 
 
 def _endpoint(link) -> Any:

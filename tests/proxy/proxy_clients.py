@@ -38,3 +38,18 @@ def send(sender, messages) -> None:
 def filter_option(filters: dict) -> Filter:
     """A receiver option putting `filters` (key -> proton Described) in the source filter-set."""
     return Filter(filters)
+
+
+def receive_all(receivers: dict, idle_rounds: int = 3, wait: float = 0.3, limit: float = 60.0) -> dict:
+    """Receive (and accept) from several receivers in turn until none got anything for `idle_rounds`."""
+    got = {name: [] for name in receivers}
+    quiet = 0
+    deadline = time.monotonic() + limit
+    while quiet < idle_rounds and time.monotonic() < deadline:
+        progress = False
+        for name, r in receivers.items():
+            batch = receive(r, idle=wait, limit=5.0)
+            got[name].extend(batch)
+            progress = progress or bool(batch)
+        quiet = 0 if progress else quiet + 1
+    return got
