@@ -20,6 +20,7 @@ if [ "$runtime_only" = 0 ]; then
   have java || need_apt+=(openjdk-17-jre-headless)
   have node || need_apt+=(nodejs)
   have npm || need_apt+=(npm)
+  have openssl || need_apt+=(openssl)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
