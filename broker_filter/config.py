@@ -755,10 +755,16 @@ def _check(config: Config) -> None:
         or "EXTERNAL" in listener.sasl_mechanisms
     )
     if not can_authenticate:
+        if "ANONYMOUS" not in listener.sasl_mechanisms:
+            why = "ANONYMOUS is not in listener.sasl_mechanisms"
+        elif listener.allow_anonymous is False:
+            why = "ANONYMOUS is off (listener.allow_anonymous = false)"
+        else:
+            why = (f"ANONYMOUS is off on {listener.host} (not loopback; set listener.allow_anonymous = true "
+                   "to allow it)")
         raise ConfigError(
             "listener.users",
-            f"no client could log in: ANONYMOUS is off on {listener.host} (not loopback; set "
-            "listener.allow_anonymous = true to allow it), and there are no PLAIN users and no pass-through",
+            f"no client could log in: {why}, and there are no PLAIN users and no pass-through",
         )
     for i, url in enumerate(upstream.urls):
         _check_url(f"upstream.urls[{i}]", url)

@@ -1,0 +1,239 @@
+"""The client listener with real proton clients and a real Container: PLAIN users, pass-through,
+ANONYMOUS policy, TLS with certificates generated here, EXTERNAL with client certificates."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from proton import Message, SSLDomain
+from proton.handlers import MessagingHandler
+from proton.reactor import ApplicationEvent, Container, EventInjector
+from proton.utils import BlockingConnection
+
+from broker_filter.config import add_serve_arguments, load
+from broker_filter.listener import identity_of, listen, needs_front_end
+from broker_filter.security import hash_password
+
+ALICE = hash_password("wonderland", algorithm="pbkdf2-sha256")
+
+
+def listener_config(*settings: str, listen_on: str = "127.0.0.1:0"):
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    argv = ["--listen", listen_on]
+    for item in settings:
+        argv += ["--set", item]
+    return load(parser.parse_args(argv), {}).listener
+
+
+class Server(MessagingHandler):
+    """Accepts everything; remembers identities and messages; a receiver on `whoami` gets the user."""
+
+    def __init__(self):
+        super().__init__()
+        self.identities = []
+        self.received = []
+        self.closed = threading.Event()
+
+    def on_connection_opening(self, event):
+        self.identities.append(identity_of(event.connection))
+
+    def on_link_opening(self, event):
+        link = event.link
+        if link.is_sender:
+            link.source.copy(link.remote_source)
+        else:
+            link.target.copy(link.remote_target)
+
+    def on_message(self, event):
+        self.received.append(event.message.body)
+
+    def on_sendable(self, event):
+        if event.link.source.address == "whoami" and event.link.credit and not getattr(event.link, "sent", False):
+            event.link.sent = True
+            identity = identity_of(event.connection)
+            event.link.send(Message(body=f"{identity.user}/{identity.mechanism}/tls={identity.tls}"))
+
+    def on_connection_closed(self, event):
+        self.closed.set()
+
+
+class Running:
+    def __init__(self, listener, passthrough=None):
+        self.server = Server()
+        self.container = Container(self.server)
+        self.listening = listen(self.container, listener, self.server, passthrough=passthrough)
+        self.port = self.listening.port
+        self._injector = EventInjector()
+        self.container.selectable(self._injector)
+        self.server.on_stop_test = self._stop
+        self._thread = threading.Thread(target=self.container.run, daemon=True)
+        self._thread.start()
+
+    def _stop(self, event):
+        self.listening.close()
+        self._injector.close()
+        self.container.stop()
+
+    def stop(self):
+        self._injector.trigger(ApplicationEvent("stop_test"))
+        self._thread.join(timeout=20)
+        assert not self._thread.is_alive()
+
+
+@pytest.fixture
+def running():
+    started = []
+
+    def start(listener, passthrough=None):
+        r = Running(listener, passthrough)
+        started.append(r)
+        return r
+
+    yield start
+    for r in started:
+        r.stop()
+
+
+def whoami(url: str, **kwargs) -> str:
+    conn = BlockingConnection(url, timeout=20, **kwargs)
+    try:
+        sender = conn.create_sender("inbox")
+        sender.send(Message(body="hello"))
+        receiver = conn.create_receiver("whoami")
+        message = receiver.receive(timeout=20)
+        receiver.accept()
+        return message.body
+    finally:
+        conn.close()
+
+
+def test_plain_users_through_the_front_end(running):
+    listener = listener_config(f'listener.users={{alice = "{ALICE}"}}')
+    assert needs_front_end(listener)
+    r = running(listener)
+    url = f"amqp://127.0.0.1:{r.port}"
+    assert whoami(url, user="alice", password="wonderland", allowed_mechs="PLAIN") == "alice/PLAIN/tls=False"
+    assert r.server.received == ["hello"]
+    assert r.server.closed.wait(10)
+    # ANONYMOUS stays available on a loopback listener
+    assert whoami(url, allowed_mechs="ANONYMOUS") == "anonymous/ANONYMOUS/tls=False"
+    with pytest.raises(Exception) as info:
+        BlockingConnection(url, timeout=20, user="alice", password="nope", allowed_mechs="PLAIN")
+    assert "amqp:unauthorized-access" in str(info.value)
+    assert [i.user for i in r.server.identities] == ["alice", "anonymous"]
+    assert all(i.password is None for i in r.server.identities)
+
+
+def test_anonymous_refused_when_not_allowed(running):
+    listener = listener_config(f'listener.users={{alice = "{ALICE}"}}', "listener.allow_anonymous=false")
+    assert listener.effective_mechanisms == ("PLAIN",)
+    r = running(listener)
+    with pytest.raises(Exception) as info:
+        BlockingConnection(f"amqp://127.0.0.1:{r.port}", timeout=20, allowed_mechs="ANONYMOUS")
+    assert "amqp:unauthorized-access" in str(info.value)
+    assert r.server.identities == []
+
+
+def test_pass_through_keeps_the_password_for_the_upstream_connection(running):
+    seen = []
+
+    def upstream_accepts(user, password):
+        seen.append(user)
+        return (user, password) == ("bob", "builder")
+
+    listener = listener_config("listener.allow_anonymous=false", "upstream.urls=amqp://127.0.0.1:1",
+                               "upstream.credentials=pass-through")
+    r = running(listener, passthrough=upstream_accepts)
+    url = f"amqp://127.0.0.1:{r.port}"
+    assert whoami(url, user="bob", password="builder", allowed_mechs="PLAIN") == "bob/PLAIN/tls=False"
+    (identity,) = r.server.identities
+    assert identity.password == "builder" and "builder" not in repr(identity)
+    with pytest.raises(Exception) as info:
+        BlockingConnection(url, timeout=20, user="bob", password="wrong", allowed_mechs="PLAIN")
+    assert "amqp:unauthorized-access" in str(info.value)
+    assert seen == ["bob", "bob"]
+
+
+def test_anonymous_only_uses_protons_own_acceptor(running):
+    listener = listener_config()
+    assert not needs_front_end(listener)
+    r = running(listener)
+    assert not r.listening.front_end
+    assert whoami(f"amqp://127.0.0.1:{r.port}") == "anonymous/ANONYMOUS/tls=False"
+
+
+# -------------------------------------------------------------------------------------------------
+# TLS
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("the openssl command is needed to generate test certificates (apt-get install openssl)")
+    d = tmp_path_factory.mktemp("pki")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=broker-filter test CA")
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name, subject in (("server", "/CN=localhost"), ("client", "/CN=client-1")):
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
+        extra = ["-extfile", "server.ext"] if name == "server" else []
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", *extra)
+    run("req", "-x509", *ec, "-keyout", "other.key", "-out", "other.pem", "-days", "2", "-subj", "/CN=other CA")
+    return d
+
+
+def client_domain(pki: Path, ca: str = "ca.pem", cert: bool = False) -> SSLDomain:
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    domain.set_trusted_ca_db(str(pki / ca))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER, str(pki / ca))
+    if cert:
+        domain.set_credentials(str(pki / "client.pem"), str(pki / "client.key"), None)
+    return domain
+
+
+def tls_settings(pki: Path) -> list[str]:
+    return [f"listener.tls.cert_file={pki / 'server.pem'}", f"listener.tls.key_file={pki / 'server.key'}"]
+
+
+def test_tls_with_plain_users(running, pki):
+    r = running(listener_config(*tls_settings(pki), f'listener.users={{alice = "{ALICE}"}}'))
+    url = f"amqps://127.0.0.1:{r.port}"
+    body = whoami(url, ssl_domain=client_domain(pki), user="alice", password="wonderland", allowed_mechs="PLAIN")
+    assert body == "alice/PLAIN/tls=True"
+    with pytest.raises(Exception):
+        BlockingConnection(url, timeout=20, ssl_domain=client_domain(pki, ca="other.pem"), allowed_mechs="ANONYMOUS")
+    with pytest.raises(Exception):  # plain TCP against a TLS listener
+        BlockingConnection(f"amqp://127.0.0.1:{r.port}", timeout=20, allowed_mechs="ANONYMOUS")
+    assert [i.user for i in r.server.identities] == ["alice"]
+
+
+def test_tls_anonymous_on_protons_acceptor(running, pki):
+    listener = listener_config(*tls_settings(pki))
+    assert not needs_front_end(listener)
+    r = running(listener)
+    assert whoami(f"amqps://127.0.0.1:{r.port}", ssl_domain=client_domain(pki)) == "anonymous/ANONYMOUS/tls=False"
+
+
+def test_external_with_a_client_certificate(running, pki):
+    r = running(listener_config(
+        *tls_settings(pki), f"listener.tls.ca_file={pki / 'ca.pem'}", "listener.tls.verify_client=true",
+        "listener.sasl_mechanisms=EXTERNAL,PLAIN", "listener.allow_anonymous=false",
+    ))
+    url = f"amqps://127.0.0.1:{r.port}"
+    assert whoami(url, ssl_domain=client_domain(pki, cert=True), allowed_mechs="EXTERNAL") == (
+        "commonName=client-1/EXTERNAL/tls=True"
+    )
+    with pytest.raises(Exception):  # no client certificate: the TLS handshake fails
+        BlockingConnection(url, timeout=20, ssl_domain=client_domain(pki), allowed_mechs="EXTERNAL")
