@@ -430,7 +430,9 @@ def _compile_closures(selector: ast.Selector, dialect: Any) -> tuple[Any, frozen
         ma = m.message_annotations
         try:
             return root(m, empty if ap is None else ap, empty if ma is None else ma)
-        except Exception:  # RocketMQ aborts, and evaluation never raises
+        except Abort:  # RocketMQ: an evaluation error means the message is not delivered
+            return False
+        except Exception:  # evaluation never raises
             return None
 
     def matches(m: Any, r: Any = None) -> bool:
@@ -452,7 +454,7 @@ def compile_ast(selector: ast.Selector, dialect: Any) -> tuple[Any, frozenset[st
         return _compile_closures(selector, dialect)
     c = _Compiler(selector, dialect)
     body = c.cond(selector.expr)
-    # RocketMQ: an evaluation error means "not delivered"; everywhere: evaluation never raises.
+    # RocketMQ: an evaluation error makes the selector FALSE; everywhere: evaluation never raises.
     pre = []
     if "application_properties" in c.reads or c.functions:
         pre.append("    ap = m.application_properties\n    if ap is None:\n        ap = _EMPTY\n")
@@ -463,12 +465,14 @@ def compile_ast(selector: ast.Selector, dialect: Any) -> tuple[Any, frozenset[st
     else:
         pre.append("    ma = _EMPTY\n")
     preamble = "".join(pre)
-    # RocketMQ: an evaluation error means "not delivered"; everywhere: evaluation never raises.
+    # RocketMQ: an evaluation error makes the selector FALSE; everywhere: evaluation never raises.
     source = "\n".join(c.functions) + (
         "def _selector(m, r=None):\n"
         f"{preamble}"
         "    try:\n"
         f"        return {body}\n"
+        "    except Abort:\n"
+        "        return False\n"
         "    except Exception:\n"
         "        return None\n"
         "\n"
