@@ -130,7 +130,7 @@ class _Compiler:
         op = node.op
         items = _flatten(op, node)
         if op == "OR" and self.d.or_chain_to_set:
-            items = self._merge_equalities(items)
+            items = merge_equalities(items)
             if len(items) == 1:
                 return self.cond(items[0], depth)
         if len(items) > _MAX_CHAIN:
@@ -144,39 +144,6 @@ class _Compiler:
         for name, part in reversed(list(zip(names, parts))):
             text = f"({short} if ({name} := {part}) is {short} else {text})"
         return text
-
-    def _merge_equalities(self, items: list) -> list:  # uses no compiler state
-        """`x = 'a' OR x = 'b'` (same identifier, string literals) -> `x IN ('a', 'b')`."""
-        groups: dict[Any, list] = {}
-        out: list = []
-        for item in items:
-            key = None
-            if isinstance(item, ast.Binary) and item.op == "=":
-                left, right = item.left, item.right
-                if isinstance(left, ast.Literal):
-                    left, right = right, left
-                if isinstance(left, ast.Ident) and isinstance(right, ast.Literal) and right.type == "string":
-                    key = left
-                    values = (right,)
-            elif isinstance(item, ast.In) and not item.negated and isinstance(item.operand, ast.Ident):
-                if all(v.type == "string" for v in item.values):
-                    key = item.operand
-                    values = item.values
-            if key is None:
-                out.append(item)
-                continue
-            if key not in groups:
-                groups[key] = []
-                out.append(("group", key))
-            groups[key].extend(values)
-        result = []
-        for item in out:
-            if isinstance(item, tuple) and item and item[0] == "group":
-                vals = groups[item[1]]
-                result.append(ast.In(item[1], tuple(vals)) if len(vals) > 1 else ast.Binary("=", item[1], vals[0]))
-            else:
-                result.append(item)
-        return result
 
     def compare(self, node: ast.Binary) -> str:
         op, left, right = node.op, node.left, node.right
@@ -278,6 +245,40 @@ class _Compiler:
         return f"(({x} := {getter}(m)) is not None and {x} in {self.const(frozenset(node.tags))})"
 
 
+def merge_equalities(items: list) -> list:
+    """`x = 'a' OR x = 'b'` (same identifier, string literals) -> `x IN ('a', 'b')`."""
+    groups: dict[Any, list] = {}
+    out: list = []
+    for item in items:
+        key = None
+        if isinstance(item, ast.Binary) and item.op == "=":
+            left, right = item.left, item.right
+            if isinstance(left, ast.Literal):
+                left, right = right, left
+            if isinstance(left, ast.Ident) and isinstance(right, ast.Literal) and right.type == "string":
+                key = left
+                values = (right,)
+        elif isinstance(item, ast.In) and not item.negated and isinstance(item.operand, ast.Ident):
+            if all(v.type == "string" for v in item.values):
+                key = item.operand
+                values = item.values
+        if key is None:
+            out.append(item)
+            continue
+        if key not in groups:
+            groups[key] = []
+            out.append(("group", key))
+        groups[key].extend(values)
+    result = []
+    for item in out:
+        if isinstance(item, tuple) and item and item[0] == "group":
+            vals = groups[item[1]]
+            result.append(ast.In(item[1], tuple(vals)) if len(vals) > 1 else ast.Binary("=", item[1], vals[0]))
+        else:
+            result.append(item)
+    return result
+
+
 def _literal_value(lit: ast.Literal) -> Any:
     return t.int32(lit.value) if lit.type == "int" else lit.value
 
@@ -356,7 +357,7 @@ class _Closures:
         if isinstance(node, ast.Binary) and node.op in ast.LOGICAL_OPS:
             items = _flatten(node.op, node)
             if node.op == "OR" and self.d.or_chain_to_set:
-                items = _Compiler._merge_equalities(self, items)  # type: ignore[arg-type]
+                items = merge_equalities(items)
             fns = [self.cond(i) for i in items]
             short = node.op == "OR"  # OR stops at True, AND at False
 
