@@ -66,10 +66,15 @@ class App:
 
     def start(self) -> None:
         """Bind the listener and start connecting upstream (the loop runs in `run`)."""
-        host, port = self.config.listener.host, self.config.listener.port
-        self.acceptor = self.container.acceptor(host, port, self.server)
-        sock = self.acceptor._selectable._delegate
-        self.port = sock.getsockname()[1]
+        from .listener import listen
+
+        host = self.config.listener.host
+        if self.config.upstream.credentials == "pass-through":
+            raise SystemExit("broker-filter: upstream.credentials = pass-through is not supported by the daemon yet")
+        # SASL (PLAIN users, EXTERNAL, the anonymous policy) and TLS as configured in [listener].
+        self.acceptor = listen(self.container, self.config.listener, self.server,
+                               max_connections=self.config.limits.connections)
+        self.port = self.acceptor.port
         self.upstream.start(self.loop, self.server)
         log.info("listening on %s:%s, upstream %s, instance %s", host, self.port, self.upstream.name, self.instance)
         if self.config.metrics.enabled:
