@@ -1,0 +1,140 @@
+"""`broker-filter serve` as a user runs it (embedded upstream, no RabbitMQ): configuration errors,
+PLAIN users, metrics and health endpoints, JSON logs, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from proton import Message
+from proton.utils import BlockingConnection
+
+from broker_filter.security import hash_password
+
+ROOT = Path(__file__).resolve().parents[2]
+ALICE = hash_password("wonderland", algorithm="pbkdf2-sha256")
+
+
+class Daemon:
+    """A `broker-filter serve` subprocess on free ports; its output goes to a file."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.log_file = tempfile.NamedTemporaryFile("w+", prefix="broker-filter-", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "broker_filter", "serve", "--listen", "127.0.0.1:0", *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     env={**os.environ, **(env or {})})
+        self.port = int(self.wait_for(r"listening on [^ ]+:(\d+)"))
+        self.url = f"amqp://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return Path(self.log_file.name).read_text()
+
+    def wait_for(self, pattern: str, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.search(pattern, self.log())
+            if match:
+                return match.group(1)
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.05)
+        raise TimeoutError(f"{pattern!r} not in the daemon's log:\n{self.log()}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log_file.close()
+        os.unlink(self.log_file.name)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def daemon():
+    started = []
+
+    def start(*args: str, env: dict | None = None) -> Daemon:
+        d = Daemon(*args, env=env)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def roundtrip(url: str, address: str, **kwargs) -> str:
+    conn = BlockingConnection(url, timeout=20, **kwargs)
+    try:
+        conn.create_sender(address).send(Message(body="ping", properties={"color": "red"}))
+        receiver = conn.create_receiver(address)
+        message = receiver.receive(timeout=20)
+        receiver.accept()
+        return message.body
+    finally:
+        conn.close()
+
+
+def test_bad_configuration_exits_2_before_listening(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[limits]\nselector_length = -1\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "broker_filter", "serve", "--config", str(bad), "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "broker-filter: config error: limits.selector_length: must be a positive integer, got -1"
+    )
+    assert "listening" not in result.stdout + result.stderr
+
+
+def test_plain_users_metrics_and_json_logs(daemon, tmp_path):
+    config = tmp_path / "broker-filter.toml"
+    config.write_text(f'[listener]\nallow_anonymous = false\n[listener.users]\nalice = "{ALICE}"\n')
+    d = daemon("--config", str(config), "--metrics", "127.0.0.1:0", "--log-format", "json")
+    metrics_url = d.wait_for(r"metrics and health endpoints on (http://[^ ]+?) ")
+    assert roundtrip(d.url, "ops-q1", user="alice", password="wonderland", allowed_mechs="PLAIN") == "ping"
+    with pytest.raises(Exception) as info:
+        BlockingConnection(d.url, timeout=20, user="alice", password="guess", allowed_mechs="PLAIN")
+    assert "amqp:unauthorized-access" in str(info.value)
+    with pytest.raises(Exception) as info:
+        BlockingConnection(d.url, timeout=20, allowed_mechs="ANONYMOUS")
+    assert "amqp:unauthorized-access" in str(info.value)
+
+    assert http_get(metrics_url + "/healthz")[0] == 200
+    deadline = time.monotonic() + 10
+    while http_get(metrics_url + "/readyz")[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)  # the first state snapshot is published after about a second
+    assert http_get(metrics_url + "/readyz") == (200, "ok\n")
+    status, text = http_get(metrics_url + "/metrics")
+    assert status == 200
+    names = {family.name for family in text_string_to_metric_families(text)}
+    assert {"broker_filter_connections", "broker_filter_upstream_connected", "broker_filter_messages_received"} <= names
+
+    lines = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
+    assert lines and all({"ts", "level", "logger", "msg"} <= set(line) for line in lines)
+    assert "wonderland" not in d.log() and ALICE not in d.log()
