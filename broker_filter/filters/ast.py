@@ -109,6 +109,27 @@ class Selector:
     text: str = field(default="", compare=False)  # the source text; not part of identity
 
 
+def balanced(op: str, items: list) -> Any:
+    """An AND / OR chain over `items` as a balanced tree (depth log2 n, order kept)."""
+    if len(items) == 1:
+        return items[0]
+    mid = len(items) // 2
+    return Binary(op, balanced(op, items[:mid]), balanced(op, items[mid:]))
+
+
+def chain_items(op: str, node: Any) -> list:
+    """The operands of the `op` chain rooted at `node`, left to right (iterative)."""
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Binary) and n.op == op:
+            stack.append(n.right)
+            stack.append(n.left)
+        else:
+            out.append(n)
+    return out
+
+
 def walk(node: Any):
     """Every node below (and including) `node`, depth first."""
     stack = [node]

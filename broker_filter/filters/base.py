@@ -111,7 +111,7 @@ class FilterSet(Filter):
         elif len(fns) == 1:
             fn, matches = self.entries[0].filter.evaluate, self.entries[0].filter.matches
         else:
-            fn = _and_all(fns)
+            fn = kleene_and(fns)
         super().__init__(fn, reads, " AND ".join(e.filter.description for e in self.entries) or "TRUE", matches=matches)
 
     @property
@@ -128,7 +128,7 @@ class FilterSet(Filter):
         return FilterSet(tuple(e for e in self.entries if keep(e)), self.ignored)
 
 
-def _and_all(fns: list[EvalFn]) -> EvalFn:
+def kleene_and(fns: list[EvalFn]) -> EvalFn:
     def fn(message: Any, receiver: Any = None) -> bool | None:
         result: bool | None = True
         for f in fns:

@@ -128,14 +128,14 @@ class _Compiler:
 
     def chain(self, node: ast.Binary, depth: int) -> str:
         op = node.op
-        items = _flatten(op, node)
+        items = ast.chain_items(op, node)
         if op == "OR" and self.d.or_chain_to_set:
             items = merge_equalities(items)
             if len(items) == 1:
                 return self.cond(items[0], depth)
         if len(items) > _MAX_CHAIN:
             groups = [items[i : i + _MAX_CHAIN] for i in range(0, len(items), _MAX_CHAIN)]
-            parts = [self.split(_rebuild(op, g)) for g in groups]
+            parts = [self.split(ast.balanced(op, g)) for g in groups]
         else:
             parts = [self.cond(i, depth + 1) for i in items]
         names = [self.tmp() for _ in parts]
@@ -283,25 +283,6 @@ def _literal_value(lit: ast.Literal) -> Any:
     return t.int32(lit.value) if lit.type == "int" else lit.value
 
 
-def _flatten(op: str, node: Any) -> list:
-    out, stack = [], [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, ast.Binary) and n.op == op:
-            stack.append(n.right)
-            stack.append(n.left)
-        else:
-            out.append(n)
-    return out
-
-
-def _rebuild(op: str, items: list) -> Any:
-    if len(items) == 1:
-        return items[0]
-    mid = len(items) // 2
-    return ast.Binary(op, _rebuild(op, items[:mid]), _rebuild(op, items[mid:]))
-
-
 class _Closures:
     """The same semantics as `_Compiler`, as a tree of closures: no `compile()` call, so building is
     cheap for very large selectors, at some cost per evaluation.  Functions take (m, ap, ma)."""
@@ -355,7 +336,7 @@ class _Closures:
 
             return not_
         if isinstance(node, ast.Binary) and node.op in ast.LOGICAL_OPS:
-            items = _flatten(node.op, node)
+            items = ast.chain_items(node.op, node)
             if node.op == "OR" and self.d.or_chain_to_set:
                 items = merge_equalities(items)
             fns = [self.cond(i) for i in items]

@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from ..amqptypes import Described
-from .base import ORIGIN_ANNOTATION, Filter, FilterEntry, FilterSet, IgnoredEntry
+from .base import ORIGIN_ANNOTATION, Filter, FilterEntry, FilterSet, IgnoredEntry, kleene_and
 from .bindings import direct_binding, headers_binding, topic_binding
 from .errors import FilterError, LimitError, SelectorError
 from .parser import DEFAULT_LIMITS, Limits
@@ -184,18 +184,7 @@ def _logical(kind: str, children: list[Filter]) -> Filter:
 
         return Filter(fn_not, reads, f"NOT ({children[0].description})")
     if kind == "and":
-
-        def fn_and(m: Any, r: Any = None) -> Any:
-            result: Any = True
-            for f in fns:
-                v = f(m, r)
-                if v is False:
-                    return False
-                if v is None:
-                    result = None
-            return result
-
-        return Filter(fn_and, reads, " AND ".join(f"({c.description})" for c in children))
+        return Filter(kleene_and(fns), reads, " AND ".join(f"({c.description})" for c in children))
 
     def fn_or(m: Any, r: Any = None) -> Any:
         result: Any = False

@@ -171,25 +171,6 @@ class _Chain:
         self.pos = pos
 
 
-def _balanced(op: str, items: list) -> Any:
-    if len(items) == 1:
-        return items[0]
-    mid = len(items) // 2
-    return ast.Binary(op, _balanced(op, items[:mid]), _balanced(op, items[mid:]))
-
-
-def _flatten(op: str, node: Any) -> list:
-    out, stack = [], [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, ast.Binary) and n.op == op:
-            stack.append(n.right)
-            stack.append(n.left)
-        else:
-            out.append(n)
-    return out
-
-
 _TOKEN_NAMES = {
     "$END": "the end of the selector",
     "COMPARE": "a comparison operator",
@@ -251,7 +232,7 @@ class _Builder:
 
     def fin(self, node: Any) -> Any:
         if isinstance(node, _Chain):
-            return self.at(_balanced(node.op, node.items), node.pos)
+            return self.at(ast.balanced(node.op, node.items), node.pos)
         return node
 
     @staticmethod
@@ -519,11 +500,11 @@ class _Builder:
         op = op.type  # "AND" | "OR"
         right = self.cond(right)
         if isinstance(left, _Chain) and left.op == op:
-            left.items.extend(_flatten(op, right))
+            left.items.extend(ast.chain_items(op, right))
             return left
         left = self.cond(left)
         pos = self.p(left)
-        return _Chain(op, _flatten(op, left) + _flatten(op, right), pos if pos is not None else 0)
+        return _Chain(op, ast.chain_items(op, left) + ast.chain_items(op, right), pos if pos is not None else 0)
 
     def empty(self, c):
         return None

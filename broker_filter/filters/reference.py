@@ -13,8 +13,8 @@ Every value is a `Value(kind, data)` with kind one of
 is a float or a double, and compares numbers numerically).  Conditions evaluate to True, False or
 None (UNKNOWN).  In the `rocketmq` dialect an evaluation error (a type mismatch, a string where a
 number is needed...) raises `_Failure`, which ends the whole evaluation: the message is not
-delivered, whatever the rest of the selector says.  Both operands of AND / OR are always evaluated,
-so an error anywhere is seen.
+delivered (the answer is UNKNOWN), whatever the rest of the selector says.  Both operands of
+AND / OR are always evaluated, so an error anywhere is seen.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def evaluate(selector: ast.Selector, message: Any) -> bool | None:
     try:
         return interpreter.condition(selector.expr)
     except _Failure:
-        return False
+        return None  # not delivered; docs/selectors.md does not tell it from UNKNOWN
 
 
 # ----------------------------------------------------------------------------- three-valued logic
@@ -431,18 +431,30 @@ def mismatched(a: Value, b: Value) -> bool:
 
 
 def numeric_compare(op: str, a: Any, b: Any) -> bool:
-    """Numbers compared by value (Python compares int with float exactly; NaN is unordered)."""
+    """Numbers compared as Java does: an integer against a double is widened to double first; NaN
+    equals NaN and is greater than every other number (`Double.compareTo`); -0.0 equals 0.0."""
+    if isinstance(a, float) or isinstance(b, float):
+        order = double_order(float(a), float(b))
+    else:
+        order = (a > b) - (a < b)
     if op == "=":
-        return a == b
+        return order == 0
     if op == "<>":
-        return a != b
+        return order != 0
     if op == "<":
-        return a < b
+        return order < 0
     if op == "<=":
-        return a <= b
+        return order <= 0
     if op == ">":
-        return a > b
-    return a >= b
+        return order > 0
+    return order >= 0
+
+
+def double_order(a: float, b: float) -> int:
+    """-1, 0 or 1: the order of two doubles with NaN above everything (and equal to itself)."""
+    if math.isnan(a) or math.isnan(b):
+        return int(math.isnan(a)) - int(math.isnan(b))
+    return (a > b) - (a < b)
 
 
 def float_divide(a: float, b: float) -> float:
