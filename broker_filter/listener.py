@@ -110,7 +110,7 @@ def proton_client_ssl_domain(tls: Any) -> Any:
 # The Container side: adopting sockets whose SASL exchange is done
 
 
-class _Pipe:
+class WakePipe:
     """The wake-up pipe an Adopter's selectable watches; proton closes it with the selectable."""
 
     def __init__(self) -> None:
@@ -149,7 +149,7 @@ class Adopter:
         self._container = container
         self._handler = handler
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._pipe = _Pipe()
+        self._pipe = WakePipe()
         self._closed = False
         selectable = container.selectable(handler=self, delegate=self._pipe)
         selectable._transport = None  # proton's IOHandler looks at every selectable's transport

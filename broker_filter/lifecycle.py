@@ -1,0 +1,207 @@
+"""Lifecycle: signals and graceful shutdown of the daemon.
+
+Theory of operation.  The first SIGTERM (or SIGINT) asks the daemon to drain.  The signal handler
+itself only wakes the event loop through a pipe: proton objects are touched on the loop's thread
+alone.  There the listener stops accepting, `/readyz` turns 503, and the daemon waits until no
+delivery is in flight (sent to a client and not yet settled, or published by a client and not yet
+settled upstream) or `shutdown.grace_period` has passed.  Then every client link is detached and
+every client connection closed with `amqp:connection:forced` ("broker-filter is shutting down"),
+the upstream is stopped, and once the closes are written (at most a second) the loop ends: exit
+status 0.  Deliveries still unsettled at that point go back to the upstream broker, which redelivers
+them (at-least-once).  A second signal forces: the loop is interrupted wherever it is and the
+daemon exits with 128 + the signal number.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .listener import WakePipe
+
+log = logging.getLogger("broker_filter.lifecycle")
+
+SHUTDOWN_CONDITION = "amqp:connection:forced"
+SHUTDOWN_DESCRIPTION = "broker-filter is shutting down"
+_CLOSE_WAIT = 1.0
+_POLL = 0.1
+
+
+class Forced(BaseException):
+    """Raised by the second signal to unwind the event loop at once."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class ConnectionRegistry:
+    """A handler in front of the proxy's handler that remembers open client connections."""
+
+    def __init__(self, inner: Any):
+        self.handlers = [inner]  # proton dispatches every event to these after us
+        self.connections: set = set()
+
+    def on_connection_remote_open(self, event: Any) -> None:
+        self.connections.add(event.connection)
+
+    def on_connection_final(self, event: Any) -> None:
+        self.connections.discard(event.connection)
+
+    def on_transport_closed(self, event: Any) -> None:
+        if event.connection is not None:
+            self.connections.discard(event.connection)
+
+    def open_connections(self) -> list:
+        from proton import Endpoint
+
+        return [c for c in self.connections if not c.state & Endpoint.LOCAL_CLOSED]
+
+
+class GracefulShutdown:
+    """Installs the signal handlers and runs the drain on the Container's thread.
+
+    in_flight(): deliveries not yet settled (0 lets the drain finish early).
+    stop_accepting(): close the listening socket.  before_stop(): e.g. stop the upstream.
+    """
+
+    def __init__(
+        self,
+        container: Any,
+        registry: ConnectionRegistry,
+        *,
+        grace_period: float,
+        in_flight: Callable[[], int],
+        stop_accepting: Callable[[], None],
+        before_stop: Callable[[], None] = lambda: None,
+        health: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._container = container
+        self._registry = registry
+        self._grace = grace_period
+        self._in_flight = in_flight
+        self._stop_accepting = stop_accepting
+        self._before_stop = before_stop
+        self.health = health
+        self._clock = clock
+        self._pipe = WakePipe()
+        self._previous: dict[int, Any] = {}
+        self.requested_by: int | None = None
+        self.finished = False
+        self._deadline = 0.0
+        self._phase = "running"
+        selectable = container.selectable(handler=self, delegate=self._pipe)
+        selectable._transport = None  # proton's IOHandler looks at every selectable's transport
+        self._selectable = selectable
+
+    # signals (any thread may be interrupted; only the pipe is touched)
+
+    def install(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for signum in signals:
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def uninstall(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.requested_by is not None:
+            raise Forced(signum)
+        self.request(signum)
+
+    def request(self, signum: int = signal.SIGTERM) -> None:
+        """Ask for a graceful shutdown (thread-safe)."""
+        if self.requested_by is None:
+            self.requested_by = signum
+        self._pipe.wake()
+
+    # Container thread
+
+    def on_selectable_init(self, event: Any) -> None:
+        event.context.reading = True
+        event.context.update()
+
+    def on_selectable_readable(self, event: Any) -> None:
+        self._pipe.drain()
+        if self.requested_by is not None and self._phase == "running":
+            self._begin()
+
+    def on_timer_task(self, event: Any) -> None:
+        try:
+            if self._phase == "draining":
+                self._drain()
+            elif self._phase == "closing":
+                self._closing()
+        except Exception:  # noqa: BLE001 - the shutdown itself must not crash the loop
+            log.exception("graceful shutdown step failed; stopping now")
+            self._stop()
+
+    def _begin(self) -> None:
+        self._phase = "draining"
+        self._deadline = self._clock() + self._grace
+        log.info("shutdown requested: no new connections, draining in-flight deliveries",
+                 extra={"fields": {"grace_period": self._grace}})
+        try:
+            self._stop_accepting()
+        except Exception:  # noqa: BLE001
+            log.exception("closing the listener failed")
+        if self.health is not None:
+            self.health.set_ready(False, "shutting down")
+        self._drain()
+
+    def _drain(self) -> None:
+        pending = self._in_flight()
+        if pending and self._clock() < self._deadline:
+            self._container.schedule(_POLL, self)
+            return
+        if pending:
+            log.warning("grace period over with deliveries in flight; they return to the upstream",
+                        extra={"fields": {"in_flight": pending}})
+        self._close_clients()
+
+    def _close_clients(self) -> None:
+        from proton import Condition, Endpoint
+
+        self._phase = "closing"
+        condition = Condition(SHUTDOWN_CONDITION, SHUTDOWN_DESCRIPTION)
+        for connection in self._registry.open_connections():
+            link = connection.link_head(0)
+            while link:
+                if not link.state & Endpoint.LOCAL_CLOSED:
+                    if link.state & Endpoint.LOCAL_UNINIT:
+                        link.open()
+                    link.condition = condition
+                    link.close()
+                link = link.next(0)
+            connection.condition = condition
+            connection.close()
+        try:
+            self._before_stop()
+        except Exception:  # noqa: BLE001
+            log.exception("stopping the upstream failed")
+        self._deadline = self._clock() + _CLOSE_WAIT
+        self._closing()
+
+    def _closing(self) -> None:
+        if self._registry.connections and self._clock() < self._deadline:
+            self._container.schedule(_POLL, self)
+            return
+        self._stop()
+
+    def _stop(self) -> None:
+        self._phase = "stopped"
+        self.finished = True
+        self._pipe_close()
+        self._container.stop()
+
+    def _pipe_close(self) -> None:
+        self._selectable.terminate()
+        self._selectable.update()
