@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
-import threading
 from typing import Any
 
 from proton.reactor import Container
@@ -66,13 +64,15 @@ class App:
 
     def start(self) -> None:
         """Bind the listener and start connecting upstream (the loop runs in `run`)."""
+        from .lifecycle import ConnectionRegistry
         from .listener import listen
 
         host = self.config.listener.host
         if self.config.upstream.credentials == "pass-through":
             raise SystemExit("broker-filter: upstream.credentials = pass-through is not supported by the daemon yet")
         # SASL (PLAIN users, EXTERNAL, the anonymous policy) and TLS as configured in [listener].
-        self.acceptor = listen(self.container, self.config.listener, self.server,
+        self.registry = ConnectionRegistry(self.server)
+        self.acceptor = listen(self.container, self.config.listener, self.registry,
                                max_connections=self.config.limits.connections)
         self.port = self.acceptor.port
         self.upstream.start(self.loop, self.server)
@@ -102,23 +102,60 @@ class App:
                                       upstream_connected=snap["upstream_connected"]))
         if self.health is not None:
             self.health.beat()
+        draining = getattr(self, "shutdown", None) is not None and self.shutdown.requested_by is not None
+        if self.health is not None and not self._stopping and not draining:
             self.health.set_ready(bool(snap["upstream_connected"]), "" if snap["upstream_connected"] else "upstream down")
         if not self._stopping:
             self.loop.call_later(1.0, self._publish_snapshot)
 
     def run(self) -> int:
+        """Run until stopped.  SIGTERM / SIGINT drain gracefully (exit 0); a second signal forces."""
+        from .lifecycle import Forced, GracefulShutdown
+
         if self.acceptor is None:
             self.start()
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _interrupt)
+        shutdown = GracefulShutdown(
+            self.container, self.registry,
+            grace_period=self.config.shutdown.grace_period,
+            in_flight=self._in_flight,
+            stop_accepting=self.acceptor.stop_accepting,
+            before_stop=self._before_stop,
+            health=getattr(self, "health", None),
+        )
+        self.shutdown = shutdown
+        shutdown.install()
+        status = 0
         try:
             self.container.run()
+        except Forced as e:
+            log.warning("second signal: stopping at once")
+            status = 128 + e.signum
         except KeyboardInterrupt:
             log.info("stopping")
         finally:
+            shutdown.uninstall()
             self._stopping = True
             self.close()
-        return 0
+        return status
+
+    def _before_stop(self) -> None:
+        self._stopping = True
+        self.upstream.stop()
+
+    def _in_flight(self) -> int:
+        """Deliveries sent to clients and not settled, plus client publishes not yet settled upstream."""
+        n = 0
+        for conn in list(self.registry.connections):
+            link = conn.link_head(0)
+            while link:
+                outlet = getattr(link, "bf_outlet", None)
+                inlet = getattr(link, "bf_inlet", None)
+                if outlet is not None:
+                    n += len(outlet.in_flight)
+                if inlet is not None:
+                    n += inlet.unsettled
+                link = link.next(0)
+        return n
 
     def close(self) -> None:
         try:
@@ -129,10 +166,6 @@ class App:
             self.acceptor.close()
         if self.exporter is not None:
             self.exporter.close()
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
 
 
 def _takes_no_args(cls: type) -> bool:
