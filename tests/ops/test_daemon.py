@@ -138,3 +138,51 @@ def test_plain_users_metrics_and_json_logs(daemon, tmp_path):
     lines = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
     assert lines and all({"ts", "level", "logger", "msg"} <= set(line) for line in lines)
     assert "wonderland" not in d.log() and ALICE not in d.log()
+
+
+def test_sigterm_with_nothing_in_flight_exits_0(daemon):
+    d = daemon()
+    assert roundtrip(d.url, "ops-q2") == "ping"
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(10) == 0
+    assert "Traceback" not in d.log()
+
+
+def test_sigterm_drains_in_flight_then_detaches_clients(daemon):
+    from proton import Endpoint
+
+    d = daemon("--metrics", "127.0.0.1:0", "--set", "shutdown.grace_period=20")
+    metrics_url = d.wait_for(r"metrics and health endpoints on (http://[^ ]+?) ")
+    conn = BlockingConnection(d.url, timeout=20)
+    conn.create_sender("ops-q3").send(Message(body="held by the client"))
+    receiver = conn.create_receiver("ops-q3")
+    assert receiver.receive(timeout=20).body == "held by the client"  # not settled yet
+    d.proc.send_signal(signal.SIGTERM)
+    d.wait_for(r"(shutdown requested)")
+    time.sleep(0.5)
+    assert d.proc.poll() is None, "the daemon must wait for the unsettled delivery"
+    assert http_get(metrics_url + "/readyz") == (503, "shutting down\n")
+    with pytest.raises(Exception):
+        BlockingConnection(d.url, timeout=5)  # no new connections
+    receiver.accept()
+    with pytest.raises(Exception) as info:
+        conn.wait(lambda: conn.conn.state & Endpoint.REMOTE_CLOSED, timeout=20)
+    assert "amqp:connection:forced" in str(info.value) or (
+        conn.conn.remote_condition is not None and conn.conn.remote_condition.name == "amqp:connection:forced")
+    assert d.proc.wait(20) == 0
+    assert "Traceback" not in d.log()
+    conn.close()
+
+
+def test_second_signal_forces(daemon):
+    d = daemon("--set", "shutdown.grace_period=60")
+    conn = BlockingConnection(d.url, timeout=20)
+    conn.create_sender("ops-q4").send(Message(body="x"))
+    receiver = conn.create_receiver("ops-q4")
+    receiver.receive(timeout=20)
+    d.proc.send_signal(signal.SIGTERM)
+    d.wait_for(r"(shutdown requested)")
+    assert d.proc.poll() is None
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(10) == 128 + signal.SIGTERM
+    assert "second signal" in d.log()
