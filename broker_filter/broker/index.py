@@ -120,7 +120,8 @@ def index_key(value: Any) -> Any:
 class PropertyIndex:
     """Application property `key` -> ascending sequence numbers of the messages holding each value.
 
-    Sequence numbers only grow at enqueue, so postings are plain appended lists; removed messages
+    Sequence numbers only grow at enqueue, so postings are plain appended lists (a lone seq is kept
+    as a bare int: unique values such as ids are the common case and cost no list); removed messages
     are dropped lazily (readers skip seqs no longer in the queue) and a posting is compacted once
     half of it is dead, which keeps memory linear in the queue depth.
 
@@ -134,7 +135,7 @@ class PropertyIndex:
     def __init__(self, key: str, entries: Any):
         self.key = key
         self.users = 0
-        self._postings: dict[Any, list[int]] = {}
+        self._postings: dict[Any, int | list[int]] = {}
         self._dead: dict[Any, int] = {}
         self._todo: list[int] | None = list(entries)  # dict keys: ascending seqs
         self._pos = 0
@@ -166,7 +167,9 @@ class PropertyIndex:
                 if k is not None:
                     posting = postings.get(k)
                     if posting is None:
-                        postings[k] = [seq]
+                        postings[k] = seq
+                    elif type(posting) is int:
+                        postings[k] = [posting, seq]
                     else:
                         posting.append(seq)
         done = stop - self._pos
@@ -189,7 +192,9 @@ class PropertyIndex:
             if k is not None:
                 posting = self._postings.get(k)
                 if posting is None:
-                    self._postings[k] = [seq]
+                    self._postings[k] = seq
+                elif type(posting) is int:
+                    self._postings[k] = [posting, seq]
                 else:
                     posting.append(seq)
 
@@ -198,24 +203,39 @@ class PropertyIndex:
         if props:
             k = index_key(props.get(self.key))
             posting = self._postings.get(k) if k is not None else None
-            if posting is not None:
-                dead = self._dead.get(k, 0) + 1
-                if dead * 2 >= len(posting):
-                    live = [s for s in posting if s != seq and alive(s)]
-                    if live:
-                        self._postings[k] = live
-                    else:
-                        del self._postings[k]
-                    self._dead.pop(k, None)
+            if posting is None:
+                return
+            if type(posting) is int:
+                if posting == seq:
+                    del self._postings[k]
+                return
+            dead = self._dead.get(k, 0) + 1
+            if dead * 2 >= len(posting):
+                live = [s for s in posting if s != seq and alive(s)]
+                if len(live) > 1:
+                    self._postings[k] = live
+                elif live:
+                    self._postings[k] = live[0]
                 else:
-                    self._dead[k] = dead
+                    del self._postings[k]
+                self._dead.pop(k, None)
+            else:
+                self._dead[k] = dead
 
     def candidates(self, values: frozenset, after: int) -> Iterator[int]:
         """Sequence numbers > after whose value is in `values`, ascending (may include removed ones)."""
-        lists = [self._postings[v] for v in values if v in self._postings]
+        lists = []
+        for v in values:
+            p = self._postings.get(v)
+            if p is None:
+                continue
+            if type(p) is int:
+                if p > after:
+                    lists.append((p,))
+            else:
+                lists.append(p[bisect.bisect_right(p, after):])
         if not lists:
             return iter(())
         if len(lists) == 1:
-            p = lists[0]
-            return iter(p[bisect.bisect_right(p, after):])
-        return heapq.merge(*(p[bisect.bisect_right(p, after):] for p in lists))
+            return iter(lists[0])
+        return heapq.merge(*lists)

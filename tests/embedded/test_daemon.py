@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from proton import Message
@@ -124,15 +125,26 @@ def test_released_goes_back_in_place(daemon):
         conn.close()
 
 
-def test_address_limit_refuses_with_resource_limit_exceeded():
-    d = Daemon("--set", "embedded.max_messages=3")
+def test_address_limit_refuses_and_rejected_goes_to_dead_letters():
+    d = Daemon("--set", "embedded.max_messages=3", "--set", "embedded.dead_letter_address=DLQ")
     try:
         outcomes = send_outcomes(d.url, "limited", [1, 2, 3, 4])
         assert outcomes[:3] == [("accepted", None)] * 3
         assert outcomes[3] == ("rejected", "amqp:resource-limit-exceeded")
         conn = connect(d.url)
-        assert receive(receiver(conn, "limited", credit=1), 1) == [1]
+        r = receiver(conn, "limited", credit=1)
+        assert receive(r, 1) == [1]
+        m = r.receive(timeout=5)  # also carries the accept of 1 to the daemon (blocking clients flush on I/O)
+        assert m.body == 2
+        r.reject()
+        assert receive(receiver(conn, "DLQ"), 1) == [2]
+        for _ in range(50):  # room again once the daemon applied the accept (bounded wait)
+            if send_outcomes(d.url, "limited", [5]) == [("accepted", None)]:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("address stayed full after an accept")
         conn.close()
-        assert send_outcomes(d.url, "limited", [5]) == [("accepted", None)]  # room again after an accept
     finally:
         d.stop()
+    assert "Traceback" not in d.log(), d.log()
