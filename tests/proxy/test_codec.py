@@ -1,0 +1,141 @@
+"""broker_filter.codec against proton's own encoder/decoder: values round-trip with their AMQP types,
+only the requested sections are decoded, the annotation splice leaves the body bytes alone, and any
+input is either decoded or refused with CodecError."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from proton import UNDESCRIBED, Array, Data, Described, Message, char, decimal64, float32, int32, short, symbol, timestamp, ubyte, uint, ulong
+
+from broker_filter import amqptypes as t
+from broker_filter.codec import CodecError, decode, decode_message, encode, encode_message, set_message_annotation
+
+VALUES = [
+    None, True, False, 0, 1, -1, 127, -129, 2**40, -(2**62), ubyte(7), short(-3), int32(-70000), uint(0), uint(300),
+    ulong(0), ulong(5), ulong(2**63), float32(1.5), 2.25, char("é"), timestamp(1700000000123), uuid.uuid4(),
+    b"", b"\x00" * 300, "", "x" * 300, "ünïcode", symbol("sym"), symbol("s" * 300), [], [1, "a", [None]],
+    {"k": 1, symbol("s"): [2]}, {i: str(i) for i in range(100)}, Described(symbol("d"), [1, 2]),
+    Described(ulong(0x468C00000004), "a = 1"), Array(UNDESCRIBED, Data.INT, 1, 2, 3), Array(UNDESCRIBED, Data.STRING, "a", "b"),
+]
+
+
+def proton_bytes(value) -> bytes:
+    d = Data()
+    d.put_object(value)
+    return d.encode()
+
+
+def proton_value(raw: bytes):
+    d = Data()
+    d.decode(raw)
+    d.rewind()
+    d.next()
+    obj = d.get_object()
+    return bytes(obj) if isinstance(obj, memoryview) else obj  # the view dies with `d`
+
+
+@pytest.mark.parametrize("value", VALUES, ids=lambda v: type(v).__name__)
+def test_values_round_trip_with_proton(value):
+    raw = proton_bytes(value)
+    ours, end = decode(raw, 0)
+    assert end == len(raw)
+    back = proton_value(encode(ours))
+    if isinstance(value, Array):
+        assert (back.type, back.elements) == (value.type, value.elements)
+    elif isinstance(value, Described):
+        assert (back.descriptor, back.value) == (value.descriptor, value.value)
+    elif isinstance(value, bytes):
+        assert bytes(back) == value  # proton hands binary back as a memoryview
+    else:
+        assert back == value
+        assert type(back) is type(value) or isinstance(value, (bool, type(None)))
+
+
+def test_typed_values_keep_their_amqp_types():
+    raw = proton_bytes({"a": ubyte(1), "b": uint(2), "c": symbol("s"), "d": timestamp(3), "e": float32(0.5)})
+    m, _ = decode(raw, 0)
+    assert [t.amqp_type(m[k]) for k in "abcde"] == ["ubyte", "uint", "symbol", "timestamp", "float"]
+
+
+def full_message() -> Message:
+    return Message(
+        id="id-1", subject="s", address="q", reply_to="r", correlation_id=ulong(9), content_type="text/plain",
+        durable=True, priority=7, ttl=1000, delivery_count=2, creation_time=1700000000.5,
+        annotations={symbol("x-opt-a"): 1}, instructions={symbol("x-opt-i"): "i"},
+        properties={"color": "red", "n": 5, "u": ubyte(3)}, body={"nested": ["body", 1]},
+    )
+
+
+def test_decode_only_requested_sections():
+    raw = full_message().encode()
+    m = decode_message(raw, {"application_properties"})
+    assert m.application_properties == {"color": "red", "n": 5, "u": 3}
+    assert m.header is None and m.properties is None and m.message_annotations is None and not m.has_body
+    full = decode_message(raw)
+    assert full.properties.subject == "s" and full.properties.to == "q" and full.properties.correlation_id == 9
+    assert full.header.priority == 7 and t.amqp_type(full.header.priority) == "ubyte"
+    assert full.header.durable is True and full.header.delivery_count == 2
+    assert full.properties.creation_time == 1700000000500
+    assert full.message_annotations == {symbol("x-opt-a"): 1}
+    assert full.delivery_annotations == {symbol("x-opt-i"): "i"}
+    assert full.body == {"nested": ["body", 1]}
+    assert full.encoded_size == len(raw)
+
+
+@pytest.mark.parametrize("body", ["text", b"binary", None, [1, 2]])
+def test_splice_keeps_every_other_byte(body):
+    msg = full_message()
+    msg.body = body
+    raw = msg.encode()
+    out = set_message_annotation(raw, symbol("x-opt-broker-filter-origin"), "inst/7")
+    back = Message()
+    back.decode(out)
+    assert back.annotations == {symbol("x-opt-a"): 1, symbol("x-opt-broker-filter-origin"): "inst/7"}
+    assert back.body == msg.body or (isinstance(body, bytes) and bytes(back.body) == body)
+    assert back.properties == msg.properties and back.subject == "s"
+    # the sections after message-annotations are byte-identical
+    assert raw.endswith(out[-(len(raw) - raw.index(b"\x00\x53\x73")):])
+
+
+def test_splice_into_a_message_without_annotations():
+    raw = Message(body="b", durable=True).encode()
+    out = set_message_annotation(raw, symbol("k"), "v")
+    back = Message()
+    back.decode(out)
+    assert back.annotations == {symbol("k"): "v"} and back.body == "b" and back.durable
+
+
+def test_encode_message_round_trips_through_proton():
+    m = decode_message(full_message().encode())
+    back = Message()
+    back.decode(encode_message(m))
+    assert back.subject == "s" and back.properties["u"] == 3 and back.body == {"nested": ["body", 1]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_or_raise_codec_error(data):
+    for reads in (None, {"application_properties"}):
+        try:
+            decode_message(data, reads)
+        except CodecError:
+            pass
+    try:
+        set_message_annotation(data, symbol("k"), 1)
+    except CodecError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=1, max_size=60))
+def test_truncated_and_corrupted_messages(data):
+    raw = full_message().encode()
+    cut = raw[: len(data) % len(raw)] + data
+    try:
+        decode_message(cut)
+    except CodecError:
+        pass
