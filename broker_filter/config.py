@@ -257,17 +257,33 @@ class VirtualAddress:
     filter_set: Mapping[str, Any] | None = None  # the filter core's JSON form
     dialect: str = "jms"
     routing_type: str = ""
+    # The FilterSet compiled when the configuration was loaded (under its limits).
+    compiled: Any = field(default=None, compare=False, repr=False, metadata={"internal": True})
 
     def compile(self, limits: Limits | None = None) -> Any:
-        """The compiled filter (a `Filter` or `FilterSet` of the filter core); FilterError if invalid."""
-        from .filters import compile_filter_set, compile_selector
+        """The filter as a `FilterSet` of the filter core (a selector becomes one selector entry, key
+        `VIRTUAL_FILTER_KEY`), so it combines with a client's filter-set and can be pushed down;
+        FilterError if invalid."""
+        from .filters import compile_filter_set
 
         limits = limits or Limits()
         if self.selector is not None:
-            return compile_selector(self.selector, dialect=self.dialect, limits=limits.filter_limits())
+            spec: Any = {VIRTUAL_FILTER_KEY: {"descriptor": "apache.org:selector-filter:string", "value": self.selector}}
+        else:
+            spec = _thaw(self.filter_set)
         return compile_filter_set(
-            _thaw(self.filter_set), dialect=self.dialect, limits=limits.filter_limits(), max_depth=limits.nesting_depth
+            spec, dialect=self.dialect, limits=limits.filter_limits(), max_depth=limits.nesting_depth
         )
+
+    def combine(self, client: Any) -> Any:
+        """This address's filter AND a client's FilterSet (echo only the client's own `applied`)."""
+        from .filters import FilterSet
+
+        own = self.compiled if self.compiled is not None else self.compile()
+        return FilterSet(tuple(own.entries) + tuple(client.entries), tuple(client.ignored))
+
+
+VIRTUAL_FILTER_KEY = "broker-filter:virtual-address"
 
 
 @dataclass(frozen=True)
@@ -485,6 +501,8 @@ def _to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         out = {}
         for f in dataclasses.fields(obj):
+            if f.metadata.get("internal"):
+                continue
             value = getattr(obj, f.name)
             if isinstance(obj, Listener) and f.name == "users":
                 out[f.name] = {name: "***" for name in value}
@@ -790,8 +808,11 @@ def _check(config: Config) -> None:
             compiled = virtual.compile(config.limits)
         except FilterError as e:
             raise ConfigError(f"virtual_addresses.{name}.{what}", e.describe()) from None
-        for ignored in getattr(compiled, "ignored", ()):
-            raise ConfigError(f"virtual_addresses.{name}.filter_set", f"entry {ignored.key!r}: {ignored.reason}")
+        for ignored in compiled.ignored:
+            raise ConfigError(f"virtual_addresses.{name}.{what}", f"entry {ignored.key!r}: {ignored.reason}")
+        if not compiled.entries:
+            raise ConfigError(f"virtual_addresses.{name}.{what}", "applies no filter")
+        object.__setattr__(virtual, "compiled", compiled)
 
 
 def _check_file(key: str, path: str) -> None:

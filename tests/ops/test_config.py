@@ -369,7 +369,29 @@ def test_virtual_addresses_compile_and_route(tmp_path):
     vip = config.route("vip").virtual.compile(config.limits)
     assert vip.matches(Message.from_json({"header": {"priority": 9}}))
     assert not vip.matches(Message.from_json({}))
-    assert config.to_dict()["virtual_addresses"]["news.sport"]["filter_set"]["t"]["value"] == "*.sport"
+    effective = json.loads(json.dumps(config.to_dict()))
+    assert effective["virtual_addresses"]["news.sport"]["filter_set"]["t"]["value"] == "*.sport"
+    assert effective["virtual_addresses"]["orders.red"]["selector"] == "color = 'red' AND weight > 2.5"
+
+
+def test_virtual_filter_combines_with_the_client_filter_and_echoes_only_the_client_part(tmp_path):
+    from broker_filter.filters import compile_filter_set
+    from broker_filter.message import Message
+
+    config = load(parse("--config", write(tmp_path, VIRTUAL)), {})
+    red = config.virtual_addresses["orders.red"]
+    assert red.compiled is not None and [e.kind for e in red.compiled.entries] == ["selector"]
+    client = compile_filter_set({"jms-selector": {"descriptor": "apache.org:selector-filter:string",
+                                                  "value": "size = 'L'"}})
+    combined = red.combine(client)
+    assert combined.applied.keys() >= {"jms-selector", cfg.VIRTUAL_FILTER_KEY}
+    assert client.applied == {"jms-selector": client.entries[0].value}  # what the attach reply echoes
+    both = {"color": "red", "weight": 3.0, "size": "L"}
+    assert combined.matches(Message.from_json({"application_properties": both}))
+    assert not combined.matches(Message.from_json({"application_properties": {**both, "size": "S"}}))
+    assert not combined.matches(Message.from_json({"application_properties": {**both, "color": "blue"}}))
+    alone = red.combine(compile_filter_set({}))
+    assert alone.matches(Message.from_json({"application_properties": both}))
 
 
 @pytest.mark.parametrize(
