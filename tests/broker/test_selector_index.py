@@ -131,3 +131,16 @@ def test_random_mix_of_indexed_and_scanning_consumers_keeps_oldest_first():
                     assert other is None or other.holder is not None or not who.filter.matches(other.message)
         for who, e in got:
             broker.settle(who, e, rng.choice(["accepted", "released"]))
+
+
+def test_no_local_filter_set_uses_the_origin_annotation_and_receiver_identity():
+    from broker_filter.filters import ORIGIN_ANNOTATION, compile_filter_set
+
+    fs = compile_filter_set({"no-local": {"descriptor": "apache.org:no-local-filter:list", "value": []}})
+    broker = Broker(BrokerConfig())
+    s = broker.subscribe("t", capabilities=["topic"], filter=fs, receiver="inst/c1")
+    for origin in ("inst/c1", "inst/c2"):
+        broker.publish("t", b"", capabilities=["topic"],
+                       message=Message(message_annotations={ORIGIN_ANNOTATION: origin}, body=origin))
+    broker.flow(s, 5)
+    assert [e.message.body for _, e in drain(broker)] == ["inst/c2"]

@@ -148,3 +148,39 @@ def test_address_limit_refuses_and_rejected_goes_to_dead_letters():
     finally:
         d.stop()
     assert "Traceback" not in d.log(), d.log()
+
+
+def test_no_local_subscriber_skips_its_own_connection(daemon):
+    from proton import Described, symbol
+    from proton.reactor import Filter
+
+    t = fresh("t")
+    mine, other = connect(daemon.url), connect(daemon.url)
+    try:
+        no_local = Filter({symbol("no-local"): Described(symbol("apache.org:no-local-filter:list"), [])})
+        r = mine.create_receiver(f"multicast://{t}", name="nl", credit=10, options=[no_local])
+        mine.create_sender(f"multicast://{t}", name="p1").send(Message(body="own"))
+        other.create_sender(f"multicast://{t}", name="p2").send(Message(body="theirs"))
+        assert receive(r, 1) == ["theirs"]
+        assert nothing(r, 0.3)
+    finally:
+        mine.close()
+        other.close()
+
+
+def test_legacy_bindings_are_evaluated_by_the_embedded_broker(daemon):
+    from proton import Described, symbol
+    from proton.reactor import Filter
+
+    q = fresh("q")
+    conn = connect(daemon.url)
+    try:
+        snd = sender(conn, q)
+        for subject in ("news.uk", "sport.uk", "news.fr"):
+            snd.send(Message(body=subject, subject=subject))
+        binding = Filter({symbol("topic"): Described(symbol("apache.org:legacy-amqp-topic-binding:string"), "news.*")})
+        r = conn.create_receiver(q, name=fresh("lb"), credit=10, options=[binding])
+        assert receive(r, 2) == ["news.uk", "news.fr"]
+        assert receive(receiver(conn, q), 1) == ["sport.uk"]
+    finally:
+        conn.close()
