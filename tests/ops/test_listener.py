@@ -237,3 +237,32 @@ def test_external_with_a_client_certificate(running, pki):
     )
     with pytest.raises(Exception):  # no client certificate: the TLS handshake fails
         BlockingConnection(url, timeout=20, ssl_domain=client_domain(pki), allowed_mechs="EXTERNAL")
+
+
+def upstream_tls(*settings: str):
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    argv = [x for setting in settings for x in ("--set", setting)]
+    return load(parser.parse_args(argv), {}).upstream.tls
+
+
+def test_upstream_tls_domain_from_configuration(running, pki):
+    """What `[upstream.tls]` gives a proton client connecting to an amqps:// upstream."""
+    from broker_filter.listener import proton_client_ssl_domain
+
+    r = running(listener_config(*tls_settings(pki)))
+    url = f"amqps://127.0.0.1:{r.port}"
+    trusted = upstream_tls(f"upstream.tls.ca_file={pki / 'ca.pem'}", "upstream.tls.verify=peer")
+    assert whoami(url, ssl_domain=proton_client_ssl_domain(trusted)).startswith("anonymous/")
+    named = upstream_tls(f"upstream.tls.ca_file={pki / 'ca.pem'}")
+    assert named.verify == "peer-name"
+    # proton checks the peer name against DNS names: connect to 127.0.0.1, expect the name localhost
+    domain = proton_client_ssl_domain(named)
+    assert whoami(url, ssl_domain=domain, virtual_host="localhost").startswith("anonymous/")
+    with pytest.raises(Exception):
+        BlockingConnection(url, timeout=20, ssl_domain=domain, virtual_host="elsewhere.example")
+    strangers = upstream_tls(f"upstream.tls.ca_file={pki / 'other.pem'}", "upstream.tls.verify=peer")
+    with pytest.raises(Exception):
+        BlockingConnection(url, timeout=20, ssl_domain=proton_client_ssl_domain(strangers))
+    unverified = upstream_tls("upstream.tls.verify=none")
+    assert whoami(url, ssl_domain=proton_client_ssl_domain(unverified)).startswith("anonymous/")
