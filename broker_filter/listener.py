@@ -106,6 +106,51 @@ def proton_client_ssl_domain(tls: Any) -> Any:
     return domain
 
 
+def upstream_login(urls: tuple[str, ...] | list[str], tls: Any = None, *,
+                   timeout: float = 10.0) -> Callable[[str, str], bool]:
+    """A pass-through check for `listen(passthrough=...)`: do `user` / `password` open a connection to
+    the upstream broker?  URLs are tried in order (failover): True on the first that opens, False as
+    soon as one refuses the credentials (`amqp:unauthorized-access`) or when none can be reached.
+    Blocking; the front end runs it on a worker thread."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    targets = []
+    for url in urls:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        netloc = f"[{host}]" if ":" in host else host
+        if parts.port:
+            netloc += f":{parts.port}"
+        targets.append((urlunsplit(parts._replace(netloc=netloc)), parts.scheme == "amqps"))
+
+    def check(user: str, password: str) -> bool:
+        from proton import ConnectionException
+        from proton.utils import BlockingConnection
+
+        for url, secure in targets:
+            kwargs: dict[str, Any] = {"user": user, "password": password, "allowed_mechs": "PLAIN"}
+            if secure and tls is not None:
+                kwargs["ssl_domain"] = proton_client_ssl_domain(tls)
+            try:
+                connection = BlockingConnection(url, timeout=timeout, **kwargs)
+            except ConnectionException as e:
+                if "unauthorized-access" in str(e):
+                    return False
+                log.warning("pass-through check: upstream %s failed: %s", url, type(e).__name__)
+                continue
+            except Exception as e:  # noqa: BLE001 - an unreachable upstream: try the next one
+                log.warning("pass-through check: upstream %s failed: %s", url, type(e).__name__)
+                continue
+            try:
+                connection.close()
+            except Exception:  # noqa: BLE001 - the login already succeeded
+                pass
+            return True
+        return False
+
+    return check
+
+
 # --------------------------------------------------------------------------------------------------
 # The Container side: adopting sockets whose SASL exchange is done
 

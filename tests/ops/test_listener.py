@@ -266,3 +266,28 @@ def test_upstream_tls_domain_from_configuration(running, pki):
         BlockingConnection(url, timeout=20, ssl_domain=proton_client_ssl_domain(strangers))
     unverified = upstream_tls("upstream.tls.verify=none")
     assert whoami(url, ssl_domain=proton_client_ssl_domain(unverified)).startswith("anonymous/")
+
+
+def test_pass_through_checks_credentials_against_the_upstream(running):
+    """The upstream here is a listener with PLAIN users (it checks credentials the way a broker does)."""
+    import socket
+
+    from broker_filter.listener import upstream_login
+
+    upstream = running(listener_config(f'listener.users={{alice = "{ALICE}"}}', "listener.allow_anonymous=false"))
+    with socket.socket() as s:  # a port nobody listens on: the first failover URL is down
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    check = upstream_login([f"amqp://127.0.0.1:{dead}", f"amqp://ignored:creds@127.0.0.1:{upstream.port}"],
+                           timeout=5)
+    assert check("alice", "wonderland")
+    assert not check("alice", "guess")
+    assert not upstream_login([f"amqp://127.0.0.1:{dead}"], timeout=5)("alice", "wonderland")
+
+    proxy = running(listener_config("listener.allow_anonymous=false", f"upstream.urls=amqp://127.0.0.1:{upstream.port}",
+                                    "upstream.credentials=pass-through"), passthrough=check)
+    url = f"amqp://127.0.0.1:{proxy.port}"
+    assert whoami(url, user="alice", password="wonderland", allowed_mechs="PLAIN") == "alice/PLAIN/tls=False"
+    with pytest.raises(Exception) as info:
+        BlockingConnection(url, timeout=20, user="alice", password="guess", allowed_mechs="PLAIN")
+    assert "amqp:unauthorized-access" in str(info.value)
