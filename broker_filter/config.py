@@ -36,7 +36,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-from .security import PasswordHashError, parse_password_hash, redact_url
+from .security import PasswordHashError, parse_password_hash, redact_text, redact_url
 
 ENV_PREFIX = "BROKER_FILTER_"
 CONFIG_ENV = "BROKER_FILTER_CONFIG"
@@ -525,14 +525,15 @@ def _to_plain(obj: Any) -> Any:
 
 
 def _describe(value: Any) -> str:
+    """A value for an error message, with passwords in URLs masked."""
     if isinstance(value, _Text):
-        shown = f"{str(value)!r}"
+        shown = redact_text(f"{str(value)!r}")
         return f"{shown} (from {value.origin})" if value.origin else shown
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (dict, list)):
         return f"a {'table' if isinstance(value, dict) else 'list'}"
-    return repr(value)
+    return redact_text(repr(value))
 
 
 _TRUE = {"true", "yes", "on", "1"}

@@ -230,6 +230,8 @@ def test_secrets_never_appear_in_repr_errors_or_print_config(tmp_path, capsys):
         assert secret not in printed
     err = error_of(parse("--upstream", "amqp://bob:swordfish@rabbit:notaport"))
     assert "swordfish" not in str(err) and "bob:***@" in str(err)
+    err = error_of(parse("--config", write(tmp_path, "[upstream]\nurls = 'amqp://bob:swordfish@rabbit'\n")))
+    assert err.key == "upstream.urls" and "swordfish" not in str(err) and "bob:***@rabbit" in str(err)
     err = error_of(None, {"BROKER_FILTER_UPSTREAM_PASSWORD": "hunter2"})
     assert err.key == "upstream.user" and "hunter2" not in str(err)
 
