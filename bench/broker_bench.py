@@ -87,27 +87,17 @@ def daemon_throughput(n: int) -> float:
 
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "broker_filter", "serve", "--listen", "127.0.0.1:0",
-                             "--log-level", "WARNING"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                             "--set", "shutdown.grace_period=0"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         port = None
-        for _ in range(300):
-            text = Path(log.name).read_text()
-            m = re.search(r"listening on [^:\s]+:(\d+)", text)
+        for _ in range(600):
+            m = re.search(r"listening on [^:\s]+:(\d+)", Path(log.name).read_text())
             if m:
                 port = int(m.group(1))
                 break
             time.sleep(0.05)
-        if port is None:  # the listener line is INFO; run at INFO to learn the port
-            proc.terminate()
-            proc.wait(10)
-            proc = subprocess.Popen([sys.executable, "-m", "broker_filter", "serve", "--listen", "127.0.0.1:0"],
-                                    stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-            for _ in range(300):
-                m = re.search(r"listening on [^:\s]+:(\d+)", Path(log.name).read_text())
-                if m:
-                    port = int(m.group(1))
-                    break
-                time.sleep(0.05)
+        if port is None:
+            raise RuntimeError("daemon did not start: " + Path(log.name).read_text())
         url = f"amqp://127.0.0.1:{port}"
 
         class Both(MessagingHandler):
@@ -138,7 +128,11 @@ def daemon_throughput(n: int) -> float:
         return n / (h.t1 - h.t0)
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def main() -> None:
