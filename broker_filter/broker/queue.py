@@ -117,7 +117,7 @@ class Consumer:
     """A receiver on one queue.  `context` belongs to whoever drives the broker (e.g. the link)."""
 
     __slots__ = ("id", "queue", "filter", "receiver", "credit", "cursor", "recheck", "hint",
-                 "outstanding", "context", "name", "closed", "evaluations", "needs_body")
+                 "outstanding", "context", "name", "closed", "evaluations", "needs_body", "recheck_set")
 
     def __init__(self, queue: "Queue", filter_: Any = None, receiver: Any = None, *,
                  context: Any = None, name: str | None = None):
@@ -127,7 +127,8 @@ class Consumer:
         self.receiver = receiver  # identity handed to Filter.evaluate (no-local)
         self.credit = 0
         self.cursor = -1
-        self.recheck: list[int] = []
+        self.recheck: list[int] = []  # seqs behind the cursor available again (min-heap) ...
+        self.recheck_set: set[int] = set()  # ... and the same as a set, so a seq is queued once
         self.hint: EqualityHint | None = None
         self.outstanding: dict[int, Entry] = {}
         self.context = context
@@ -224,7 +225,8 @@ class Queue:
         seq = entry.seq
         self._available.add(seq)
         for c in self.consumers:
-            if c.cursor >= seq:
+            if c.cursor >= seq and seq not in c.recheck_set:
+                c.recheck_set.add(seq)
                 heapq.heappush(c.recheck, seq)
         self.dirty = True
 
@@ -316,6 +318,7 @@ class Queue:
             if spent >= budget:
                 return None, spent, False
             seq = heapq.heappop(recheck)
+            consumer.recheck_set.discard(seq)
             entry = entries.get(seq)
             if entry is None or entry.holder is not None:
                 continue
@@ -384,6 +387,8 @@ class Queue:
                 entry, used, finished = self._next_for(c, max(1, budget - spent))
                 spent += used
                 if not finished:
+                    # A long scan yields: the next turn serves the other consumers first.
+                    self._rr = (self.consumers.index(c) + 1) % n
                     self.dirty = True
                     return out, spent, False
                 if entry is None:

@@ -287,3 +287,31 @@ def test_random_operations_lose_nothing_and_keep_oldest_first():
         broker.settle(c, e, "accepted")
         accepted.append(e.message.body)
     assert sorted(accepted) == published
+
+
+def test_a_long_scan_does_not_hold_up_other_consumers(broker):
+    for i in range(3000):
+        publish(broker, "q", i, k="x")
+    scanner = broker.subscribe("q", filter=prop_equals("k", "never"))
+    plain = broker.subscribe("q")
+    broker.flow(scanner, 1)
+    broker.flow(plain, 1)
+    got, more = broker.dispatch(budget=500)
+    assert more and got == []  # the scanner used this turn's budget ...
+    got, more = broker.dispatch(budget=500)
+    assert [(c, e.message.body) for c, e in got] == [(plain, 0)]  # ... the next turn serves the other first
+
+
+def test_repeated_releases_queue_a_recheck_once(broker):
+    idle = broker.subscribe("q")
+    busy = broker.subscribe("q")
+    publish(broker, "q", "m")
+    broker.flow(idle, 1)
+    drain(broker)  # idle's cursor passes the message
+    broker.settle(idle, next(iter(idle.outstanding.values())), "released")
+    broker.flow(idle, 0)
+    for _ in range(100):
+        broker.flow(busy, 1)
+        [(c, e)] = drain(broker)
+        broker.settle(c, e, "released")
+    assert len(idle.recheck) <= 1
