@@ -287,6 +287,7 @@ def test_random_operations_lose_nothing_and_keep_oldest_first():
         broker.settle(c, e, "accepted")
         accepted.append(e.message.body)
     assert sorted(accepted) == published
+    assert broker.addresses["q"].messages == 0 and broker.addresses["q"].bytes == 0
 
 
 def test_a_long_scan_does_not_hold_up_other_consumers(broker):

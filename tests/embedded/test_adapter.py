@@ -212,3 +212,14 @@ def test_a_failing_handler_does_not_lose_the_message():
     good.flow(1)
     loop.run()
     assert [body(d) for d in rec.deliveries] == ["kept"]
+
+
+def test_bad_addresses_get_clear_errors():
+    up, loop, rec = started()
+    up.open_consumer(ConsumerSpec("x::"), rec)
+    outcomes = []
+    up.open_publisher("::q", rec).send(data("m"), outcomes.append)
+    loop.run()
+    [(kind, error)] = [e for e in rec.events if isinstance(e, tuple)]
+    assert kind == "closed" and error.condition == "amqp:invalid-field" and "address::queue" in error.description
+    assert outcomes[0].kind == "rejected" and outcomes[0].error[0] == "amqp:invalid-field"
