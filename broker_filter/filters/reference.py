@@ -12,8 +12,8 @@ Every value is a `Value(kind, data)` with kind one of
 (`float` and `double` are one kind: docs/selectors.md computes with doubles whenever either side
 is a float or a double, and compares numbers numerically).  Conditions evaluate to True, False or
 None (UNKNOWN).  In the `rocketmq` dialect an evaluation error (a type mismatch, a string where a
-number is needed...) raises `_Failure`, which ends the whole evaluation: the message is not
-delivered (the answer is UNKNOWN), whatever the rest of the selector says.  Both operands of
+number is needed...) raises `EvaluationError`, which ends the whole evaluation: the message is not
+delivered: the whole selector is FALSE, whatever the rest of it says.  Both operands of
 AND / OR are always evaluated, so an error anywhere is seen.
 """
 
@@ -37,7 +37,7 @@ NUMERIC_KINDS = frozenset({"int", "long", "double"})
 INTEGER_KINDS = frozenset({"int", "long"})
 
 
-class _Failure(Exception):
+class EvaluationError(Exception):
     """A RocketMQ evaluation error: the message is not delivered."""
 
 
@@ -45,11 +45,11 @@ def evaluate(selector: ast.Selector, message: Any) -> bool | None:
     """TRUE, FALSE or UNKNOWN (None) for `message` under `selector`."""
     if selector.expr is None:
         return True
-    interpreter = _Interpreter(selector.dialect, selector.convert_strings, message)
+    interpreter = Interpreter(selector.dialect, selector.convert_strings, message)
     try:
         return interpreter.condition(selector.expr)
-    except _Failure:
-        return None  # not delivered; docs/selectors.md does not tell it from UNKNOWN
+    except EvaluationError:
+        return False  # the whole selector is FALSE, whatever the other operands
 
 
 # ----------------------------------------------------------------------------- three-valued logic
@@ -173,7 +173,7 @@ def like_match(text: str, pattern: str, escape: str | None) -> bool:
 
 
 # ----------------------------------------------------------------------------- the interpreter
-class _Interpreter:
+class Interpreter:
     def __init__(self, dialect: str, convert_strings: bool, message: Any):
         self.dialect = dialect
         self.convert_strings = convert_strings
@@ -182,7 +182,7 @@ class _Interpreter:
     def fail_or(self, answer: bool | None) -> bool | None:
         """`answer` in `jms` / `artemis`; an evaluation error in `rocketmq`."""
         if self.dialect == "rocketmq":
-            raise _Failure()
+            raise EvaluationError()
         return answer
 
     # ------------------------------------------------------------------ conditions
@@ -208,8 +208,10 @@ class _Interpreter:
             return self.string_test(node)
         if isinstance(node, ast.Tags):
             return self.tags(node)
-        # A value used as a condition: a boolean is itself, NULL is UNKNOWN, anything else FALSE.
-        v = self.value(node)
+        return self.truth(self.value(node))
+
+    def truth(self, v: Value) -> bool | None:
+        """A value used as a condition: a boolean is itself, NULL is UNKNOWN, anything else FALSE."""
         if v.kind == "boolean":
             return v.data
         if v.kind == "null":
@@ -273,7 +275,7 @@ class _Interpreter:
             return numeric_compare(op, left.data, right.data)
         if left.kind == right.kind and left.kind in ("string", "boolean") and op in ("=", "<>"):
             return (left.data == right.data) == (op == "=")
-        raise _Failure()
+        raise EvaluationError()
 
     def coerced(self, v: Value, other: Value) -> Value:
         """RocketMQ: a string compared with a number is read as that number's type, or fails."""
@@ -282,11 +284,11 @@ class _Interpreter:
         if other.kind in INTEGER_KINDS:
             n = parse_integer(v.data)
             if n is None:
-                raise _Failure()
+                raise EvaluationError()
             return Value("long", n)
         d = parse_double(v.data)
         if d is None:
-            raise _Failure()
+            raise EvaluationError()
         return Value("double", d)
 
     def between(self, node: ast.Between) -> bool | None:
@@ -380,7 +382,7 @@ class _Interpreter:
         if v.kind == "null" or v.kind in NUMERIC_KINDS:
             return v
         if self.dialect == "rocketmq":
-            raise _Failure()
+            raise EvaluationError()
         return NULL
 
     def plus(self, v: Value) -> Value:
@@ -417,8 +419,12 @@ class _Interpreter:
             return integer_value(kind, a - b)
         if op == "*":
             return integer_value(kind, a * b)
+        return self.integer_divide(kind, a, b)
+
+    def integer_divide(self, kind: str, a: int, b: int) -> Value:
+        """Java integer division: truncated toward zero, wrapping; by zero it is UNKNOWN (NULL)."""
         if b == 0:
-            return NULL  # integer division by zero is UNKNOWN
+            return NULL
         quotient = abs(a) // abs(b)
         return integer_value(kind, quotient if (a < 0) == (b < 0) else -quotient)
 

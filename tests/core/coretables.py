@@ -1,0 +1,115 @@
+"""Loading the conformance tables in tests/core/data into pytest parameters.
+
+Outcome codes used by every table: T TRUE, F FALSE, U UNKNOWN, X not delivered because of an
+evaluation error (rocketmq: the whole selector is FALSE), E refused at compile time.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_filter.message import Message
+
+DATA = Path(__file__).parent / "data"
+DIALECTS = ("jms", "artemis", "rocketmq")
+OUTCOMES = {"T": True, "F": False, "U": None}
+
+
+def load(name: str) -> dict:
+    with open(DATA / name, "rb") as f:
+        return tomllib.load(f)
+
+
+@dataclass(frozen=True)
+class SelectorCase:
+    source: str  # file:row
+    selector: str
+    dialect: str
+    outcome: str  # T F U X E
+    message_json: Any = field(default_factory=dict)
+    size: int | None = None
+    at: tuple[int, int] | None = None
+    xfail: str | None = None
+
+    def message(self) -> Message:
+        m = Message.from_json(self.message_json)
+        if self.size is not None:
+            m.encoded_size = self.size
+        return m
+
+    @property
+    def id(self) -> str:
+        text = self.selector if len(self.selector) <= 60 else self.selector[:57] + "..."
+        return f"{self.source}:{self.dialect}:{text!r}"
+
+
+def _codes(x: str, dialects: list[str], where: str) -> dict[str, str]:
+    if len(x) == 1:
+        return {d: x for d in dialects}
+    if len(x) != len(dialects):
+        raise ValueError(f"{where}: outcome {x!r} does not fit dialects {dialects}")
+    return dict(zip(dialects, x))
+
+
+def selector_cases() -> list[SelectorCase]:
+    """Every (row, dialect) of selectors.toml and type_matrix.toml."""
+    cases: list[SelectorCase] = []
+    table = load("selectors.toml")
+    messages = table.get("messages", {})
+    for i, row in enumerate(table["case"], 1):
+        where = f"selectors.toml#{i}"
+        if "mj" in row:
+            message = json.loads(row["mj"])
+        else:
+            message = row.get("m", {})
+            if isinstance(message, str):
+                message = messages[message]
+        dialects = row.get("d", list(DIALECTS))
+        xfail = row.get("xfail")
+        for dialect, code in _codes(row["x"], dialects, where).items():
+            cases.append(
+                SelectorCase(
+                    where,
+                    row["s"],
+                    dialect,
+                    code,
+                    message,
+                    row.get("size"),
+                    tuple(row["at"]) if "at" in row else None,
+                    xfail.get(dialect) if isinstance(xfail, dict) else xfail,
+                )
+            )
+    matrix = load("type_matrix.toml")
+    for row in matrix["row"]:
+        if row.get("null"):
+            message = {"application_properties": {"v": None}}
+        elif "value" in row:
+            message = {"application_properties": {"v": row["value"]}}
+        else:
+            message = {}
+        xfails = row.get("xfail", {})
+        for selector, codes in zip(matrix["selectors"], row["expect"]):
+            for dialect, code in zip(DIALECTS, codes):
+                if code == "-":
+                    continue
+                cases.append(
+                    SelectorCase(
+                        f"type_matrix.toml:{row['name']}", selector, dialect, code, message,
+                        xfail=xfails.get(f"{selector} [{dialect}]"),
+                    )
+                )
+    return cases
+
+
+def params(cases: list, *, honour_xfail: bool = True) -> list:
+    out = []
+    for c in cases:
+        marks = [pytest.mark.xfail(strict=True, reason=c.xfail)] if honour_xfail and c.xfail else []
+        out.append(pytest.param(c, id=c.id, marks=marks))
+    return out
