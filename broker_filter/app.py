@@ -55,6 +55,7 @@ class App:
             self.upstream,
             instance=self.instance,
             window=max(1, config.limits.upstream_window),
+            config=config,
         )
         self.acceptor = None
         self.port: int | None = None

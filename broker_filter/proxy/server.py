@@ -37,7 +37,7 @@ from proton import Handler
 
 from .. import amqptypes as t
 from ..codec import CodecError, set_message_annotation
-from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
+from ..filters import ORIGIN_ANNOTATION, Filter, FilterError, FilterSet, compile_filter_set
 from ..forwarding import ACCEPTED, Feed, FeedStats, Outcome, Outlet
 from .remote import apply_outcome, data_value, outcome_of, put_value
 from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
@@ -197,7 +197,7 @@ class Inlet:
         self.ready = True
         if not self.closed:
             link = self.link
-            link.target.address = self.address
+            link.target.address = link.remote_target.address  # the client's address, even when routed
             link.source.copy(link.remote_source)
             link.open()
             self.top_up()
@@ -245,8 +245,10 @@ class ProxyServer(Handler):
         max_credit: int = 1000,
         recycle: bool = True,
         multicast_prefixes: tuple[str, ...] = (),
+        config: Any = None,
     ):
         super().__init__()
+        self.config = config  # broker_filter.config.Config: address rules, virtual addresses, limits
         self.upstream = upstream
         self.instance = instance
         self.dialect = dialect
@@ -308,6 +310,13 @@ class ProxyServer(Handler):
     @boundary
     def on_connection_remote_open(self, event) -> None:
         conn = event.connection
+        limits = getattr(self.config, "limits", None)
+        if limits is not None and len(self.connections) >= limits.connections:
+            conn.condition = Condition("amqp:resource-limit-exceeded",
+                                       f"the proxy accepts at most {limits.connections} connections")
+            conn.open()
+            conn.close()
+            return
         cid = f"{self.instance}/{next(self._conn_ids)}"
         conn.bf_conn = _Conn(cid)
         self.connections[cid] = conn.bf_conn
@@ -358,6 +367,14 @@ class ProxyServer(Handler):
         if not (link.state & Endpoint.LOCAL_UNINIT):
             return
         conn = _conn_state(event.connection)
+        if conn is None:
+            self._refuse(link, "amqp:resource-limit-exceeded", "connection not accepted")
+            return
+        limits = getattr(self.config, "limits", None)
+        if limits is not None and len(conn.links) >= limits.links_per_connection:
+            self._refuse(link, "amqp:resource-limit-exceeded",
+                         f"at most {limits.links_per_connection} links per connection")
+            return
         if link.is_sender:
             self._attach_outlet(link, conn)
         else:
@@ -442,8 +459,14 @@ class ProxyServer(Handler):
             self._refuse(link, "amqp:invalid-field", "the source filter must be a map (a filter-set)",
                          {psymbol("field"): psymbol("filter")})
             return
+        route = self._route(address)
         try:
-            fs = compile_filter_set(raw or {}, dialect=self.dialect)
+            if self.config is not None:
+                fs = compile_filter_set(raw or {}, dialect=self.dialect, limits=self.config.limits.filter_limits(),
+                                        max_depth=self.config.limits.nesting_depth)
+            else:
+                fs = compile_filter_set(raw or {}, dialect=self.dialect)
+            virtual = route.virtual.compile(self.config.limits) if route is not None and route.virtual else None
         except FilterError as e:
             self._refuse(link, e.condition, e.describe(), {psymbol("field"): psymbol("filter")})
             return
@@ -454,8 +477,14 @@ class ProxyServer(Handler):
             caps = tuple(str(c) for c in (_as_list(data_value(src.capabilities))))
         except CodecError:
             caps = ()
-        subscription = is_subscription(address, caps, src.distribution_mode, self.multicast_prefixes)
-        up_address, pushed, local = push_down(self.upstream, address, fs, self.dialect)
+        routed = route.upstream if route is not None else address
+        if route is not None and route.routing_type:
+            subscription = route.routing_type == "multicast"
+        else:
+            subscription = is_subscription(routed, caps, src.distribution_mode, self.multicast_prefixes)
+        up_address, pushed, local = push_down(self.upstream, routed, fs, self.dialect)
+        if virtual is not None:
+            local = _and(virtual, local)
         link.bf_fs = fs
         link.bf_subscription = subscription
         outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link)
@@ -549,6 +578,9 @@ class ProxyServer(Handler):
         if address is None:
             self._refuse(link, "amqp:not-implemented", "a target address is required (no anonymous relay)")
             return
+        route = self._route(address)
+        if route is not None:
+            address = route.upstream
         if not self.upstream_up:
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
             return
@@ -590,6 +622,11 @@ class ProxyServer(Handler):
 
             inlet.publisher.send(data, settled)
         inlet.top_up()
+
+    def _route(self, address: str | None) -> Any:
+        if self.config is None or address is None:
+            return None
+        return self.config.route(address)
 
     # ---------------------------------------------------------------- recycling
     def recycle_message(self, binding: FeedBinding, delivery: UpstreamDelivery, done: Callable[[bool], None]) -> None:
@@ -678,6 +715,24 @@ def _links(conn):
         out.append(link)
         link = link.next(0)
     return out
+
+
+def _and(first: Any, rest: FilterSet) -> Any:
+    """A filter selecting what both select (a virtual address's filter and the client's own)."""
+    if not rest.entries:
+        return first
+    a, b = first.evaluate, rest.evaluate
+
+    def fn(message: Any, receiver: Any) -> bool | None:
+        x = a(message, receiver)
+        if x is False:
+            return False
+        y = b(message, receiver)
+        if y is False:
+            return False
+        return True if (x is True and y is True) else None
+
+    return Filter(fn, first.reads | rest.reads, f"({first.description}) AND ({rest.description})")
 
 
 def _as_list(v: Any) -> list:

@@ -16,5 +16,9 @@ for i in range(take):
         print(f"accepted {message.body}", flush=True)
     else:
         print(f"holding {message.body}", flush=True)
+try:  # run the connection a moment so the accepts actually go out before anyone kills us
+    conn.wait(lambda: False, timeout=1)
+except Exception:
+    pass
 print("ready", flush=True)
 conn.wait(lambda: False, timeout=120)  # hold the unsettled ones until killed

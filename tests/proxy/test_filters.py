@@ -150,3 +150,34 @@ def test_published_messages_carry_the_origin_annotation(proxy, address):
         assert m.body == "x"
     finally:
         c.close()
+
+
+def test_configured_virtual_address_and_multicast_rule(rabbitmq, tmp_path):
+    from conftest import Proxy
+
+    tag = _tag()
+    conf = tmp_path / "proxy.toml"
+    conf.write_text(
+        f'[virtual_addresses.reds-{tag}]\nupstream = "/queue/{tag}"\nselector = "color = \'red\'"\n\n'
+        f'[[address_rules]]\npattern = "fan-{tag}.#"\nrouting_type = "multicast"\nupstream = "/topic/{{address}}"\n'
+    )
+    p = Proxy("--config", str(conf))
+    c = connect(p.url)
+    try:
+        # a virtual address: the configured filter AND the client's own
+        r = c.create_receiver(f"reds-{tag}", credit=20, options=Selector("n > 1"))
+        s = c.create_sender(f"/queue/{tag}")
+        for i in range(6):
+            s.send(Message(body=i, properties={"n": i, "color": "red" if i % 2 else "blue"}))
+        assert _bodies(receive(r, idle=1.0)) == [3, 5]
+        # an address rule: rewritten upstream, multicast, so two receivers each get every message
+        r1 = c.create_receiver(f"fan-{tag}.x", name="r1", credit=20)
+        r2 = c.create_receiver(f"fan-{tag}.x", name="r2", credit=20, options=Selector("n < 2"))
+        s2 = c.create_sender(f"fan-{tag}.x")
+        for i in range(4):
+            s2.send(Message(body=i, subject=f"fan-{tag}.x", properties={"n": i}))
+        assert _bodies(receive(r1, idle=1.0)) == [0, 1, 2, 3]
+        assert _bodies(receive(r2, idle=0.5)) == [0, 1]
+    finally:
+        c.close()
+        p.stop()
