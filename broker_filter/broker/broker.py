@@ -143,6 +143,9 @@ class Broker:
         if queue.binding is not None:
             self._wildcards.remove(queue.binding, queue.name)
         self._dirty.pop(queue, None)
+        addr = queue.address
+        if queue.temporary and queue.routing_type == ANYCAST and not addr.anycast and not addr.multicast:
+            self.addresses.pop(addr.name, None)  # a dynamic node's address goes with it
 
     def _on_removed(self, stored: Stored) -> None:
         if stored.refs == 0:
@@ -280,6 +283,13 @@ class Broker:
         queue.filter_receiver = receiver
         return self._attach(queue, None, receiver, context, link_name)
 
+    def subscribe_temporary(self, *, filter: Any = None, receiver: Any = None, context: Any = None,
+                            link_name: str | None = None) -> Consumer:
+        """A dynamic node: a new anycast queue (and address) of its own, deleted with its consumer."""
+        name = f"temp.{uuid.uuid4().hex}"
+        queue = self.declare_queue(name, name, ANYCAST, temporary=True)
+        return self._attach(queue, filter, receiver, context, link_name)
+
     def _attach(self, queue: Queue, filter_: Any, receiver: Any, context: Any, name: str | None) -> Consumer:
         consumer = Consumer(queue, filter_, receiver, context=context, name=name)
         queue.add_consumer(consumer)
@@ -294,7 +304,7 @@ class Broker:
         queue = consumer.queue
         queue.remove_consumer(consumer)
         self._dirty[queue] = None
-        if queue.routing_type == MULTICAST and queue.temporary and not queue.consumers:
+        if queue.temporary and not queue.consumers:
             self.delete_queue(queue)
         elif queue.routing_type == MULTICAST and queue.durable and closed and not queue.consumers:
             self.delete_queue(queue)

@@ -77,15 +77,18 @@ class EmbeddedConsumer:
 
             filter_ = FilterSet(tuple(spec.filters))
         try:
-            bc = broker.subscribe(
-                spec.address,
-                capabilities=spec.capabilities,
-                filter=filter_,
-                link_name=spec.name,
-                container_id=getattr(spec, "container_id", None),
-                durable=_is_durable(spec),
-                context=self,
-            )
+            if spec.dynamic and not spec.address:
+                bc = broker.subscribe_temporary(filter=filter_, context=self, link_name=spec.name)
+            else:
+                bc = broker.subscribe(
+                    spec.address,
+                    capabilities=spec.capabilities,
+                    filter=filter_,
+                    link_name=spec.name,
+                    container_id=getattr(spec, "container_id", None),
+                    durable=_is_durable(spec),
+                    context=self,
+                )
         except BrokerError as e:
             self._closed = True
             error = ErrorInfo(e.condition, e.description)

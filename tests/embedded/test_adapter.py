@@ -223,3 +223,17 @@ def test_bad_addresses_get_clear_errors():
     [(kind, error)] = [e for e in rec.events if isinstance(e, tuple)]
     assert kind == "closed" and error.condition == "amqp:invalid-field" and "address::queue" in error.description
     assert outcomes[0].kind == "rejected" and outcomes[0].error[0] == "amqp:invalid-field"
+
+
+def test_dynamic_source_gets_a_temporary_queue_deleted_with_it():
+    up, loop, rec = started()
+    c = up.open_consumer(ConsumerSpec(None, dynamic=True), rec)
+    c.flow(5)
+    loop.run()
+    [(kind, info)] = [e for e in rec.events if isinstance(e, tuple)]
+    assert kind == "ready" and info.address.startswith("temp.")
+    up.open_publisher(info.address, rec).send(data("reply"), lambda o: None)
+    loop.run()
+    assert [body(d) for d in rec.deliveries] == ["reply"]
+    c.close()
+    assert info.address not in up.broker.addresses and info.address not in up.broker.queues
