@@ -71,12 +71,12 @@ class EmbeddedConsumer:
     def _open(self) -> None:
         spec = self.spec
         broker = self._upstream.broker
-        filter_ = None
-        if spec.filters:
-            from ..filters import FilterSet
-
-            filter_ = FilterSet(tuple(spec.filters))
         try:
+            filter_ = None
+            if spec.filters:
+                from ..filters import FilterSet
+
+                filter_ = FilterSet(tuple(spec.filters))
             if spec.dynamic and not spec.address:
                 bc = broker.subscribe_temporary(filter=filter_, context=self, link_name=spec.name)
             else:
@@ -90,9 +90,11 @@ class EmbeddedConsumer:
                     context=self,
                 )
         except BrokerError as e:
-            self._closed = True
-            error = ErrorInfo(e.condition, e.description)
-            self._upstream.loop.call_soon(lambda: self.handler.on_consumer_closed(self, error))
+            self._refused(ErrorInfo(e.condition, e.description))
+            return
+        except Exception:  # a bug here must end this link only, with an answer
+            log.exception("opening embedded consumer %r failed", spec.address)
+            self._refused(ErrorInfo("amqp:internal-error", "embedded broker failure; see the daemon log"))
             return
         self.broker_consumer = bc
         broker.flow(bc, self._credit)
@@ -105,6 +107,11 @@ class EmbeddedConsumer:
         )
         self._upstream.loop.call_soon(lambda: self._ready(info))
         self._upstream.kick()
+
+    def _refused(self, error: ErrorInfo) -> None:
+        self._closed = True
+        self._upstream._consumers.discard(self)
+        self._upstream.loop.call_soon(lambda: self.handler.on_consumer_closed(self, error))
 
     def _ready(self, info: ConsumerInfo) -> None:
         if not self._closed:
@@ -233,6 +240,9 @@ class EmbeddedUpstream:
             self.broker.publish(address, data, size=len(data), capabilities=capabilities)
         except BrokerError as e:
             return Outcome("rejected", error=(e.condition, e.description))
+        except Exception:  # never accept what was not stored
+            log.exception("publishing to %r failed", address)
+            return Outcome("rejected", error=("amqp:internal-error", "embedded broker failure; see the daemon log"))
         self.kick()
         return ACCEPTED
 
@@ -246,7 +256,12 @@ class EmbeddedUpstream:
         self._kicked = False
         if not self._started:
             return
-        assignments, more = self.broker.dispatch()
+        try:
+            assignments, more = self.broker.dispatch()
+        except Exception:  # keep serving: the queues stay marked for another try
+            log.exception("embedded dispatch failed")
+            self.loop.call_later(0.1, self.kick)
+            return
         for bc, entry in assignments:
             consumer: EmbeddedConsumer = bc.context
             delivery = UpstreamDelivery(entry.payload, ref=entry, redelivered=entry.delivery_count > 0)

@@ -237,3 +237,18 @@ def test_dynamic_source_gets_a_temporary_queue_deleted_with_it():
     assert [body(d) for d in rec.deliveries] == ["reply"]
     c.close()
     assert info.address not in up.broker.addresses and info.address not in up.broker.queues
+
+
+def test_an_internal_failure_ends_one_link_with_an_answer():
+    up, loop, rec = started()
+
+    bad_entry = FilterEntry("k", "selector", "apache.org:selector-filter:string", "v", None, "v")
+    object.__setattr__(bad_entry, "filter", None)  # FilterSet cannot combine this entry
+    up.open_consumer(ConsumerSpec("q", filters=(bad_entry,)), rec)
+    good = up.open_consumer(ConsumerSpec("q"), rec)
+    good.flow(1)
+    up.open_publisher("q", rec).send(data("fine"), lambda o: None)
+    loop.run()
+    closed = [e for e in rec.events if isinstance(e, tuple) and e[0] == "closed"]
+    assert closed and closed[0][1].condition == "amqp:internal-error"
+    assert [body(d) for d in rec.deliveries] == ["fine"]
