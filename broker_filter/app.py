@@ -51,15 +51,21 @@ class App:
         self.container.container_id = self.instance
         self.loop = ProtonLoop(self.container)
         self.upstream = build_upstream(config)
+        self.metrics = None
+        self.health = None
+        if config.metrics.enabled:
+            from .metrics import Metrics
+
+            self.metrics = Metrics(address_labels=config.metrics.address_labels)
         self.server = ProxyServer(
             self.upstream,
             instance=self.instance,
             window=max(1, config.limits.upstream_window),
             config=config,
+            metrics=self.metrics,
         )
         self.acceptor = None
         self.port: int | None = None
-        self.metrics = None
         self.exporter = None
         self._stopping = False
 
@@ -82,10 +88,9 @@ class App:
             self._start_metrics()
 
     def _start_metrics(self) -> None:
-        from .metrics import Health, Metrics, serve_http
+        from .metrics import Health, serve_http
 
-        self.metrics = Metrics(address_labels=self.config.metrics.address_labels)
-        self.health = Health() if _takes_no_args(Health) else None
+        self.health = Health(self.metrics)
         self.exporter = serve_http(self.metrics, self.health, self.config.metrics.host, self.config.metrics.port)
         self.loop.call_later(1.0, self._publish_snapshot)
 
@@ -99,7 +104,8 @@ class App:
             a = f["address"] or ""
             held[a] = held.get(a, 0) + f["held"]
             stalled[a] = stalled.get(a, False) or f["starved"] > 0
-        self.metrics.publish(Snapshot(connections=snap["connections"], held=held, stalled=stalled,
+        self.metrics.publish(Snapshot(connections=snap["connections"], links=snap["links"], held=held,
+                                      credit=snap["credit"], stalled=stalled,
                                       upstream_connected=snap["upstream_connected"]))
         if self.health is not None:
             self.health.beat()
@@ -167,14 +173,3 @@ class App:
             self.acceptor.close()
         if self.exporter is not None:
             self.exporter.close()
-
-
-def _takes_no_args(cls: type) -> bool:
-    import inspect
-
-    try:
-        sig = inspect.signature(cls)
-    except (TypeError, ValueError):
-        return False
-    return all(p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-               for p in sig.parameters.values())

@@ -124,11 +124,13 @@ class FeedBinding:
         self.closed = False
         self.consumer = None
         self.info: ConsumerInfo | None = None
-        self._recycler = None
-        self._recycler_waiters: list = []
+        metrics = server.metrics
+        self.counters = metrics.address(spec.address) if metrics is not None else None
 
     # FeedIO -------------------------------------------------------------
     def send(self, outlet: Outlet, delivery: UpstreamDelivery) -> Any:
+        if self.counters is not None:
+            self.counters.forwarded.inc()
         link = outlet.io_ref
         tag = self.server.next_tag()
         dlv = link.delivery(tag)
@@ -166,7 +168,15 @@ class FeedBinding:
 
     def on_delivery(self, consumer, delivery: UpstreamDelivery) -> None:
         try:
+            counters = self.counters
+            if counters is None:
+                self.feed.on_upstream_delivery(delivery)
+                return
+            counters.received.inc()
+            filtered = self.feed.stats.filtered
             self.feed.on_upstream_delivery(delivery)
+            if self.feed.stats.filtered != filtered:
+                counters.filtered_out.inc(self.feed.stats.filtered - filtered)
         except Exception:
             log.exception("forwarding a delivery failed")
             self.server.fail_feed(self, ErrorInfo("amqp:internal-error", "proxy failure forwarding a message"))
@@ -181,9 +191,10 @@ class FeedBinding:
 class Inlet:
     """A client sending link and its upstream publisher."""
 
-    __slots__ = ("link", "publisher", "address", "ready", "closed", "conn", "unsettled")
+    __slots__ = ("link", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters")
 
-    def __init__(self, link, address: str, conn: _Conn):
+    def __init__(self, link, address: str, conn: _Conn, counters: Any = None):
+        self.counters = counters
         self.link = link
         self.address = address
         self.conn = conn
@@ -246,8 +257,10 @@ class ProxyServer(Handler):
         recycle: bool = True,
         multicast_prefixes: tuple[str, ...] = (),
         config: Any = None,
+        metrics: Any = None,
     ):
         super().__init__()
+        self.metrics = metrics  # broker_filter.metrics.Metrics, or None
         self.config = config  # broker_filter.config.Config: address rules, virtual addresses, limits
         self.upstream = upstream
         self.instance = instance
@@ -263,6 +276,7 @@ class ProxyServer(Handler):
         self._recyclers: dict[str, Any] = {}
         self.refused = 0
         self.upstream_up = False
+        self._was_up = False
 
     def next_tag(self) -> str:
         return "%x" % next(self._tags)  # proton hands tags back as str
@@ -286,7 +300,19 @@ class ProxyServer(Handler):
                 "recycled": s.recycled,
                 "undecodable": s.undecodable,
             })
+        links = {"consumer": 0, "producer": 0}
+        credit: dict[str, int] = {}
+        for b in self.feeds.values():
+            links["consumer"] += len(b.feed.outlets)
+            a = b.spec.address or ""
+            credit[a] = credit.get(a, 0) + sum(o.credit for o in b.feed.outlets)
+        links["upstream-consumer"] = len(self.feeds)
+        for c in self.connections.values():
+            links["producer"] += sum(1 for link in c.links if _attr(link, "bf_inlet") is not None)
+        links["upstream-producer"] = links["producer"]
         return {
+            "links": links,
+            "credit": credit,
             "connections": len(self.connections),
             "upstream_connected": self.upstream_up,
             "feeds": feeds,
@@ -297,6 +323,9 @@ class ProxyServer(Handler):
 
     # ---------------------------------------------------------------- upstream listener
     def on_upstream_up(self, upstream) -> None:
+        if self.metrics is not None and self._was_up:
+            self.metrics.upstream_reconnects.inc()
+        self._was_up = True
         self.upstream_up = True
         self._recyclers.clear()
 
@@ -316,7 +345,11 @@ class ProxyServer(Handler):
                                        f"the proxy accepts at most {limits.connections} connections")
             conn.open()
             conn.close()
+            if self.metrics is not None:
+                self.metrics.refuse_connection("limit")
             return
+        if self.metrics is not None:
+            self.metrics.connections_accepted.inc()
         cid = f"{self.instance}/{next(self._conn_ids)}"
         conn.bf_conn = _Conn(cid)
         self.connections[cid] = conn.bf_conn
@@ -436,6 +469,8 @@ class ProxyServer(Handler):
 
     def _refuse(self, link, condition: str, description: str, info: dict | None = None) -> None:
         self.refused += 1
+        if self.metrics is not None:
+            self.metrics.refuse_attach(_REFUSAL_REASONS.get(condition, "other"))
         if link.is_sender:
             link.source.type = Terminus.UNSPECIFIED
             link.target.copy(link.remote_target)
@@ -570,6 +605,8 @@ class ProxyServer(Handler):
             outcome = Outcome("released")
         if binding is not None and not binding.closed:
             binding.feed.on_client_outcome(outlet, dlv.tag, outcome)
+            if binding.counters is not None:
+                binding.counters.outcome(outcome.kind)
         dlv.settle()
 
     # ---------------------------------------------------------------- publishing (inlets)
@@ -584,7 +621,7 @@ class ProxyServer(Handler):
         if not self.upstream_up:
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
             return
-        inlet = Inlet(link, address, conn)
+        inlet = Inlet(link, address, conn, self.metrics.address(address) if self.metrics is not None else None)
         link.bf_inlet = inlet
         conn.links.add(link)
         inlet.publisher = self.upstream.open_publisher(address, inlet)
@@ -609,6 +646,8 @@ class ProxyServer(Handler):
             dlv.update(Disposition.REJECTED)
             dlv.settle()
             return
+        if inlet.counters is not None:
+            inlet.counters.published.inc()
         if dlv.settled:  # sent pre-settled: at most once, nothing to report
             inlet.publisher.send(data, _ignore)
         else:
@@ -687,6 +726,16 @@ class _Recycler:
 
     def on_publisher_closed(self, publisher, error) -> None:
         self.closed = True
+
+
+_REFUSAL_REASONS = {
+    "amqp:invalid-field": "invalid-filter",
+    "amqp:resource-limit-exceeded": "limit",
+    "amqp:unauthorized-access": "unauthorized",
+    "amqp:not-found": "not-found",
+    "amqp:connection:forced": "upstream-unavailable",
+    "amqp:internal-error": "internal-error",
+}
 
 
 def _ignore(outcome: Outcome) -> None:
