@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import amqptypes as t
 from . import ast
-from .runtime import Abort, Semantics, like_form, like_matcher
+from .runtime import Abort, Semantics, kleene_all, kleene_any, like_form, like_matcher
 from .view import HEADERS
 
 _INT_CLASSES = frozenset({int, t.ubyte, t.ushort, t.uint, t.ulong, t.byte, t.short, t.int32, t.long, t.timestamp})
@@ -94,8 +94,6 @@ class _Compiler:
             return "True" if node.value else "False"
         if isinstance(node, ast.Ident):
             x = self.tmp()
-            if self.sem.error:
-                return f"{self.const(self.sem.condition, ('condition',))}({self.value(node)})"
             return f"(True if ({x} := {self.value(node)}) is True else (None if {x} is None else False))"
         if isinstance(node, ast.Unary):  # NOT
             x = self.tmp()
@@ -138,6 +136,11 @@ class _Compiler:
             parts = [self.split(ast.balanced(op, g)) for g in groups]
         else:
             parts = [self.cond(i, depth + 1) for i in items]
+        if self.sem.error:
+            # RocketMQ: an evaluation error anywhere decides, so every operand is evaluated (no
+            # short circuit), left to right, before the three-valued combination.
+            combine = self.const(kleene_all if op == "AND" else kleene_any, ("kleene", op))
+            return f"{combine}(({', '.join(parts)},))"
         names = [self.tmp() for _ in parts]
         short, other = ("False", "True") if op == "AND" else ("True", "False")
         text = f"(None if ({' or '.join(f'{n} is None' for n in names)}) else {other})"
@@ -341,6 +344,9 @@ class _Closures:
                 items = merge_equalities(items)
             fns = [self.cond(i) for i in items]
             short = node.op == "OR"  # OR stops at True, AND at False
+            if sem.error:  # RocketMQ: evaluate every operand, an error anywhere decides
+                combine = kleene_any if short else kleene_all
+                return lambda m, ap, ma: combine(tuple(f(m, ap, ma) for f in fns))
 
             def chain(m: Any, ap: Any, ma: Any) -> Any:
                 unknown = False

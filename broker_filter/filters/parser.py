@@ -293,6 +293,8 @@ class _Builder:
             value = int(s[2:-1] if long_suffix else s[2:], 16)
             node = self._integer(value, long_suffix, pos)
         elif "." in s or "e" in low or low[-1] in "fd":
+            if low[-1] == "l":
+                raise self.err(f"{s}: the L suffix is for integers, not approximate numbers", pos)
             body = s[:-1] if low[-1] in "fd" else s
             value = float(body)
             if value == float("inf"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from . import ast
-from .parser import CONVERT_PREFIX, HYPHEN_PREFIX
+from .parser import _TAGS_RE, CONVERT_PREFIX, HYPHEN_PREFIX
 
 # Binding strength, loosest first.
 _PREC = {"OR": 1, "AND": 2, "NOT": 3, "PRED": 4, "+": 5, "-": 5, "*": 6, "/": 6, "SIGN": 7, "ATOM": 8}
@@ -28,7 +28,10 @@ def render(selector: ast.Selector) -> str:
         prefix += HYPHEN_PREFIX
     if selector.expr is None:
         return prefix
-    return prefix + _render(selector.expr, selector.hyphenated)
+    text = _render(selector.expr, selector.hyphenated)
+    if selector.dialect == "rocketmq" and not isinstance(selector.expr, ast.Tags) and _TAGS_RE.fullmatch(text):
+        text = f"({text})"  # a lone identifier would read back as a tag expression
+    return prefix + text
 
 
 def _prec(node: ast.Node) -> int:

@@ -21,6 +21,28 @@ from .. import amqptypes as t
 from .view import INT32_TYPES, Opaque, jms_value
 
 
+def kleene_all(values: tuple) -> Any:
+    """AND over operands that were all evaluated (RocketMQ: an error anywhere decides first)."""
+    result: Any = True
+    for v in values:
+        if v is False:
+            return False
+        if v is None:
+            result = None
+    return result
+
+
+def kleene_any(values: tuple) -> Any:
+    """OR over operands that were all evaluated."""
+    result: Any = False
+    for v in values:
+        if v is True:
+            return True
+        if v is None:
+            result = None
+    return result
+
+
 class Abort(Exception):
     """An evaluation error in a dialect where errors mean 'not delivered' (RocketMQ)."""
 
@@ -161,7 +183,7 @@ class Semantics:
         c = category(v)
         if c == "num":
             return v
-        if c == "str" and (self.convert or self.d.string_coercion):
+        if c == "str" and self.convert:  # Artemis convert_string_expressions: (RocketMQ: an error)
             try:
                 return _java_float_from_string(v) if ("." in v or "e" in v.lower()) else _java_long_from_string(v)
             except ValueError:
@@ -198,9 +220,7 @@ class Semantics:
         elif op == "*":
             r = a * b
         else:
-            if b == 0:
-                if self.error:
-                    raise Abort("division by zero")
+            if b == 0:  # Java's ArithmeticException: UNKNOWN in every dialect
                 return None
             q = abs(a) // abs(b)
             r = q if (a >= 0) == (b >= 0) else -q
@@ -258,12 +278,11 @@ class Semantics:
             if v is None:
                 return None
             found: Any = False
-            for item in values:
+            for item in values:  # every element: an error in any of them decides (RocketMQ)
                 r = compare("=", v, item)
                 if r is True:
                     found = True
-                    break
-                if r is None:
+                elif r is None and found is False:
                     found = None
             if found is None:
                 return None
@@ -293,11 +312,9 @@ class Semantics:
         return fn
 
     def condition(self, v: Any) -> Any:
-        """A bare identifier used as a condition."""
+        """A bare identifier used as a condition: its boolean value, NULL, or FALSE for other types."""
         if v is True or v is False or v is None:
             return v
-        if self.error:
-            raise Abort("not a boolean")
         return False
 
 
