@@ -273,6 +273,7 @@ class ProxyServer(Handler):
         self.connections: dict[str, _Conn] = {}
         self._conn_ids = itertools.count(1)
         self._tags = itertools.count(1)
+        self._sub_ids = itertools.count(1)
         self._recyclers: dict[str, Any] = {}
         self.refused = 0
         self.upstream_up = False
@@ -536,7 +537,7 @@ class ProxyServer(Handler):
             name=link.name[:64],
         )
         if subscription:
-            key = ("sub", outlet.name)
+            key = ("sub", next(self._sub_ids))
         else:
             key = ("queue", up_address, tuple((str(e.key), repr(e.value)) for e in pushed))
         binding = self.feeds.get(key)
