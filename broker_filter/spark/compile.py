@@ -1,0 +1,703 @@
+"""Selector AST -> one native Spark SQL Column (no Python UDF), with the core's exact semantics.
+
+Theory of operation: a condition compiles to a boolean Column whose SQL NULL is the JMS UNKNOWN, so
+Spark's own three-valued AND / OR / NOT are the selector's.  A value compiles to a `Val`: a dynamic
+kind tag (a string Column: boolean, int, long, double, string, opaque; NULL for a NULL value) plus
+one Column per representation (`l` bigint for int/long, `d` double, `s` string, `b` boolean).  The
+archive's typed maps (broker_filter.archive.TYPED) carry the AMQP type name, from which the tag
+follows the AMQP -> JMS table of docs/selectors.md.  Each `Val` also knows statically which kinds it
+can have, so a header that is always a long or a literal needs no run-time tag tests at all.
+
+Rules mirrored from the reference interpreter (broker_filter.filters.reference):
+* float and double are one kind (double); numbers compare as Java does (an integer against a double
+  is widened to double; NaN equals NaN and sorts above every number; -0.0 equals 0.0), which is
+  exactly Spark's double comparison;
+* int arithmetic wraps at 32 bits, long at 64 (the session must run with spark.sql.ansi.enabled=false,
+  which `configure` sets); integer division truncates and is NULL for a zero divisor; floating
+  division by zero gives +-Infinity or NaN (Spark's `/` would give NULL);
+* rocketmq: every condition whose evaluation fails (a type mismatch, an unparsable string...) is
+  collected, and the selector is FALSE when any of them holds, as AND / OR evaluate both sides.
+
+The session needs `spark.sql.ansi.enabled=false` for Java's wrapping arithmetic (`configure`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from .sqlexpr import E as Column
+from .sqlexpr import functions as F
+
+from ..filters import ast
+
+KINDS = frozenset({"boolean", "int", "long", "double", "string", "opaque"})
+NUMERIC = frozenset({"int", "long", "double"})
+INTEGER = frozenset({"int", "long"})
+
+# AMQP type name (archive TYPED.type) -> JMS kind
+_AMQP_KIND = {
+    **{n: "int" for n in ("ubyte", "ushort", "byte", "short", "int")},
+    **{n: "long" for n in ("uint", "ulong", "long", "timestamp")},
+    **{n: "double" for n in ("float", "double", "decimal32", "decimal64", "decimal128")},
+    "string": "string",
+    "symbol": "string",
+    "boolean": "boolean",
+}
+
+_INTEGER_TEXT = r"\A[+-]?[0-9]+\z"
+_DECIMAL_TEXT = r"\A[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\z"
+ROCKETMQ_FAILURE = False  # what the core answers when a rocketmq evaluation fails (not delivered)
+
+
+class UnsupportedError(ValueError):
+    """A filter the Spark backend cannot express (says which part)."""
+
+
+def configure(spark: Any) -> None:
+    """Session settings the compiled expressions rely on (Java wrapping integer arithmetic)."""
+    spark.conf.set("spark.sql.ansi.enabled", "false")
+
+
+# ----------------------------------------------------------------------------- static conditions
+# A condition during compilation is a Python bool (known statically) or a boolean Column.
+def _and(*cs: Any) -> Any:
+    out: Any = True
+    for c in cs:
+        if c is False:
+            return False
+        if c is True:
+            continue
+        out = c if out is True else (out & c)
+    return out
+
+
+def _or(*cs: Any) -> Any:
+    out: Any = False
+    for c in cs:
+        if c is True:
+            return True
+        if c is False:
+            continue
+        out = c if out is False else (out | c)
+    return out
+
+
+def _not(c: Any) -> Any:
+    return (not c) if isinstance(c, bool) else ~c
+
+
+def _col(c: Any) -> Column:
+    return c if isinstance(c, Column) else F.lit(c)
+
+
+def _case(branches: list[tuple[Any, Any]], otherwise: Any) -> Column:
+    """CASE WHEN ... with statically known conditions folded away.  Values: Column or constant."""
+    expr = None
+    for cond, value in branches:
+        if cond is False:
+            continue
+        if cond is True:
+            return _col(value) if expr is None else expr.otherwise(_col(value))
+        expr = F.when(cond, _col(value)) if expr is None else expr.when(cond, _col(value))
+    if expr is None:
+        return _col(otherwise)
+    return expr.otherwise(_col(otherwise))
+
+
+def _safe(c: Any) -> Any:
+    """A condition with NULL read as false (for folding failures and guards)."""
+    return c if isinstance(c, bool) else F.coalesce(c, F.lit(False))
+
+
+# ----------------------------------------------------------------------------- values
+@dataclass
+class Val:
+    kinds: frozenset  # statically possible kinds of a non-NULL value
+    nullable: bool
+    tag: Column | None  # kind name, NULL when the value is NULL (None when kinds is one kind, not nullable)
+    l: Column | None = None
+    d: Column | None = None
+    s: Column | None = None
+    b: Column | None = None
+    level: int = 0  # projection layer that holds the materialized components (0: literal, no layer)
+
+    def is_(self, kinds: frozenset | set) -> Any:
+        possible = self.kinds & frozenset(kinds)
+        if not possible:
+            return False
+        if possible == self.kinds:
+            return True if not self.nullable else self.tag.isNotNull()
+        return self.tag.isin(*sorted(possible))
+
+    def kind_possible(self, kind: str) -> bool:
+        return kind in self.kinds
+
+    def is_null(self) -> Any:
+        return self.tag.isNull() if self.nullable else False
+
+    def as_double(self) -> Column:
+        """The numeric value as a double (for a value known to be numeric)."""
+        return _case([(self.is_(INTEGER), self.l.cast("double") if self.l is not None else None)], self.d)
+
+
+def _null_val() -> Val:
+    return Val(frozenset(), True, F.lit(None).cast("string"))
+
+
+def _static(kind: str, **cols: Column) -> Val:
+    return Val(frozenset({kind}), False, F.lit(kind), **cols)
+
+
+def _nullable(kind: str, value: Column, field: str) -> Val:
+    return Val(frozenset({kind}), True, F.when(value.isNotNull(), F.lit(kind)), **{field: value})
+
+
+def typed_val(v: Column) -> Val:
+    """The JMS value of an archive TYPED struct column (NULL struct or type 'null' is NULL)."""
+    t = v.getField("type")
+    tag = F.when(t.isNull() | (t == "null"), F.lit(None).cast("string"))
+    for kind in ("int", "long", "double", "string", "boolean"):
+        names = sorted(n for n, k in _AMQP_KIND.items() if k == kind)
+        tag = tag.when(t.isin(*names), F.lit(kind))
+    tag = tag.otherwise(F.lit("opaque"))
+    return Val(
+        KINDS,
+        True,
+        tag,
+        l=v.getField("long"),
+        d=v.getField("double"),
+        s=v.getField("string"),
+        b=v.getField("boolean"),
+    )
+
+
+# ----------------------------------------------------------------------------- headers (view.HEADERS)
+def _props(name: str) -> Column:
+    return F.col("properties").getField(name)
+
+
+def _header(name: str) -> Column:
+    return F.col("header").getField(name)
+
+
+def _jms_type() -> Val:
+    ma = F.col("message_annotations")
+    annotated = F.when(
+        F.map_contains_key(ma, F.lit("x-opt-jms-type")), F.try_element_at(ma, F.lit("x-opt-jms-type"))
+    ).otherwise(F.try_element_at(ma, F.lit("jms-type")))
+    from_annotation = F.when(
+        annotated.getField("type").isin("string", "symbol", "char"), annotated.getField("string")
+    )
+    return _nullable("string", F.coalesce(_props("subject"), from_annotation), "s")
+
+
+def _message_id(field: str) -> Val:
+    v = _props(field)
+    t = v.getField("type")
+    text = (
+        F.when(t.isin("string", "symbol", "char"), v.getField("string"))
+        .when(t == "uuid", F.concat(F.lit("ID:AMQP_UUID:"), v.getField("string")))
+        .when(
+            t.isin("ubyte", "ushort", "uint", "ulong", "byte", "short", "int", "long", "timestamp"),
+            F.concat(F.lit("ID:AMQP_ULONG:"), F.coalesce(v.getField("string"), v.getField("long").cast("string"))),
+        )
+        .when(t == "binary", F.concat(F.lit("ID:AMQP_BINARY:"), F.hex(v.getField("binary"))))
+    )
+    return _nullable("string", text, "s")
+
+
+def _durable() -> Column:
+    return F.coalesce(_header("durable"), F.lit(False))
+
+
+def _user_id() -> Val:
+    text = _props("user_id").cast("string")
+    return _nullable("string", F.when(F.is_valid_utf8(text), text), "s")
+
+
+def _header_val(name: str) -> Val:
+    if name == "JMSType":
+        return _jms_type()
+    if name in ("JMSMessageID", "AMQUserID"):
+        return _message_id("message_id")
+    if name == "JMSCorrelationID":
+        return _message_id("correlation_id")
+    if name == "JMSDeliveryMode":
+        return _static("string", s=F.when(_durable(), F.lit("PERSISTENT")).otherwise(F.lit("NON_PERSISTENT")))
+    if name == "AMQDurable":
+        return _static("string", s=F.when(_durable(), F.lit("DURABLE")).otherwise(F.lit("NON_DURABLE")))
+    if name in ("JMSPriority", "AMQPriority"):
+        return _static("long", l=F.coalesce(_header("priority").cast("long"), F.lit(4).cast("long")))
+    if name in ("JMSTimestamp", "AMQTimestamp"):
+        return _nullable("long", _props("creation_time"), "l")
+    if name in ("JMSExpiration", "AMQExpiration"):
+        return _static("long", l=F.coalesce(_props("absolute_expiry_time"), F.lit(0).cast("long")))
+    if name == "JMSRedelivered":
+        return _static("boolean", b=F.coalesce(_header("delivery_count"), F.lit(0).cast("long")) != 0)
+    if name == "JMSReplyTo":
+        return _nullable("string", _props("reply_to"), "s")
+    if name in ("JMSDestination", "AMQAddress"):
+        return _nullable("string", _props("to"), "s")
+    if name in ("JMSXGroupID", "AMQGroupID"):
+        return _nullable("string", _props("group_id"), "s")
+    if name == "JMSXUserID":
+        return _user_id()
+    if name == "JMSXGroupSeq":
+        return _nullable("long", _props("group_sequence"), "l")
+    if name == "JMSXDeliveryCount":
+        return _static("long", l=F.coalesce(_header("delivery_count"), F.lit(0).cast("long")) + F.lit(1))
+    if name == "AMQSize":
+        return _nullable("long", F.col("encoded_size"), "l")
+    if name == "TAGS":
+        return _nullable("string", _props("subject"), "s")
+    raise UnsupportedError(f"unknown header identifier {name!r}")
+
+
+# ----------------------------------------------------------------------------- the compiler
+class _Compiler:
+    def __init__(self, selector: ast.Selector, context: dict | None = None):
+        self.context = {} if context is None else context  # SQL text -> (hidden column, layer)
+        self.dialect = selector.dialect
+        self.convert = selector.convert_strings
+        self.failures: list[Any] = []  # rocketmq: conditions under which evaluation fails
+        self.defs: list[tuple[int, str, Column]] = []
+        self.top = 0
+
+    def define(self, level: int, expr: Column) -> tuple[Column, int]:
+        """Materialize `expr` as a hidden column in projection layer `level` (once per distinct
+        expression); a reference to it and its actual layer."""
+        if expr.cheap:
+            return expr, 0
+        known = self.context.get(expr.sql)
+        if known is None:
+            known = self.context[expr.sql] = (f"__bf{next(_names)}", level)
+            self.defs.append((level, known[0], expr))
+        self.top = max(self.top, known[1])
+        return F.col(known[0]), known[1]
+
+    def keep(self, v: Val, level: int) -> Val:
+        """`v` with its components materialized at `level`, so parents reference, not copy, them."""
+        out = Val(v.kinds, v.nullable, v.tag, level=0)
+        for field in ("tag", "l", "d", "s", "b"):
+            c = getattr(v, field)
+            if c is not None:
+                ref, at = self.define(level, c)
+                setattr(out, field, ref)
+                out.level = max(out.level, at)
+        return out
+
+    def fail_when(self, cond: Any) -> None:
+        cond = _safe(cond)
+        if cond is not False:
+            self.failures.append(cond)
+
+    # ------------------------------------------------------------------ conditions
+    def cond(self, node: Any) -> Any:
+        if isinstance(node, ast.Unary) and node.op == "NOT":
+            return _not(self.cond(node.operand))
+        if isinstance(node, ast.Binary) and node.op in ast.LOGICAL_OPS:
+            left, right = self.cond(node.left), self.cond(node.right)
+            if node.op == "AND":
+                return _col(left) & _col(right) if not (left is False or right is False) else False
+            return _col(left) | _col(right) if not (left is True or right is True) else True
+        if isinstance(node, ast.Binary) and node.op in ast.COMPARISON_OPS:
+            return self.compare(node.op, self.value(node.left), self.value(node.right))
+        if isinstance(node, ast.Between):
+            return self.between(node)
+        if isinstance(node, ast.In):
+            return self.member(node)
+        if isinstance(node, ast.Like):
+            return self.like(node)
+        if isinstance(node, ast.IsNull):
+            n = self.value(node.operand).is_null()
+            return _not(n) if node.negated else n
+        if isinstance(node, ast.StringTest):
+            return self.string_test(node)
+        if isinstance(node, ast.Tags):
+            if node.tags is None:
+                return True
+            return _safe(_props("subject").isin(*node.tags))
+        v = self.value(node)
+        return _case([(v.is_null(), None), (v.is_({"boolean"}), v.b)], False)
+
+    def compare(self, op: str, left: Val, right: Val) -> Any:
+        if self.dialect == "artemis":
+            if self.convert:
+                left, right = self.converted(left, right), self.converted(right, left)
+            if op in ("=", "<>"):
+                equal = _case(
+                    [
+                        (_and(left.is_null(), right.is_null()), True),
+                        (_or(left.is_null(), right.is_null()), False),
+                    ],
+                    self.equal_non_null(left, right),
+                )
+                return equal if op == "=" else ~equal
+            return _case(
+                [(_or(left.is_null(), right.is_null()), None), (_and(left.is_(NUMERIC), right.is_(NUMERIC)), _numeric(op, left, right))],
+                False,
+            )
+        if self.dialect == "rocketmq":
+            l2, r2 = self.coerced(left, right), self.coerced(right, left)
+            both_num = _and(l2.is_(NUMERIC), r2.is_(NUMERIC))
+            same = _or(
+                _and(l2.is_({"string"}), r2.is_({"string"})), _and(l2.is_({"boolean"}), r2.is_({"boolean"}))
+            )
+            nonnull = _and(_not(left.is_null()), _not(right.is_null()))
+            if op in ("=", "<>"):
+                self.fail_when(_and(nonnull, _not(both_num), _not(same)))
+            else:
+                self.fail_when(_and(nonnull, _not(both_num)))
+            return _case(
+                [(_or(left.is_null(), right.is_null()), None), (both_num, _numeric(op, l2, r2))],
+                self.same_kind_compare(op, l2, r2),
+            )
+        return _case(
+            [
+                (_or(left.is_null(), right.is_null()), None),
+                (_and(left.is_(NUMERIC), right.is_(NUMERIC)), _numeric(op, left, right)),
+            ],
+            self.same_kind_compare(op, left, right),
+        )
+
+    def same_kind_compare(self, op: str, left: Val, right: Val) -> Column:
+        """Strings and booleans: = and <> compare, ordering is FALSE; other kinds FALSE."""
+        if op not in ("=", "<>"):
+            return F.lit(False)
+        branches = []
+        for kind, field in (("string", "s"), ("boolean", "b")):
+            both = _and(left.is_({kind}), right.is_({kind}))
+            if both is not False:
+                a, b = getattr(left, field), getattr(right, field)
+                branches.append((both, (a == b) if op == "=" else (a != b)))
+        return _case(branches, False)
+
+    def equal_non_null(self, left: Val, right: Val) -> Column:
+        return _case(
+            [(_and(left.is_(NUMERIC), right.is_(NUMERIC)), _numeric("=", left, right))],
+            self.same_kind_compare("=", left, right),
+        )
+
+    def converted(self, v: Val, other: Val) -> Val:
+        """Artemis convert_string_expressions: a string read as the other side's kind when it parses."""
+        if not v.kind_possible("string"):
+            return v
+        s = v.s
+        is_str = v.is_({"string"})
+        as_int = _and(is_str, other.is_(NUMERIC), _int_text_ok(s))
+        as_dbl = _and(is_str, other.is_(NUMERIC), _not(_int_text_ok(s)), s.rlike(_DECIMAL_TEXT))
+        as_bool = _and(is_str, other.is_({"boolean"}), F.lower(s).isin("true", "false"))
+        out = Val(
+            v.kinds | {"long", "double", "boolean"},
+            v.nullable,
+            _case([(as_int, "long"), (as_dbl, "double"), (as_bool, "boolean")], v.tag if v.tag is not None else None),
+            l=_case([(as_int, s.cast("long"))], v.l),
+            d=_case([(as_dbl, s.cast("double"))], v.d),
+            s=s,
+            b=_case([(as_bool, F.lower(s) == "true")], v.b),
+        )
+        return self.keep(out, max(v.level, other.level) + 1)
+
+    def coerced(self, v: Val, other: Val) -> Val:
+        """RocketMQ: a string compared with a number is read as that number's type, or fails."""
+        if not v.kind_possible("string") or not (other.kinds & NUMERIC):
+            return v
+        s = v.s
+        is_str = v.is_({"string"})
+        to_long = _and(is_str, other.is_(INTEGER))
+        to_double = _and(is_str, other.is_({"double"}))
+        self.fail_when(_and(to_long, _not(_int_text_ok(s))))
+        self.fail_when(_and(to_double, _not(s.rlike(_DECIMAL_TEXT))))
+        out = Val(
+            v.kinds | {"long", "double"},
+            v.nullable,
+            _case([(to_long, "long"), (to_double, "double")], v.tag),
+            l=_case([(to_long, s.cast("long"))], v.l),
+            d=_case([(to_double, s.cast("double"))], v.d),
+            s=s,
+            b=v.b,
+        )
+        return self.keep(out, max(v.level, other.level) + 1)
+
+    def between(self, node: ast.Between) -> Any:
+        v, low, high = self.value(node.operand), self.value(node.low), self.value(node.high)
+        inside = _col(self.compare(">=", v, low)) & _col(self.compare("<=", v, high))
+        if not node.negated:
+            return inside
+        if self.dialect == "jms":
+            return _case([(_or(_mismatched(v, low), _mismatched(v, high)), False)], ~inside)
+        return ~inside
+
+    def member(self, node: ast.In) -> Any:
+        v = self.value(node.operand)
+        if self.dialect == "rocketmq":
+            found: Any = False
+            for literal in node.values:
+                found = _col(found) | _col(self.compare("=", v, self.value(literal)))
+            return _not(found) if node.negated else found
+        strings = [lit.value for lit in node.values if lit.type == "string"]
+        found = v.s.isin(*strings) if (strings and v.s is not None) else F.lit(False)
+        mismatch = node.negated if self.dialect == "artemis" else False
+        return _case([(v.is_null(), None), (v.is_({"string"}), ~found if node.negated else found)], mismatch)
+
+    def like(self, node: ast.Like) -> Any:
+        v = self.value(node.operand)
+        mismatch = node.negated if self.dialect == "artemis" else False
+        if self.dialect == "rocketmq":
+            self.fail_when(_and(_not(v.is_null()), _not(v.is_({"string"}))))
+        if v.s is None:
+            return _case([(v.is_null(), None)], mismatch)
+        found = v.s.rlike(like_regex(node.pattern, node.escape))
+        return _case([(v.is_null(), None), (v.is_({"string"}), ~found if node.negated else found)], mismatch)
+
+    def string_test(self, node: ast.StringTest) -> Any:
+        v = self.value(node.operand)
+        self.fail_when(_and(_not(v.is_null()), _not(v.is_({"string"}))))
+        if v.s is None:
+            return _case([(v.is_null(), None)], False)
+        text = F.lit(node.value)
+        if node.op == "CONTAINS":
+            found = v.s.contains(text)
+        elif node.op == "STARTSWITH":
+            found = v.s.startswith(text)
+        else:
+            found = v.s.endswith(text)
+        return _case([(v.is_null(), None), (v.is_({"string"}), ~found if node.negated else found)], False)
+
+    # ------------------------------------------------------------------ values
+    def value(self, node: Any) -> Val:
+        if isinstance(node, ast.Literal):
+            if node.type == "string":
+                return _static("string", s=F.lit(node.value))
+            if node.type == "boolean":
+                return _static("boolean", b=F.lit(bool(node.value)))
+            if node.type in INTEGER:
+                # A folded `-(-9223372036854775808)` is 2**63: Java wraps it to Long.MIN_VALUE.
+                n = (int(node.value) + 2**63) % 2**64 - 2**63
+                return _static(node.type, l=F.lit(n).cast("long"))
+            return _static("double", d=F.lit(float(node.value)).cast("double"))
+        if isinstance(node, ast.Ident):
+            if node.kind == "header":
+                return self.keep(_header_val(node.key), 1)
+            section = "message_annotations" if node.kind == "annotation" else "application_properties"
+            struct, _ = self.define(1, F.try_element_at(F.col(section), F.lit(node.key)))
+            v = typed_val(struct)
+            v.tag, v.level = self.define(2, v.tag)
+            return v
+        if isinstance(node, ast.Unary) and node.op in ("+", "-"):
+            v = self.number(self.value(node.operand))
+            return v if node.op == "+" else self.keep(_negate(v), v.level + 1)
+        if isinstance(node, ast.Binary) and node.op in ast.ARITHMETIC_OPS:
+            return self.arithmetic(node.op, self.value(node.left), self.value(node.right))
+        truth = _col(self.cond(node))
+        v = Val(frozenset({"boolean"}), True, F.when(truth.isNotNull(), F.lit("boolean")), b=truth)
+        return self.keep(v, self.top + 1)
+
+    def number(self, v: Val) -> Val:
+        """An arithmetic operand: the number, or NULL for anything else (a failure in rocketmq)."""
+        if self.convert and v.kind_possible("string"):
+            s = v.s
+            is_str = v.is_({"string"})
+            as_int = _and(is_str, _int_text_ok(s))
+            as_dbl = _and(is_str, _not(_int_text_ok(s)), s.rlike(_DECIMAL_TEXT))
+            v = Val(
+                v.kinds | {"long", "double"},
+                v.nullable,
+                _case([(as_int, "long"), (as_dbl, "double")], v.tag),
+                l=_case([(as_int, s.cast("long"))], v.l),
+                d=_case([(as_dbl, s.cast("double"))], v.d),
+                s=s,
+                b=v.b,
+                level=v.level,
+            )
+            v = self.keep(v, v.level + 1)
+        if not (v.kinds - NUMERIC):
+            return v
+        if self.dialect == "rocketmq":
+            self.fail_when(_and(_not(v.is_null()), _not(v.is_(NUMERIC))))
+        kinds = v.kinds & NUMERIC
+        if not kinds:
+            return _null_val()
+        return self.keep(
+            Val(kinds, True, _case([(v.is_(NUMERIC), v.tag)], None), l=v.l, d=v.d, level=v.level), v.level + 1
+        )
+
+    def arithmetic(self, op: str, left: Val, right: Val) -> Val:
+        left, right = self.number(left), self.number(right)
+        if not left.kinds or not right.kinds:
+            return _null_val()
+        nullable = left.nullable or right.nullable
+        null = _or(left.is_null(), right.is_null())
+        if op == "/" and self.dialect == "artemis":
+            d = _float_divide(left.as_double(), right.as_double())
+            level = max(left.level, right.level) + 1
+            return self.keep(Val(frozenset({"double"}), nullable, _case([(null, None)], "double"), d=d), level)
+        any_double = _or(left.is_({"double"}), right.is_({"double"}))
+        any_long = _or(left.is_({"long"}), right.is_({"long"}))
+        kinds = set()
+        if any_double is not False:
+            kinds.add("double")
+        if any_double is not True:
+            if any_long is not False:
+                kinds.add("long")
+            if any_long is not True:
+                kinds.add("int")
+        d = None
+        if "double" in kinds:
+            a, b = left.as_double(), right.as_double()
+            d = {"+": a + b, "-": a - b, "*": a * b, "/": None}[op] if op != "/" else _float_divide(a, b)
+        lcol = None
+        div_by_zero: Any = False
+        if kinds & INTEGER:
+            a, b = _long_or_null(left.l), _long_or_null(right.l)
+            if op == "+":
+                raw = a + b
+            elif op == "-":
+                raw = a - b
+            elif op == "*":
+                raw = a * b
+            else:
+                raw = F.call_function("div", a, b)  # truncates; NULL for a zero divisor
+                div_by_zero = _and(_not(any_double), b == 0)
+            lcol = _case([(any_long, raw)], _wrap32(raw))
+        tag = _case(
+            [(null, None), (div_by_zero, None), (any_double, "double"), (any_long, "long")],
+            "int",
+        )
+        may_be_null = nullable or div_by_zero is not False
+        return self.keep(Val(frozenset(kinds), may_be_null, tag, l=lcol, d=d), max(left.level, right.level) + 1)
+
+
+def _int_text_ok(s: Column) -> Column:
+    return s.rlike(_INTEGER_TEXT) & s.cast("long").isNotNull()
+
+
+def _mismatched(a: Val, b: Val) -> Any:
+    return _and(_not(a.is_null()), _not(b.is_null()), _not(_and(a.is_(NUMERIC), b.is_(NUMERIC))))
+
+
+def _long_or_null(c: Column | None) -> Column:
+    return F.lit(None).cast("long") if c is None else c
+
+
+def _wrap32(x: Column) -> Column:
+    return x.cast("int").cast("long")
+
+
+def _negate(v: Val) -> Val:
+    if not v.kinds:
+        return v
+    lcol = None
+    if v.kinds & INTEGER:
+        lcol = _case([(v.is_({"long"}), -v.l)], _wrap32(-v.l))
+    d = -v.d if "double" in v.kinds else None
+    return Val(v.kinds, v.nullable, v.tag, l=lcol, d=d)
+
+
+def _float_divide(a: Column, b: Column) -> Column:
+    # x / 0.0 is x * (1 / 0.0); pow(+-0.0, -1) is +-Infinity (Spark's `/` answers NULL).
+    return F.when(b == 0.0, a * F.pow(b, F.lit(-1.0))).otherwise(a / b)
+
+
+def _direct(op: str, a: Column, b: Column) -> Column:
+    return {"=": a == b, "<>": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+
+
+def _numeric(op: str, left: Val, right: Val) -> Column:
+    """Comparison of two non-NULL numbers as Java does: two integers as longs, otherwise both widened
+    to double, where NaN equals NaN and is above every other number and -0.0 equals 0.0
+    (`Double.compareTo` without the zero sign), which is Spark's own double ordering."""
+    both_int = _and(left.is_(INTEGER), right.is_(INTEGER))
+    branches: list[tuple[Any, Any]] = []
+    if both_int is not False:
+        branches.append((both_int, _direct(op, left.l, right.l)))
+    return _case(branches, _direct(op, left.as_double(), right.as_double()))
+
+
+def like_regex(pattern: str, escape: str | None) -> str:
+    """The Java regex (for `rlike`) equal to SQL LIKE `pattern` over the whole (multi-line) text."""
+    out = [r"(?s)\A"]
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if escape is not None and c == escape and i + 1 < len(pattern):
+            out.append(_regex_literal(pattern[i + 1]))
+            i += 2
+            continue
+        if c == "%":
+            out.append(".*")
+        elif c == "_":
+            out.append(".")
+        else:
+            out.append(_regex_literal(c))
+        i += 1
+    out.append(r"\z")
+    return "".join(out)
+
+
+def _regex_literal(c: str) -> str:
+    return c if c.isascii() and c.isalnum() else "\\x{%x}" % ord(c)
+
+
+# ----------------------------------------------------------------------------- public API
+_names = itertools.count()
+
+
+class CompiledSelector:
+    """A selector compiled for Spark: hidden helper columns in layers, then one boolean result column.
+
+    Intermediate values are materialized as hidden columns (one projection per nesting level), so
+    the plan grows linearly with the selector, not exponentially: Spark does not inline a non-trivial
+    column that is read more than once.  `apply` adds the result to a DataFrame of archive rows.
+    """
+
+    def __init__(self, defs: list[tuple[int, str, Column]], result: Column, selector: ast.Selector | None = None):
+        self.defs = defs
+        self.result = result
+        self.selector = selector
+
+    def apply(self, frame: Any, name: str = "matched") -> Any:
+        """`frame` plus the boolean column `name` (TRUE / FALSE / NULL for UNKNOWN)."""
+        return apply_all(frame, {name: self})
+
+    def where(self, frame: Any) -> Any:
+        """The rows of `frame` the selector selects (TRUE only)."""
+        return self.apply(frame, "__bf_match").where("`__bf_match`").drop("__bf_match")
+
+
+def apply_all(frame: Any, compiled: dict[str, "CompiledSelector"]) -> Any:
+    """`frame` plus one result column per name, all evaluated in the same projections."""
+    layers: dict[int, dict[str, str]] = {}
+    for c in compiled.values():
+        for level, name, expr in c.defs:
+            layers.setdefault(level, {})[name] = f"{expr.sql} AS `{name}`"
+    columns = [f"`{c}`" for c in frame.columns]
+    for level in sorted(layers):
+        frame = frame.selectExpr("*", *layers[level].values())
+    return frame.selectExpr(*columns, *[f"{c.result.sql} AS `{name}`" for name, c in compiled.items()])
+
+
+def compile_selector(selector: ast.Selector, context: dict | None = None) -> CompiledSelector:
+    """A selector AST compiled to Spark: TRUE, FALSE or NULL (UNKNOWN), exactly as the core evaluates.
+
+    Selectors compiled with one shared `context` dict share their common helper columns (apply them
+    together with `apply_all`)."""
+    if selector.expr is None:
+        return CompiledSelector([], F.lit(True), selector)
+    compiler = _Compiler(selector, context)
+    result = _col(compiler.cond(selector.expr))
+    if compiler.failures:
+        failed = compiler.failures[0]
+        for f in compiler.failures[1:]:
+            failed = failed | f
+        result = F.when(failed, F.lit(ROCKETMQ_FAILURE)).otherwise(result)
+    return CompiledSelector(compiler.defs, result, selector)
+
+
+def compile_text(text: str, dialect: str = "jms") -> CompiledSelector:
+    """Parse (with the core's parser, same errors) and compile selector text."""
+    from ..filters import parse_selector
+
+    return compile_selector(parse_selector(text, dialect))
