@@ -40,55 +40,14 @@ class Forced(BaseException):
 
 
 class ConnectionRegistry:
-    """A handler in front of the proxy's handler that remembers open client connections, and with
-    `metrics` set counts what clients do: messages they publish and the outcomes they settle with.
-    `census()` (on the Container's thread) gives the link and credit numbers of a metrics Snapshot."""
+    """A handler in front of the proxy's handler that remembers open client connections."""
 
-    def __init__(self, inner: Any, metrics: Any = None):
+    def __init__(self, inner: Any):
         self.handlers = [inner]  # proton dispatches every event to these after us
         self.connections: set = set()
-        self.metrics = metrics
 
     def on_connection_remote_open(self, event: Any) -> None:
         self.connections.add(event.connection)
-
-    def on_delivery(self, event: Any) -> None:
-        if self.metrics is None:
-            return
-        try:
-            self._count(event.link, event.delivery)
-        except Exception:  # noqa: BLE001 - counting must never disturb the proxy
-            log.debug("counting a delivery failed", exc_info=True)
-
-    def _count(self, link: Any, delivery: Any) -> None:
-        if getattr(delivery, "bf_counted", False):
-            return
-        if link.is_receiver:  # the client publishes
-            if delivery.readable and not delivery.partial:
-                delivery.bf_counted = True
-                self.metrics.address(link.remote_target.address).published.inc()
-        elif delivery.settled:  # the client settled (proton: settled by the peer) a message sent to it
-            delivery.bf_counted = True
-            self.metrics.address(link.remote_source.address).outcome(_outcome_name(delivery.remote_state))
-
-    def census(self) -> tuple[dict[str, int], dict[str, int]]:
-        """(attached client links by kind, credit clients granted and the proxy has not used, by
-        address).  Kinds: `consumer` (the client receives), `producer` (the client sends)."""
-        from proton import Endpoint
-
-        links = {"consumer": 0, "producer": 0}
-        credit: dict[str, int] = {}
-        for connection in list(self.connections):
-            link = connection.link_head(Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE)
-            while link:
-                if link.is_sender:
-                    links["consumer"] += 1
-                    address = link.remote_source.address or ""
-                    credit[address] = credit.get(address, 0) + max(0, link.credit)
-                else:
-                    links["producer"] += 1
-                link = link.next(Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE)
-        return links, credit
 
     def on_connection_final(self, event: Any) -> None:
         self.connections.discard(event.connection)
@@ -101,17 +60,6 @@ class ConnectionRegistry:
         from proton import Endpoint
 
         return [c for c in self.connections if not c.state & Endpoint.LOCAL_CLOSED]
-
-
-def _outcome_name(state: Any) -> str:
-    from proton import Delivery
-
-    return {
-        Delivery.ACCEPTED: "accepted",
-        Delivery.REJECTED: "rejected",
-        Delivery.RELEASED: "released",
-        Delivery.MODIFIED: "modified",
-    }.get(state, "other")
 
 
 class GracefulShutdown:
