@@ -701,3 +701,138 @@ def compile_text(text: str, dialect: str = "jms") -> CompiledSelector:
     from ..filters import parse_selector
 
     return compile_selector(parse_selector(text, dialect))
+
+
+# ----------------------------------------------------------------------------- filter-sets
+def compile_filter_set(filter_set: Any, dialect: str = "jms", context: dict | None = None) -> CompiledSelector:
+    """A compiled `FilterSet` (broker_filter.filters.compile_filter_set) as one Spark condition: the
+    Kleene AND of its applied entries.  Selector, direct, topic and headers filters and the
+    and / or / not combinators compile to expressions; no-local is TRUE offline (an archive has no
+    receiving connection, and the core answers TRUE without a receiver too)."""
+    context = {} if context is None else context
+    defs: list[tuple[int, str, Column]] = []
+    result: Any = True
+    for entry in filter_set.entries:
+        result = _and(result, _filter_cond(entry.kind, entry.value, entry, dialect, context, defs))
+    return CompiledSelector(defs, _col(result))
+
+
+def _filter_cond(kind: str, value: Any, entry: Any, dialect: str, context: dict, defs: list) -> Any:
+    if kind == "selector":
+        selector = getattr(getattr(entry, "filter", None), "ast", None) if entry is not None else None
+        if selector is None:
+            from ..filters import parse_selector
+
+            selector = parse_selector(str(_described_value(value)), dialect)
+        compiled = compile_selector(selector, context)
+        defs.extend(compiled.defs)
+        return compiled.result
+    if kind == "no-local":
+        return True
+    inner = _described_value(value)
+    if kind == "direct":
+        return _safe(_props("subject") == F.lit(str(inner)))
+    if kind == "topic":
+        return topic_condition(str(inner))
+    if kind == "headers":
+        return headers_condition(inner)
+    if kind in ("and", "or", "not"):
+        items = inner if isinstance(inner, (list, tuple)) else [inner]
+        conds = []
+        for item in items:
+            from ..filters.filterset import resolve_descriptor
+
+            descriptor, _v = _split_described(item)
+            _name, child_kind = resolve_descriptor(descriptor)
+            conds.append(_col(_filter_cond(child_kind, item, None, dialect, context, defs)))
+        if kind == "not":
+            return ~conds[0]
+        out = conds[0]
+        for c in conds[1:]:
+            out = (out & c) if kind == "and" else (out | c)
+        return out
+    raise UnsupportedError(f"filter kind {kind!r} has no Spark form")
+
+
+def _split_described(v: Any) -> tuple[Any, Any]:
+    """(descriptor, value) of a described filter, proton-decoded or in the JSON form."""
+    if isinstance(v, dict) and "descriptor" in v:
+        from ..message import value_from_json
+
+        inner = v.get("value")
+        if isinstance(inner, list):
+            return v["descriptor"], [x if _looks_described(x) else value_from_json(x) for x in inner]
+        return v["descriptor"], value_from_json(inner)
+    return v.descriptor, v.value
+
+
+def _looks_described(x: Any) -> bool:
+    return (isinstance(x, dict) and "descriptor" in x) or (hasattr(x, "descriptor") and hasattr(x, "value"))
+
+
+def _described_value(v: Any) -> Any:
+    return _split_described(v)[1] if _looks_described(v) else v
+
+
+def topic_regex(key: str) -> str:
+    """Java regex over "." + subject (every word then reads `.word`) equal to the RabbitMQ topic key."""
+    parts = []
+    for word in ([] if key == "" else key.split(".")):
+        if word == "#":
+            parts.append(r"(?:\.[^.]*)*")
+        elif word == "*":
+            parts.append(r"\.[^.]*")
+        else:
+            parts.append(r"\." + "".join(_regex_literal(c) for c in word))
+    return r"(?s)\A" + "".join(parts) + r"\z"
+
+
+def topic_condition(key: str) -> Any:
+    """TRUE / FALSE: the subject matches the topic binding key (no subject: only `#` matches)."""
+    words = [] if key == "" else key.split(".")
+    if words == ["#"]:
+        return True
+    subject = _props("subject")
+    if "#" not in words and "*" not in words:
+        return _safe(subject == F.lit(key))
+    empty_matches = all(w == "#" for w in words)  # "" is zero words
+    return _safe(
+        F.when(subject == F.lit(""), F.lit(empty_matches)).otherwise(
+            F.concat(F.lit("."), subject).rlike(topic_regex(key))
+        )
+    )
+
+
+def headers_condition(binding: dict) -> Any:
+    """TRUE / FALSE: the legacy headers binding (x-match all / any / all-with-x / any-with-x)."""
+    from .. import amqptypes as t
+    from ..archive import typed_value
+
+    mode = str(binding.get("x-match", "all"))
+    pairs = [(str(k), v) for k, v in binding.items() if k != "x-match"]
+    if not mode.endswith("-with-x"):
+        pairs = [(k, v) for k, v in pairs if not k.startswith("x-")]
+    ap = F.col("application_properties")
+    conds = []
+    for k, v in pairs:
+        present = F.coalesce(F.map_contains_key(ap, F.lit(k)), F.lit(False))
+        if v is None:
+            conds.append(present)
+            continue
+        want = typed_value(v)
+        got = F.try_element_at(ap, F.lit(k))
+        same = got.getField("type") == F.lit(want["type"])
+        decimal = want["type"].startswith("decimal")
+        for field in ("string", "long", "double", "boolean", "binary"):
+            if want.get(field) is None or (decimal and field == "string"):
+                continue  # decimals compare by value (1.0 = 1.00), not by text
+            if field == "binary":
+                same = same & (F.hex(got.getField("binary")) == F.lit(want["binary"].hex().upper()))
+            elif field == "double" and t.amqp_type(v) in ("float", "double") and want["double"] != want["double"]:
+                same = F.lit(False)  # NaN equals nothing
+            else:
+                same = same & (got.getField(field) == F.lit(want[field]))
+        conds.append(present & F.coalesce(same, F.lit(False)))
+    if mode.startswith("all"):
+        return _and(*conds) if conds else True
+    return _or(*conds) if conds else False
