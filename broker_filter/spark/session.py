@@ -24,6 +24,7 @@ def get_session(master: str | None = "local[*]", app_name: str = "broker-filter"
         "spark.ui.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     }
     if master is None or master.startswith("local"):
         settings["spark.driver.host"] = "127.0.0.1"

@@ -1,0 +1,132 @@
+"""`broker-filter backtest`: run filters over a message archive on Spark and report what they select."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "backtest",
+        help="evaluate filters over a Parquet message archive on Spark",
+        description="Evaluate named filters over a message archive (docs/archive.md) on Spark and report, "
+        "per filter, the messages matched, the selectivity and the counts per address and per hour. "
+        "Filters compile to native Spark SQL expressions with the daemon's semantics (docs/backtest.md).",
+    )
+    p.add_argument("--archive", required=True, metavar="PATH", help="archive directory or Parquet file")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--selector", metavar="S", help="one selector (reported as 'selector')")
+    which.add_argument(
+        "--filter-set",
+        metavar="JSON",
+        help='one filter-set in the JSON form, e.g. {"f": {"descriptor": "apache.org:selector-filter:string", '
+        '"value": "a = 1"}} (reported as \'filter-set\')',
+    )
+    which.add_argument(
+        "--filters",
+        metavar="FILE",
+        help="a JSON object of named filters: each value is selector text or a filter-set object",
+    )
+    p.add_argument("--dialect", default="jms", choices=["jms", "artemis", "rocketmq"], help="selector dialect (default jms)")
+    p.add_argument(
+        "--master",
+        default=None,
+        help="Spark master URL (default local[*]; under spark-submit, the master spark-submit was given)",
+    )
+    p.add_argument("--output", metavar="DIR", help="write each filter's matching messages to DIR/<name>/ as Parquet")
+    p.add_argument("--json", action="store_true", help="print one JSON object keyed by filter name")
+    p.set_defaults(func=run)
+
+
+def load_filters(args: argparse.Namespace) -> dict[str, Any]:
+    """name -> compiled core Filter (selector) or FilterSet; raises FilterError / ValueError."""
+    from ..filters import compile_filter_set, compile_selector
+
+    if args.selector is not None:
+        return {"selector": compile_selector(args.selector, args.dialect)}
+    if args.filter_set is not None:
+        return {"filter-set": compile_filter_set(args.filter_set, args.dialect)}
+    try:
+        with open(args.filters, encoding="utf-8") as f:
+            spec = json.load(f)
+    except OSError as e:
+        raise ValueError(f"{args.filters}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{args.filters}: not JSON: {e}") from None
+    if not isinstance(spec, dict) or not spec:
+        raise ValueError(f"{args.filters}: expected a JSON object of named filters")
+    out = {}
+    for name, value in spec.items():
+        try:
+            if isinstance(value, str):
+                out[name] = compile_selector(value, args.dialect)
+            elif isinstance(value, dict):
+                out[name] = compile_filter_set(value, args.dialect)
+            else:
+                raise ValueError("a filter is selector text or a filter-set object")
+        except ValueError as e:
+            describe = getattr(e, "describe", None)
+            raise ValueError(f"filter {name!r}: {describe() if describe else e}") from None
+    return out
+
+
+def spark_filters(filters: dict[str, Any], dialect: str) -> dict[str, Any]:
+    from ..filters import FilterSet
+    from ..spark.compile import compile_filter_set, compile_selector
+
+    context: dict = {}
+    out = {}
+    for name, f in filters.items():
+        if isinstance(f, FilterSet):
+            out[name] = compile_filter_set(f, dialect, context)
+        else:
+            out[name] = compile_selector(f.ast, context)
+    return out
+
+
+def master_of(args: argparse.Namespace) -> str | None:
+    if args.master:
+        return args.master
+    return None if os.environ.get("PYSPARK_GATEWAY_PORT") else "local[*]"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..archive import ArchiveError, archive_files
+
+    try:
+        filters = load_filters(args)
+    except ValueError as e:
+        describe = getattr(e, "describe", None)
+        print(f"broker-filter backtest: {describe() if describe else e}", file=sys.stderr)
+        caret = getattr(e, "caret", None)
+        if caret is not None and getattr(e, "position", None) is not None:
+            print(caret(), file=sys.stderr)
+        return 2
+    try:
+        if not archive_files(args.archive):
+            raise ArchiveError(f"{args.archive}: no Parquet files in the archive")
+    except ArchiveError as e:
+        print(f"broker-filter backtest: {e}", file=sys.stderr)
+        return 2
+    from ..spark.backtest import run_backtest
+    from ..spark.session import get_session, read_archive
+
+    spark = get_session(master_of(args), app_name="broker-filter backtest")
+    frame = read_archive(spark, args.archive)
+    reports = run_backtest(frame, spark_filters(filters, args.dialect), args.output)
+    if args.json:
+        print(json.dumps({name: r.to_json() for name, r in reports.items()}, indent=2))
+        return 0
+    for name, r in reports.items():
+        print(f"{name}: {r.matched} of {r.total} matched ({100 * r.selectivity:.2f}%), {r.unknown} unknown")
+        for address, n in sorted(r.by_address.items()):
+            print(f"  address {address or '(none)'}: {n}")
+        for hour, n in sorted(r.by_hour.items()):
+            print(f"  hour {hour}: {n}")
+    if args.output:
+        print(f"matching messages written under {args.output}/")
+    return 0
