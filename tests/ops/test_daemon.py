@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from proton import Message
+from proton import Described, Message, symbol
+from proton.reactor import Filter
 from proton.utils import BlockingConnection
 
 from broker_filter.security import hash_password
@@ -186,3 +187,66 @@ def test_second_signal_forces(daemon):
     d.proc.send_signal(signal.SIGTERM)
     assert d.proc.wait(10) == 128 + signal.SIGTERM
     assert "second signal" in d.log()
+
+
+ROUTING = """
+[[address_rules]]
+pattern = "orders.#"
+routing_type = "anycast"
+upstream = "tenant-a.{address}"
+
+[virtual_addresses."orders.red"]
+upstream = "orders.all"
+selector = "color = 'red'"
+"""
+
+
+def drain(receiver, timeout: float = 1.5) -> list:
+    bodies = []
+    while True:
+        try:
+            message = receiver.receive(timeout=timeout)
+        except Exception:  # proton.Timeout: nothing more
+            return bodies
+        receiver.accept()
+        bodies.append(message.body)
+
+
+def test_address_rules_rewrite_publishes_and_consumers(daemon, tmp_path):
+    config = tmp_path / "routing.toml"
+    config.write_text(ROUTING)
+    d = daemon("--config", str(config))
+    conn = BlockingConnection(d.url, timeout=20)
+    try:
+        conn.create_sender("orders.eu").send(Message(body="via the rule"))
+        direct = conn.create_receiver("tenant-a.orders.eu")  # no rule matches: the upstream name itself
+        assert direct.receive(timeout=20).body == "via the rule"
+        direct.accept()
+        conn.create_sender("tenant-a.orders.eu").send(Message(body="direct"))
+        via_rule = conn.create_receiver("orders.eu")
+        assert via_rule.receive(timeout=20).body == "direct"
+        via_rule.accept()
+    finally:
+        conn.close()
+
+
+def test_virtual_filtered_address(daemon, tmp_path):
+    config = tmp_path / "routing.toml"
+    config.write_text(ROUTING)
+    d = daemon("--config", str(config))
+    conn = BlockingConnection(d.url, timeout=20)
+    try:
+        sender = conn.create_sender("orders.all")
+        for i, (color, size) in enumerate([("red", "L"), ("blue", "L"), ("red", "S"), ("red", "L")]):
+            sender.send(Message(body=i, properties={"color": color, "size": size}))
+        selector = Filter({symbol("sel"): Described(symbol("apache.org:selector-filter:string"), "size = 'L'")})
+        large_red = conn.create_receiver("orders.red", name="large-red", options=selector)
+        assert drain(large_red) == [0, 3]  # the virtual filter AND the client's own
+        large_red.close()  # what its upstream consumer held unmatched goes back to the queue
+        red = conn.create_receiver("orders.red", name="red")
+        assert drain(red) == [2]  # no filter of its own: every red message left
+        red.close()
+        everything = conn.create_receiver("orders.all", name="all")
+        assert drain(everything) == [1]  # the blue one stayed in the queue for others
+    finally:
+        conn.close()
