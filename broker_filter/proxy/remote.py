@@ -1,8 +1,9 @@
 """An upstream that is a remote AMQP 1.0 broker (RabbitMQ or any other), over one proton connection.
 
-Theory of operation: one connection carries every consumer and publisher of the proxy; publishers
-share one session, each consumer has a session of its own, ended with the consumer, because RabbitMQ
-3.10 returns a consumer's unsettled messages to the queue only when its session ends.  Deliveries are received as raw bytes and settled with the client's outcome; nothing is
+Theory of operation: one connection carries every consumer and publisher of the proxy, each in a
+session of its own, ended with it: RabbitMQ 3.10 returns a consumer's unsettled messages to the
+queue only when its session ends, and answers some errors (a missing exchange) by ending the
+session, which must take down only the endpoint concerned.  Deliveries are received as raw bytes and settled with the client's outcome; nothing is
 settled upstream on the proxy's own initiative except what the forwarding rules decide.  When the
 connection drops, every consumer and publisher is reported closed with a transient
 `amqp:connection:forced` error (the broker returns their unsettled messages to the queues) and the
@@ -179,6 +180,7 @@ class RemotePublisher:
         self.handler = handler
         self.upstream = upstream
         self.link = None
+        self.session = None
         self.closed = False
         self.ready = False
         self._tags = itertools.count(1)
@@ -203,8 +205,13 @@ class RemotePublisher:
         self.closed = True
         self.pending.clear()
         self.upstream._forget(self)
+        self._end()
+
+    def _end(self) -> None:
         if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
             self.link.close()
+        if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
+            self.session.close()
 
     def _closed_by_upstream(self, error: ErrorInfo) -> None:
         if self.closed:
@@ -212,6 +219,8 @@ class RemotePublisher:
         self.closed = True
         self.pending.clear()
         self.upstream._forget(self)
+        if not error.transient:
+            self._end()
         self.handler.on_publisher_closed(self, error)
 
 
@@ -243,7 +252,6 @@ class RemoteUpstream(Handler):
         self.loop: Loop | None = None
         self.listener: UpstreamListener | None = None
         self.connection = None
-        self.session = None
         self.connected = False
         self.stopped = False
         self.remote_capabilities: frozenset[str] = frozenset()
@@ -284,12 +292,12 @@ class RemoteUpstream(Handler):
     def open_consumer(self, spec: ConsumerSpec, handler: ConsumerHandler) -> RemoteConsumer:
         consumer = RemoteConsumer(self, spec, handler)
         name = f"{spec.name or 'consumer'}-{next(self._names)}"
-        if not self.connected or self.session is None:
+        if not self.connected or self.connection is None:
             self.loop.call_soon(lambda: consumer._closed_by_upstream(
                 ErrorInfo("amqp:connection:forced", f"upstream {self.name} is not connected", transient=True)))
             return consumer
         session = self.connection.session()
-        session.bf_consumer = consumer
+        session.bf_endpoint = consumer
         session.open()
         consumer.session = session
         link = session.receiver(name)
@@ -314,11 +322,15 @@ class RemoteUpstream(Handler):
     def open_publisher(self, address: str | None, handler: PublisherHandler) -> RemotePublisher:
         publisher = RemotePublisher(self, address, handler)
         name = f"publisher-{next(self._names)}"
-        if not self.connected or self.session is None:
+        if not self.connected or self.connection is None:
             self.loop.call_soon(lambda: publisher._closed_by_upstream(
                 ErrorInfo("amqp:connection:forced", f"upstream {self.name} is not connected", transient=True)))
             return publisher
-        link = self.session.sender(name)
+        session = self.connection.session()
+        session.bf_endpoint = publisher
+        session.open()
+        publisher.session = session
+        link = session.sender(name)
         link.target.address = address
         link.source.address = None
         link.bf_endpoint = publisher
@@ -368,7 +380,6 @@ class RemoteUpstream(Handler):
     def _lost(self, condition: Any) -> None:
         was_connected = self.connected
         self.connected = False
-        self.session = None
         conn, self.connection = self.connection, None
         desc = f"upstream {self.name} connection lost"
         if condition is not None and getattr(condition, "description", None):
@@ -403,8 +414,6 @@ class RemoteUpstream(Handler):
         is_rabbit = self.product is not None and "rabbitmq" in self.product.lower()
         self.binds_exchange_keys = is_rabbit
         self.modified_ok = not is_rabbit
-        self.session = conn.session()
-        self.session.open()
         self.connected = True
         self._backoff = 0.1
         log.info("upstream %s: connected (%s)", self.name, self.product or "unknown product")
@@ -418,15 +427,12 @@ class RemoteUpstream(Handler):
         ssn = event.session
         if event.connection != self.connection:
             return
-        if ssn == self.session:
-            self._lost(ssn.remote_condition)
-            return
-        consumer = getattr_or_none(ssn, "bf_consumer")
+        endpoint = getattr_or_none(ssn, "bf_endpoint")
         if not (ssn.state & Endpoint.LOCAL_CLOSED):
             ssn.close()
-        if consumer is not None and not consumer.closed:
+        if endpoint is not None and not endpoint.closed:
             c = ssn.remote_condition
-            consumer._closed_by_upstream(ErrorInfo(
+            endpoint._closed_by_upstream(ErrorInfo(
                 c.name if c is not None else "amqp:link:detach-forced",
                 c.description if c is not None else f"upstream {self.name} ended the session",
             ))

@@ -181,3 +181,31 @@ def test_configured_virtual_address_and_multicast_rule(rabbitmq, tmp_path):
     finally:
         c.close()
         p.stop()
+
+
+def test_upstream_refusal_reaches_the_client_as_an_attach_refusal(proxy):
+    from proton.utils import LinkDetached
+
+    c = connect(proxy.url)
+    try:
+        with pytest.raises(LinkDetached) as info:
+            c.create_receiver(f"/exchange/missing-{_tag()}", options=Selector("a = 1"))
+        assert info.value.link.remote_condition.name == "amqp:not-found"
+        with pytest.raises(LinkDetached) as info:
+            c.create_sender(f"/exchange/missing-{_tag()}")
+        assert info.value.link.remote_condition.name == "amqp:not-found"
+    finally:
+        c.close()
+
+
+def test_large_message_both_ways_unchanged(proxy, address):
+    body = bytes(range(256)) * 4096  # 1 MiB: many transfer frames each way
+    c = connect(proxy.url)
+    try:
+        r = c.create_receiver(f"/queue/{address}", credit=2, options=Selector("big = TRUE"))
+        s = c.create_sender(f"/queue/{address}")
+        s.send(Message(body=body, properties={"big": True}))
+        (m,) = receive(r, count=1, idle=5.0)
+        assert bytes(m.body) == body
+    finally:
+        c.close()
