@@ -250,3 +250,41 @@ def test_virtual_filtered_address(daemon, tmp_path):
         assert drain(everything) == [1]  # the blue one stayed in the queue for others
     finally:
         conn.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_chained_upstream_with_credentials_from_the_environment(daemon):
+    """The harness of the two tests below, as it works today: one upstream URL, user and password
+    from BROKER_FILTER_UPSTREAM_* (the upstream checks them: PLAIN users, no anonymous)."""
+    upstream = daemon("--set", f'listener.users={{svc = "{ALICE}"}}', "--set", "listener.allow_anonymous=false")
+    proxy = daemon("--upstream", upstream.url,
+                   env={"BROKER_FILTER_UPSTREAM_USER": "svc", "BROKER_FILTER_UPSTREAM_PASSWORD": "wonderland"})
+    proxy.wait_for(r"upstream \S+: (connected)", timeout=8)
+    assert roundtrip(proxy.url, "ops-chain") == "ping"
+    assert "wonderland" not in proxy.log()
+
+
+@pytest.mark.xfail(strict=True, reason="the daemon connects to upstream.urls[0] only (no failover yet)")
+def test_upstream_failover_to_the_next_url(daemon):
+    upstream = daemon()  # a second instance with its embedded broker is a fine upstream
+    proxy = daemon("--upstream", f"amqp://127.0.0.1:{free_port()}", "--upstream", upstream.url,
+                   "--metrics", "127.0.0.1:0")
+    proxy.wait_for(r"upstream \S+: (connected)", timeout=8)
+    assert roundtrip(proxy.url, "ops-failover") == "ping"
+
+
+@pytest.mark.xfail(strict=True, reason="[upstream.tls] is not applied to amqps:// upstream connections yet")
+def test_upstream_tls_with_the_configured_ca(daemon, pki):
+    upstream = daemon("--set", f"listener.tls.cert_file={pki / 'server.pem'}",
+                      "--set", f"listener.tls.key_file={pki / 'server.key'}")
+    proxy = daemon("--upstream", f"amqps://127.0.0.1:{upstream.port}",
+                   "--set", f"upstream.tls.ca_file={pki / 'ca.pem'}", "--set", "upstream.tls.verify=peer")
+    proxy.wait_for(r"upstream \S+: (connected)", timeout=8)
+    assert roundtrip(proxy.url, "ops-tls") == "ping"
