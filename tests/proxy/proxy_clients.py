@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import time
+import urllib.request
 
 from proton import Message
 from proton.reactor import Filter
@@ -53,3 +56,23 @@ def receive_all(receivers: dict, idle_rounds: int = 3, wait: float = 0.3, limit:
             progress = progress or bool(batch)
         quiet = 0 if progress else quiet + 1
     return got
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def value(text: str, name: str, **labels) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(name + ("{" + want if want else "")):
+            if not want or re.match(re.escape(name) + r"\{" + re.escape(want) + r"[,}]", line):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0

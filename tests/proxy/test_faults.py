@@ -16,7 +16,7 @@ from proton import Message
 from proton.reactor import Selector
 from proton.utils import LinkDetached
 
-from conftest import Proxy, amqp10_ready, rabbitmqctl
+from proxy_harness import Proxy, amqp10_ready, rabbitmqctl
 from proxy_clients import connect, receive
 
 pytestmark = pytest.mark.rabbitmq

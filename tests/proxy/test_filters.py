@@ -153,7 +153,7 @@ def test_published_messages_carry_the_origin_annotation(proxy, address):
 
 
 def test_configured_virtual_address_and_multicast_rule(rabbitmq, tmp_path):
-    from conftest import Proxy
+    from proxy_harness import Proxy
 
     tag = _tag()
     conf = tmp_path / "proxy.toml"

@@ -3,39 +3,16 @@ stalled state of a queue nobody matches."""
 
 from __future__ import annotations
 
-import re
-import socket
 import time
-import urllib.request
 
 import pytest
 from proton import Message
 from proton.reactor import Selector
 
-from conftest import Proxy
-from proxy_clients import connect, receive
+from proxy_harness import Proxy
+from proxy_clients import connect, free_port, receive, scrape, value
 
 pytestmark = pytest.mark.rabbitmq
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        return r.read().decode()
-
-
-def value(text: str, name: str, **labels) -> float:
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        if line.startswith(name + ("{" + want if want else "")):
-            if not want or re.match(re.escape(name) + r"\{" + re.escape(want) + r"[,}]", line):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def test_counters_and_held_gauge(rabbitmq, address):

@@ -7,7 +7,7 @@ import pytest
 from proton import Message
 from proton.reactor import Selector
 
-from conftest import Proxy
+from proxy_harness import Proxy
 from proxy_clients import connect, receive, receive_all
 
 pytestmark = pytest.mark.rabbitmq
