@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 from typing import Any
 
@@ -31,16 +32,42 @@ def build_upstream(config: Any) -> Any:
             kinds = frozenset({"selector"})
         elif up.evaluates_selectors is False:
             kinds = frozenset()
-        url = up.urls[0]
-        if up.user and "@" not in url.split("://", 1)[-1]:
-            from urllib.parse import quote
+        urls = []
+        for url in up.urls:
+            if up.user and "@" not in url.split("://", 1)[-1]:
+                from urllib.parse import quote
 
-            scheme, rest = url.split("://", 1)
-            url = f"{scheme}://{quote(up.user, safe='')}:{quote(up.password, safe='')}@{rest}"
-        return RemoteUpstream(url, pushdown_kinds=kinds, max_backoff=up.reconnect.max_delay or 5.0)
+                scheme, rest = url.split("://", 1)
+                url = f"{scheme}://{quote(up.user, safe='')}:{quote(up.password, safe='')}@{rest}"
+            urls.append(url)
+        rc = up.reconnect
+        return RemoteUpstream(
+            urls,
+            pushdown_kinds=kinds,
+            backoff=lambda attempt: rc.delay(attempt, random.random()),
+            ssl_domain=upstream_ssl_domain(up.tls) if any(u.startswith("amqps:") for u in urls) else None,
+        )
     from .proxy.embedded import EmbeddedUpstream
 
     return EmbeddedUpstream.from_config(config.embedded)
+
+
+def upstream_ssl_domain(tls: Any) -> Any:
+    """The proton client SSLDomain for amqps:// upstreams, from `[upstream.tls]`."""
+    from proton import SSLDomain
+
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    if tls.ca_file:
+        domain.set_trusted_ca_db(tls.ca_file)
+    if tls.cert_file:
+        domain.set_credentials(tls.cert_file, tls.key_file or None, tls.key_password or None)
+    mode = {
+        "peer-name": SSLDomain.VERIFY_PEER_NAME,
+        "peer": SSLDomain.VERIFY_PEER,
+        "none": SSLDomain.ANONYMOUS_PEER,
+    }[tls.verify]
+    domain.set_peer_authentication(mode, tls.ca_file or None)
+    return domain
 
 
 class App:

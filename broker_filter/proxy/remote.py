@@ -225,26 +225,45 @@ class RemotePublisher:
 
 
 class RemoteUpstream(Handler):
-    """`upstream.Upstream` for a remote broker at `url` (amqp://[user:pass@]host:port, amqps://…)."""
+    """`upstream.Upstream` for a remote broker at `url` (amqp://[user:pass@]host:port, amqps://…).
+
+    Several URLs: failover, tried in turn on each (re)connect attempt.  `backoff(attempt)` gives the
+    wait before reconnect attempt `attempt` (0-based); default 0.1 s doubling up to `max_backoff`.
+    `ssl_domain`: a proton SSLDomain for amqps:// URLs (None: proton's default client domain).
+    """
 
     def __init__(
         self,
-        url: str,
+        url: str | list[str] | tuple[str, ...],
         *,
         pushdown_kinds: frozenset[str] | None = None,
         max_backoff: float = 5.0,
+        backoff: Callable[[int], float] | None = None,
+        ssl_domain: Any = None,
         container_id: str | None = None,
         heartbeat: float | None = None,
     ):
         super().__init__()
-        parts = urlsplit(url)
-        if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
-            raise ValueError(f"upstream URL must be amqp://[user:pass@]host[:port] or amqps://…, not {url!r}")
-        self.url = url
-        self.name = redact(url)
-        self._user = unquote(parts.username) if parts.username else None
-        self._password = unquote(parts.password) if parts.password else None
-        self._address = f"{parts.scheme}://{parts.hostname}:{parts.port or (5671 if parts.scheme == 'amqps' else 5672)}"
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise ValueError("at least one upstream URL is needed")
+        self._targets = []
+        for u in urls:
+            parts = urlsplit(u)
+            if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+                raise ValueError(f"upstream URL must be amqp://[user:pass@]host[:port] or amqps://…, not {redact(u)!r}")
+            port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+            self._targets.append((
+                f"{parts.scheme}://{parts.hostname}:{port}",
+                unquote(parts.username) if parts.username else None,
+                unquote(parts.password) if parts.password else None,
+                parts.scheme == "amqps",
+            ))
+        self.url = urls[0]
+        self.name = ", ".join(redact(u) for u in urls)
+        self.ssl_domain = ssl_domain
+        self._backoff_fn = backoff
+        self._attempt = 0
         self.configured_pushdown = pushdown_kinds
         self.max_backoff = max_backoff
         self.heartbeat = heartbeat
@@ -348,18 +367,21 @@ class RemoteUpstream(Handler):
         self._reconnect_timer = None
         if self.stopped:
             return
+        address, user, password, tls = self._targets[self.connects % len(self._targets)]
         self.connects += 1
         kwargs: dict[str, Any] = {
-            "url": self._address,
+            "url": address,
             "handler": self,
             "reconnect": False,
             "properties": {psymbol("product"): "broker-filter"},
         }
+        if tls and self.ssl_domain is not None:
+            kwargs["ssl_domain"] = self.ssl_domain
         if self.heartbeat:
             kwargs["heartbeat"] = self.heartbeat
-        if self._user is not None:
-            kwargs["user"] = self._user
-            kwargs["password"] = self._password or ""
+        if user is not None:
+            kwargs["user"] = user
+            kwargs["password"] = password or ""
             kwargs["allow_insecure_mechs"] = True
         else:
             kwargs["allowed_mechs"] = "ANONYMOUS"
@@ -372,8 +394,12 @@ class RemoteUpstream(Handler):
     def _schedule_reconnect(self) -> None:
         if self.stopped or self._reconnect_timer is not None:
             return
-        delay = self._backoff
-        self._backoff = min(self._backoff * 2, self.max_backoff)
+        if self._backoff_fn is not None:
+            delay = self._backoff_fn(self._attempt)
+        else:
+            delay = self._backoff
+            self._backoff = min(self._backoff * 2, self.max_backoff)
+        self._attempt += 1
         log.info("upstream %s: reconnecting in %.1fs", self.name, delay)
         self._reconnect_timer = self.loop.call_later(delay, self._connect)
 
@@ -416,6 +442,7 @@ class RemoteUpstream(Handler):
         self.modified_ok = not is_rabbit
         self.connected = True
         self._backoff = 0.1
+        self._attempt = 0
         log.info("upstream %s: connected (%s)", self.name, self.product or "unknown product")
         self.listener.on_upstream_up(self)
 

@@ -58,3 +58,37 @@ def test_no_push_down_to_rabbitmq(rabbitmq, address):
     finally:
         c.close()
         front.stop()
+
+
+def test_failover_to_the_next_upstream_url_and_tls(tmp_path):
+    import shutil
+    import socket
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make the test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    upstream = Proxy("--set", f"listener.tls.cert_file={cert}", "--set", f"listener.tls.key_file={key}", upstream=None)
+    with socket.socket() as s:  # a port nobody listens on: the first URL fails
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    # verify=peer: proton's peer-name check does not match IP subjectAltNames, and tests use 127.0.0.1
+    front = Proxy("--upstream", f"amqp://127.0.0.1:{dead}", "--set", f"upstream.tls.ca_file={cert}",
+                  "--set", "upstream.tls.verify=peer",
+                  "--set", "upstream.reconnect.initial_delay=0.05",
+                  upstream=f"amqps://127.0.0.1:{upstream.port}")
+    c = connect(front.url)
+    try:
+        r = c.create_receiver("tls-orders", credit=5, options=Selector("n = 2"))
+        s = c.create_sender("tls-orders")
+        for i in range(4):
+            s.send(Message(body=i, properties={"n": i}))
+        assert [m.body for m in receive(r, idle=1.0)] == [2]
+        assert "Connection refused" in front.log() and "connected (broker-filter)" in front.log()
+    finally:
+        c.close()
+        front.stop()
+        upstream.stop()
