@@ -209,3 +209,26 @@ def test_large_message_both_ways_unchanged(proxy, address):
         assert bytes(m.body) == body
     finally:
         c.close()
+
+
+def test_at_most_once_both_ways(proxy, address):
+    from proton.reactor import AtMostOnce
+
+    c = connect(proxy.url)
+    try:
+        r = c.create_receiver(f"/queue/{address}", credit=10, options=[AtMostOnce(), Selector("n >= 2")])
+        assert r.link.remote_snd_settle_mode == 1  # the proxy agreed to send pre-settled
+        s = c.create_sender(f"/queue/{address}", options=AtMostOnce())
+        for i in range(4):
+            s.send(Message(body=i, properties={"n": i}))
+        got = receive(r, idle=1.0, accept=False)
+        assert [m.body for m in got] == [2, 3]
+    finally:
+        c.close()
+    # consumed upstream: a second receiver finds only the two the selector did not select
+    c = connect(proxy.url)
+    try:
+        r = c.create_receiver(f"/queue/{address}", credit=10)
+        assert sorted(m.body for m in receive(r, idle=1.0)) == [0, 1]
+    finally:
+        c.close()
