@@ -124,3 +124,32 @@ def test_rabbitmq_restart_detaches_with_connection_forced_then_proxy_reconnects(
         assert "connection lost" in proxy.log()
     finally:
         c.close()
+
+
+def test_publisher_killed_mid_transfer_publishes_nothing_partial(proxy, address):
+    q = f"/queue/{address}"
+    script = (
+        "import sys\n"
+        "from proton import Message\n"
+        "from proton.utils import BlockingConnection\n"
+        "c = BlockingConnection(sys.argv[1], timeout=30)\n"
+        "s = c.create_sender(sys.argv[2])\n"
+        "print('attached', flush=True)\n"
+        "s.send(Message(body=b'x' * (64 * 1024 * 1024)))\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script, proxy.url, q], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "attached"
+        time.sleep(0.5)  # part of the 64 MiB transfer is on its way
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        child.stdout.close()
+    c = connect(proxy.url)
+    try:
+        s = c.create_sender(q)
+        s.send(Message(body="after"))
+        r = c.create_receiver(q, credit=5)
+        assert [m.body for m in receive(r, idle=1.0)] == ["after"]  # nothing partial went upstream
+    finally:
+        c.close()
