@@ -21,7 +21,6 @@ import multiprocessing as mp
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile

@@ -30,7 +30,7 @@ from proton import symbol as psymbol
 from proton import Handler
 
 from .. import amqptypes as t
-from ..codec import CodecError, decode, encode
+from ..codec import decode, encode
 from .upstream import (
     ConsumerHandler,
     ConsumerInfo,
@@ -194,7 +194,7 @@ class RemotePublisher:
         if self.closed or self.link is None:
             return
         tag = str(next(self._tags))  # proton hands tags back as str
-        dlv = self.link.delivery(tag)
+        self.link.delivery(tag)
         self.link.send(data)
         self.link.advance()
         self.pending[tag] = on_settled
@@ -240,7 +240,6 @@ class RemoteUpstream(Handler):
         max_backoff: float = 5.0,
         backoff: Callable[[int], float] | None = None,
         ssl_domain: Any = None,
-        container_id: str | None = None,
         heartbeat: float | None = None,
     ):
         super().__init__()
@@ -267,7 +266,6 @@ class RemoteUpstream(Handler):
         self.configured_pushdown = pushdown_kinds
         self.max_backoff = max_backoff
         self.heartbeat = heartbeat
-        self.container_id = container_id
         self.loop: Loop | None = None
         self.listener: UpstreamListener | None = None
         self.connection = None

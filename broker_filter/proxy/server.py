@@ -38,7 +38,7 @@ from proton import Handler
 from .. import amqptypes as t
 from ..codec import CodecError, set_message_annotation
 from ..filters import ORIGIN_ANNOTATION, Filter, FilterError, FilterSet, compile_filter_set
-from ..forwarding import ACCEPTED, Feed, FeedStats, Outcome, Outlet
+from ..forwarding import Feed, FeedStats, Outcome, Outlet
 from .remote import apply_outcome, data_value, outcome_of, put_value
 from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
 

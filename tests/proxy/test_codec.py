@@ -9,7 +9,7 @@ import uuid
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from proton import UNDESCRIBED, Array, Data, Described, Message, char, decimal64, float32, int32, short, symbol, timestamp, ubyte, uint, ulong
+from proton import UNDESCRIBED, Array, Data, Described, Message, char, float32, int32, short, symbol, timestamp, ubyte, uint, ulong
 
 from broker_filter import amqptypes as t
 from broker_filter.codec import CodecError, decode, decode_message, encode, encode_message, set_message_annotation
