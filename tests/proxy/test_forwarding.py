@@ -167,3 +167,99 @@ def test_undecodable_message_selected_only_by_filters_that_read_nothing():
     feed.on_upstream_delivery(bad)
     assert io.sent == [] and io.settled == [(bad, ACCEPTED)]
     assert feed.stats.undecodable == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Randomized: any sequence of broker deliveries, client credit, outcomes and (de)attaches keeps the
+# invariants the proxy promises.
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+COLORS = ("red", "blue", "green", None)
+SELECTORS = ("color = 'red'", "color = 'blue'", "color IS NULL", "TRUE")
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("deliver"), st.integers(0, 3)),
+        st.tuples(st.just("credit"), st.integers(0, 3), st.integers(0, 4)),
+        st.tuples(st.just("outcome"), st.integers(0, 3), st.sampled_from(["accepted", "released", "rejected", "modified"])),
+        st.tuples(st.just("attach"), st.integers(0, 3)),
+        st.tuples(st.just("detach"), st.integers(0, 3)),
+        st.tuples(st.just("recycled"), st.booleans()),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps, st.booleans(), st.integers(1, 6))
+def test_feed_invariants(script, subscription, window):
+    io = Recorder()
+    max_credit = 4
+    feed = Feed(io, subscription=subscription, window=window, max_credit=max_credit, recycle=True, recycle_budget=5)
+    outlets: dict[int, Outlet] = {}
+    filters = {i: sel(SELECTORS[i]) for i in range(4)}
+    colors: dict[int, str | None] = {}
+    delivered: list = []
+    client_outcomes: dict[int, str] = {}  # id(delivery) -> outcome a client gave
+    recycled_ok: set[int] = set()
+    reheld = 0
+    for step in script:
+        kind = step[0]
+        if kind == "deliver":
+            if len(delivered) >= io.flowed:
+                continue  # the broker sends only against credit
+            color = COLORS[step[1]]
+            d = msg(color, len(delivered))
+            colors[id(d)] = color
+            delivered.append(d)
+            feed.on_upstream_delivery(d)
+        elif kind == "credit" and step[1] in outlets:
+            feed.set_credit(outlets[step[1]], step[2])
+        elif kind == "outcome" and step[1] in outlets and outlets[step[1]].in_flight:
+            o = outlets[step[1]]
+            tag = next(iter(o.in_flight))
+            d = o.in_flight[tag]
+            oc = Outcome(step[2], undeliverable_here=step[2] == "modified")
+            if oc.kind == "modified" and not subscription:
+                reheld += 1
+            else:
+                client_outcomes[id(d)] = oc.kind
+            feed.on_client_outcome(o, tag, oc)
+        elif kind == "attach" and step[1] not in outlets and not (subscription and outlets):
+            o = Outlet(f"o{step[1]}", filters[step[1]])
+            outlets[step[1]] = o
+            feed.add_outlet(o)
+        elif kind == "detach" and step[1] in outlets:
+            feed.remove_outlet(outlets.pop(step[1]))
+        elif kind == "recycled" and io.recycled:
+            d, done = io.recycled.pop(0)
+            if step[1]:
+                recycled_ok.add(id(d))
+            else:
+                reheld += 1
+            done(step[1])
+        # the proxy's own memory stays bounded
+        outstanding = io.flowed - len(delivered)
+        assert len(feed.held) + feed.recycling + outstanding <= window + max_credit + reheld
+    # each upstream delivery is settled at most once
+    assert len({id(d) for d, _ in io.settled}) == len(io.settled)
+    settled = {id(d): oc.kind for d, oc in io.settled}
+    in_flight = {id(d) for o in outlets.values() for d in o.in_flight.values()}
+    held = {id(h.delivery) for h in feed.held} | {id(d) for d, _ in io.recycled}
+    for d in delivered:
+        k = id(d)
+        # nothing lost: every message is settled, held, being recycled or in flight at a client
+        assert (k in settled) + (k in in_flight) + (k in held) == 1, colors[k]
+        if k in settled and settled[k] == "accepted":
+            # accepted upstream only if a client accepted it, its copy was accepted, or it was a
+            # non-match on a subscription
+            assert client_outcomes.get(k) == "accepted" or k in recycled_ok or subscription
+    # every message sent went to a link whose filter selects it
+    for name, d in io.sent:
+        want = SELECTORS[int(name[1:])]
+        color = colors[id(d)]
+        selects = {"color = 'red'": color == "red", "color = 'blue'": color == "blue",
+                   "color IS NULL": color is None, "TRUE": True}[want]
+        assert selects, (name, color)
