@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import functools
 import re
-import threading
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from lark import Lark, Token
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
-from lark.lexer import Lexer
+from lark import Lark
+from lark.parsers.lalr_analysis import Shift
 
 from . import ast
 from .dialects import Dialect, get_dialect
@@ -86,78 +84,129 @@ class _BadCharacter(Exception):
         self.pos = pos
 
 
-def _lexer_class(artemis: bool, hyphenated: bool, rocketmq: bool) -> type:
-    """A lexer for lark's custom-lexer interface: one master regex, keywords by table lookup.
+class Tok:
+    """A token: type, text and offset (lighter than lark's Token, which the driver does not need)."""
 
-    It produces exactly the grammar's terminals, several times faster than lark's general lexer."""
-    ident = r"(?!\d)[\w$]+(?:-[\w$]+)*" if hyphenated else r"(?!\d)[\w$]+"
-    parts = [r"(?P<WS>[ \t\f\r\n]+)", r"(?P<STRING>'(?:[^']|'')*')", f"(?P<NUMBER>{_NUMBER_RE})"]
-    if artemis:
-        parts += [r'(?P<QIDENT>"(?:[^"]|"")*")', r"(?P<ANNOT>m\.[\w$][\w$.\-]*)"]
-    parts += [
-        f"(?P<IDENT>{ident})",
-        r"(?P<COMPARE><>|<=|>=|=|<|>)",
-        r"(?P<ADD>[+-])",
-        r"(?P<MUL>[*/])",
-        r"(?P<LPAR>\()",
-        r"(?P<RPAR>\))",
-        r"(?P<COMMA>,)",
-    ]
-    master = re.compile("|".join(parts))
-    words = _STRING_TEST_WORDS if rocketmq else frozenset()
+    __slots__ = ("type", "value", "start_pos")
 
-    class SelectorLexer(Lexer):
-        __future_interface__ = 0
+    def __init__(self, type: str, value: str, start_pos: int):
+        self.type = type
+        self.value = value
+        self.start_pos = start_pos
 
-        def __init__(self, lexer_conf: Any) -> None:
-            pass
+    def __repr__(self) -> str:
+        return f"Tok({self.type}, {self.value!r}, {self.start_pos})"
 
-        def lex(self, text: str):  # type: ignore[override]
-            match = master.match
-            pos, n = 0, len(text)
-            while pos < n:
-                m = match(text, pos)
-                if m is None:
-                    raise _BadCharacter(pos)
-                kind = m.lastgroup
+
+class _Unexpected(Exception):
+    def __init__(self, tok: Tok, expected: set):
+        self.tok = tok
+        self.expected = expected
+
+
+class _Grammar:
+    """One grammar variant: lark builds the LALR tables from grammar/selector.lark; a lean driver
+    runs them (lark's general driver and lexer cost several times more on long selectors).
+
+    Table rows map a token type to ("s", next state) or ("r", size, goto symbol, callback name,
+    inline); `inline` marks `?rule` reductions of one child, which pass the child through."""
+
+    def __init__(self, artemis: bool, hyphenated: bool, rocketmq: bool):
+        lark = Lark(_grammar(artemis, hyphenated, rocketmq), parser="lalr", lexer="basic", maybe_placeholders=False)
+        inner = lark.parser.parser.parser  # lark.parsers.lalr_parser._Parser: the LALR tables
+        table = inner.parse_table
+        self.start = table.start_states["start"]
+        self.end = table.end_states["start"]
+        self.states: dict[int, dict[str, tuple]] = {}
+        for state, actions in table.states.items():
+            row = {}
+            for token, (action, arg) in actions.items():
+                if action is Shift:
+                    row[token] = ("s", arg)
+                else:
+                    name = arg.alias or arg.origin.name
+                    name = getattr(name, "value", name)
+                    size = len(arg.expansion)
+                    inline = bool(arg.options.expand1) and size == 1 and name not in _CALLBACK_NAMES
+                    row[token] = ("r", size, arg.origin.name, None if inline else name, inline)
+            self.states[state] = row
+        ident = r"(?!\d)[\w$]+(?:-[\w$]+)*" if hyphenated else r"(?!\d)[\w$]+"
+        parts = [r"(?P<WS>[ \t\f\r\n]+)", r"(?P<STRING>'(?:[^']|'')*')", f"(?P<NUMBER>{_NUMBER_RE})"]
+        if artemis:
+            parts += [r'(?P<QIDENT>"(?:[^"]|"")*")', r"(?P<ANNOT>m\.[\w$][\w$.\-]*)"]
+        parts += [
+            f"(?P<IDENT>{ident})",
+            r"(?P<COMPARE><>|<=|>=|=|<|>)",
+            r"(?P<ADD>[+-])",
+            r"(?P<MUL>[*/])",
+            r"(?P<LPAR>\()",
+            r"(?P<RPAR>\))",
+            r"(?P<COMMA>,)",
+        ]
+        self.master = re.compile("|".join(parts))
+        self.words = _STRING_TEST_WORDS if rocketmq else frozenset()
+
+    def tokens(self, text: str) -> list:
+        """Master-regex lexer: keywords are identifiers found in the keyword table."""
+        match, out, pos, n = self.master.match, [], 0, len(text)
+        keywords, words = _KEYWORDS, self.words
+        while pos < n:
+            m = match(text, pos)
+            if m is None:
+                raise _BadCharacter(pos)
+            kind = m.lastgroup
+            if kind != "WS":
                 value = m.group()
-                if kind != "WS":
-                    if kind == "IDENT":
-                        upper = value.upper()
-                        if upper in _KEYWORDS:
-                            kind = upper
-                        elif upper in words:
-                            kind = "STRTEST"
-                    yield Token(kind, value, pos)
-                pos = m.end()
+                if kind == "IDENT":
+                    upper = value.upper()
+                    if upper in keywords:
+                        kind = upper
+                    elif upper in words:
+                        kind = "STRTEST"
+                out.append(Tok(kind, value, pos))
+            pos = m.end()
+        out.append(Tok("$END", "", n))
+        return out
 
-    return SelectorLexer
+    def parse(self, text: str, builder: "_Builder") -> Any:
+        states, end = self.states, self.end
+        state_stack = [self.start]
+        value_stack: list = []
+        callbacks = {name: getattr(builder, name) for name in _CALLBACK_NAMES}
+        for tok in self.tokens(text):
+            ttype = tok.type
+            while True:
+                entry = states[state_stack[-1]].get(ttype)
+                if entry is None:
+                    raise _Unexpected(tok, {t for t in states[state_stack[-1]] if t.isupper() or t == "$END"})
+                if entry[0] == "s":
+                    state_stack.append(entry[1])
+                    value_stack.append(tok)
+                    break
+                _, size, goto, name, inline = entry
+                if size:
+                    children = value_stack[-size:]
+                    del state_stack[-size:]
+                    del value_stack[-size:]
+                else:
+                    children = []
+                value = children[0] if inline else callbacks[name](children)
+                state_stack.append(states[state_stack[-1]][goto][1])
+                value_stack.append(value)
+                if ttype == "$END" and state_stack[-1] == end:
+                    return value_stack[-1]
 
 
-_THREAD = threading.local()
+_CALLBACK_NAMES = (
+    "string", "boolean", "null", "number", "ident", "qident", "annotation", "group", "sign", "arith",
+    "compare", "between", "not_between", "in_", "not_in", "in_list", "like", "not_like", "is_null",
+    "is_not_null", "strtest", "not_strtest", "not_", "logic", "empty",
+)  # fmt: skip
 
 
-def _parser(artemis: bool, hyphenated: bool, rocketmq: bool) -> "tuple[Lark, _Builder]":
-    """This thread's parser for a grammar variant, with its builder bound as the transformer.
-
-    Lark binds transformer callbacks when the parser is built, so each thread builds its own
-    (once per variant) and the builder is reset before every parse."""
-    cache = getattr(_THREAD, "parsers", None)
-    if cache is None:
-        cache = _THREAD.parsers = {}
-    key = (artemis, hyphenated, rocketmq)
-    entry = cache.get(key)
-    if entry is None:
-        builder = _Builder()
-        lark = Lark(
-            _grammar(*key),
-            parser="lalr",
-            lexer=_lexer_class(*key),
-            maybe_placeholders=False,
-            transformer=builder,
-        )
-        entry = cache[key] = (lark, builder)
-    return entry
+@functools.lru_cache(maxsize=None)
+def _grammar_variant(artemis: bool, hyphenated: bool, rocketmq: bool) -> _Grammar:
+    return _Grammar(artemis, hyphenated, rocketmq)
 
 
 class _Chain:
@@ -188,7 +237,7 @@ _TOKEN_NAMES = {
 }
 
 
-def _describe_token(tok: Token) -> str:
+def _describe_token(tok: Tok) -> str:
     if tok.type == "$END":
         return "the end of the selector"
     if tok.type in ("STRING", "NUMBER", "IDENT", "QIDENT", "ANNOT"):
@@ -226,7 +275,7 @@ class _Builder:
     def p(self, node: Any) -> int | None:
         if isinstance(node, _Chain):
             return node.pos
-        if isinstance(node, Token):
+        if isinstance(node, Tok):
             return node.start_pos
         return self.pos.get(id(node))
 
@@ -411,25 +460,24 @@ class _Builder:
         items_tree = c[4] if negated else c[3]
         if self.stype(operand) in ("bool",):
             raise self.err(f"IN needs a value to look up, found {self.what(operand)}", self.p(operand))
-        return self.at(ast.In(operand, items_tree, negated), self.p(operand))
+        return self.at(ast.In(operand, tuple(items_tree), negated), self.p(operand))
 
     def in_list(self, c):
-        items = []
-        for item in c:
-            if isinstance(item, Token):  # COMMA
-                continue
-            item = self.fin(item)
-            if not isinstance(item, ast.Literal):
-                raise self.err("IN lists take literals only", self.p(item))
-            if item.type == "boolean" or (item.type != "string" and not self.d.numeric_in):
-                kind = "string" if not self.d.numeric_in else "string or number"
-                raise self.err(f"IN lists take {kind} literals, found {self.what(item)}", self.p(item))
-            items.append(item)
-            if len(items) > self.limits.max_in:
-                raise LimitError(
-                    f"IN list has more than {self.limits.max_in} elements", self.text, self.p(item) + self.offset
-                )
-        return tuple(items)
+        # `in_list: sum | in_list COMMA sum`: items accumulate left to right in one list
+        if len(c) == 1:
+            items, item = [], c[0]
+        else:
+            items, item = c[0], c[2]
+        item = self.fin(item)
+        if not isinstance(item, ast.Literal):
+            raise self.err("IN lists take literals only", self.p(item))
+        if item.type == "boolean" or (item.type != "string" and not self.d.numeric_in):
+            kind = "string" if not self.d.numeric_in else "string or number"
+            raise self.err(f"IN lists take {kind} literals, found {self.what(item)}", self.p(item))
+        items.append(item)
+        if len(items) > self.limits.max_in:
+            raise LimitError(f"IN list has more than {self.limits.max_in} elements", self.text, self.p(item) + self.offset)
+        return items
 
     def in_(self, c):
         return self._in(c, False)
@@ -579,25 +627,14 @@ def parse(text: str, dialect: "str | Dialect" = "jms", limits: Limits = DEFAULT_
     if not body.strip():
         return ast.Selector(None, d.name, convert, hyphenated, text=text)
 
-    parser, builder = _parser(d.quoted_identifiers, hyphenated, d.string_tests)
-    builder.reset(d, text, offset, limits)
+    grammar = _grammar_variant(d.quoted_identifiers, hyphenated, d.string_tests)
+    builder = _Builder(d, text, offset, limits)
     try:
-        try:
-            expr = parser.parse(body)
-        finally:
-            builder.keep = []  # release the parse's nodes held for id() uniqueness
-    except SelectorError:
-        raise
+        expr = grammar.parse(body, builder)
     except _BadCharacter as e:
         raise _character_error(text, e.pos + offset, d) from None
-    except UnexpectedInput as e:
-        raise _syntax_error(e, text, offset, d) from None
-    except VisitError as e:  # pragma: no cover - callbacks raise SelectorError directly
-        if isinstance(e.orig_exc, SelectorError):
-            raise e.orig_exc from None
-        raise
-    except RecursionError:  # pragma: no cover - nothing recursive on input size
-        raise LimitError("selector is nested too deeply", text, None) from None
+    except _Unexpected as e:
+        raise _token_error(e.tok, e.expected, text, offset) from None
     if builder.overflow:
         pos = min(builder.overflow.values())
         raise SelectorError("integer 9223372036854775808 is out of range for a long", text, pos + offset)
@@ -620,18 +657,9 @@ def _character_error(text: str, pos: int, d: Dialect) -> SelectorError:
     return SelectorError(f"unexpected character {ch!r}", text, pos)
 
 
-def _syntax_error(e: UnexpectedInput, text: str, offset: int, d: Dialect) -> SelectorError:
-    if isinstance(e, UnexpectedCharacters):
-        return _character_error(text, e.pos_in_stream + offset, d)
-    if isinstance(e, UnexpectedEOF):
+def _token_error(tok: Tok, expected: set, text: str, offset: int) -> SelectorError:
+    if tok.type == "$END":
         return SelectorError("unexpected end of the selector", text, len(text))
-    if isinstance(e, UnexpectedToken):
-        tok = e.token
-        if tok.type == "$END":
-            return SelectorError("unexpected end of the selector", text, len(text))
-        expected = sorted({_TOKEN_NAMES.get(x, x.upper() if x.isalpha() else x) for x in (e.expected or ())})
-        hint = ""
-        if expected and len(expected) <= 6:
-            hint = "; expected " + ", ".join(expected)
-        return SelectorError(f"unexpected {_describe_token(tok)}{hint}", text, tok.start_pos + offset)
-    return SelectorError(str(e).splitlines()[0], text, getattr(e, "pos_in_stream", None))  # pragma: no cover
+    names = sorted({_TOKEN_NAMES.get(x, x.upper() if x.isalpha() else x) for x in expected})
+    hint = "; expected " + ", ".join(names) if names and len(names) <= 6 else ""
+    return SelectorError(f"unexpected {_describe_token(tok)}{hint}", text, tok.start_pos + offset)

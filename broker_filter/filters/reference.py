@@ -100,11 +100,13 @@ def integer_value(kind: str, n: int) -> Value:
     return Value(kind, wrap(n, 32 if kind == "int" else 64))
 
 
+# What Java's Long.parseLong and Double.parseDouble accept (ASCII digits; no hexadecimal floats).
 _INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
-_DECIMAL_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_DOUBLE_TEXT = re.compile(r"[+-]?(NaN|Infinity|([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)[fFdD]?")
 
 
 def parse_integer(text: str) -> int | None:
+    """`text` as Java's Long.parseLong reads it, or None."""
     if _INTEGER_TEXT.fullmatch(text):
         n = int(text)
         if -(2**63) <= n < 2**63:
@@ -113,9 +115,26 @@ def parse_integer(text: str) -> int | None:
 
 
 def parse_double(text: str) -> float | None:
-    if _DECIMAL_TEXT.fullmatch(text):
-        return float(text)
-    return None
+    """`text` as Java's Double.parseDouble reads it (surrounding control characters and spaces
+    ignored, NaN, Infinity, an f/d suffix), or None."""
+    trimmed = _java_trim(text)
+    if not _DOUBLE_TEXT.fullmatch(trimmed):
+        return None
+    body = trimmed.rstrip("fFdD")
+    if body.lstrip("+-") == "NaN":
+        return math.nan
+    if body.lstrip("+-") == "Infinity":
+        return -math.inf if body.startswith("-") else math.inf
+    return float(body)  # Python rounds like Java and overflows to infinity the same way
+
+
+def _java_trim(text: str) -> str:
+    start, end = 0, len(text)
+    while start < end and text[start] <= " ":
+        start += 1
+    while end > start and text[end - 1] <= " ":
+        end -= 1
+    return text[start:end]
 
 
 def parse_number(text: str) -> Value | None:
@@ -303,9 +322,14 @@ class Interpreter:
     def member(self, node: ast.In) -> bool | None:
         v = self.value(node.operand)
         if self.dialect == "rocketmq":
+            # Each item is an `=` comparison; a string item needs a string operand (IN on a
+            # non-string is an error), a number item compares as `=` does (with coercion).
             found: bool | None = False
             for literal in node.values:
-                found = logical_or(found, self.compare("=", v, self.value(literal)))
+                item = self.value(literal)
+                if item.kind == "string" and v.kind not in ("string", "null"):
+                    raise EvaluationError()
+                found = logical_or(found, self.compare("=", v, item))
             return logical_not(found) if node.negated else found
         if v.kind == "null":
             return None
@@ -430,10 +454,13 @@ class Interpreter:
 
 
 def mismatched(a: Value, b: Value) -> bool:
-    """Two non-NULL values that cannot be ordered against each other (JMS NOT BETWEEN)."""
+    """Two non-NULL values of non-like types (JMS NOT BETWEEN): two numbers, two strings or two
+    booleans are alike; an opaque value is like nothing."""
     if a.kind == "null" or b.kind == "null":
         return False
-    return not (a.kind in NUMERIC_KINDS and b.kind in NUMERIC_KINDS)
+    if a.kind in NUMERIC_KINDS and b.kind in NUMERIC_KINDS:
+        return False
+    return not (a.kind == b.kind and a.kind in ("string", "boolean"))
 
 
 def numeric_compare(op: str, a: Any, b: Any) -> bool:

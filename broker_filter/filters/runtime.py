@@ -114,8 +114,8 @@ class Semantics:
     def _coerce(self, s: str, other: Any) -> Any:
         """A string converted to the other operand's type (raises ValueError when it cannot be)."""
         if other is True or other is False:
-            if self.convert:
-                return s.lower() == "true"  # Boolean.valueOf
+            if self.convert and s.lower() in ("true", "false"):
+                return s.lower() == "true"
             raise ValueError(s)
         if isinstance(other, float):
             return _java_float_from_string(s)
