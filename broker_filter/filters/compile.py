@@ -438,7 +438,7 @@ def compile_ast(selector: ast.Selector, dialect: Any) -> tuple[Any, frozenset[st
     """-> (fn(message, receiver) -> True/False/None, sections read, generated source)."""
     if selector.expr is None:
         return _select_all, frozenset(), "def _selector(m, r=None):\n    return True\n"
-    if sum(1 for _ in ast.walk(selector.expr)) > CLOSURE_THRESHOLD:
+    if sum(1 for _ in itertools.islice(ast.walk(selector.expr), CLOSURE_THRESHOLD + 1)) > CLOSURE_THRESHOLD:
         return _compile_closures(selector, dialect)
     c = _Compiler(selector, dialect)
     body = c.cond(selector.expr)

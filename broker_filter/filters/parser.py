@@ -121,6 +121,7 @@ class _Grammar:
         for state, actions in table.states.items():
             row = {}
             for token, (action, arg) in actions.items():
+                token = str(token)  # lark's symbol names are Token objects: plain str compares faster
                 if action is Shift:
                     row[token] = ("s", arg)
                 else:
@@ -128,7 +129,7 @@ class _Grammar:
                     name = getattr(name, "value", name)
                     size = len(arg.expansion)
                     inline = bool(arg.options.expand1) and size == 1 and name not in _CALLBACK_NAMES
-                    row[token] = ("r", size, arg.origin.name, None if inline else name, inline)
+                    row[token] = ("r", size, str(arg.origin.name), None if inline else name, inline)
             self.states[state] = row
         ident = r"(?!\d)[\w$]+(?:-[\w$]+)*" if hyphenated else r"(?!\d)[\w$]+"
         parts = [r"(?P<WS>[ \t\f\r\n]+)", r"(?P<STRING>'(?:[^']|'')*')", f"(?P<NUMBER>{_NUMBER_RE})"]
