@@ -189,6 +189,12 @@ def _listening_port(pid: int) -> int | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--upstream", default="amqp://guest:guest@127.0.0.1:5672")
@@ -205,9 +211,12 @@ def main() -> int:
     sel = "half = 1"
     try:
         direct, proxied = [], []
+        proxy_cpu = 0.0
         for _ in range(args.repeat):  # interleaved, so both sides see the same machine load
             direct.append(run_once(args.upstream, args.upstream, None, args.messages, None))
+            before = cpu_seconds(proc.pid)
             proxied.append(run_once(args.upstream, proxied_url, sel, args.messages, None))
+            proxy_cpu += cpu_seconds(proc.pid) - before
         d = max(direct, key=lambda r: r["rate"])
         p = max(proxied, key=lambda r: r["rate"])
         dl = run_once(args.upstream, args.upstream, None, args.latency_messages, args.rate)
@@ -223,6 +232,7 @@ def main() -> int:
         "direct_msgs_per_s": round(d["rate"]),
         "proxied_msgs_per_s": round(p["rate"]),
         "ratio": round(p["rate"] / d["rate"], 3),
+        "proxy_cpu_us_per_message": round(1e6 * proxy_cpu / (args.messages * args.repeat), 1),
         "direct_runs": [round(r["rate"]) for r in direct],
         "proxied_runs": [round(r["rate"]) for r in proxied],
         "latency_rate": args.rate,
@@ -240,6 +250,8 @@ def main() -> int:
         print(f"  direct   {result['direct_msgs_per_s']:>8} msg/s   runs {result['direct_runs']}")
         print(f"  proxied  {result['proxied_msgs_per_s']:>8} msg/s   runs {result['proxied_runs']}")
         print(f"  ratio    {result['ratio']:>8}x   (target >= 0.5)")
+        print(f"  proxy CPU per upstream message: {result['proxy_cpu_us_per_message']} µs "
+              f"(half of them forwarded to the client)")
         print(f"latency at {args.rate:g} msg/s: direct p50 {result['direct_p50_ms']} ms p99 {result['direct_p99_ms']} ms; "
               f"proxied p50 {result['proxied_p50_ms']} ms p99 {result['proxied_p99_ms']} ms; "
               f"added p50 {result['added_p50_ms']} ms p99 {result['added_p99_ms']} ms")

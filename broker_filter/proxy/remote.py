@@ -32,6 +32,8 @@ from proton import Handler
 from .. import amqptypes as t
 from ..codec import decode, encode
 from .upstream import (
+    ACCEPTED,
+    RELEASED,
     ConsumerHandler,
     ConsumerInfo,
     ConsumerSpec,
@@ -81,6 +83,18 @@ def put_value(data, value: Any) -> None:
         data.decode(encode(value))
 
 
+def outcome_of_delivery(delivery: Delivery) -> Outcome | None:
+    """The Outcome of a delivery's remote state, or None if it is not a terminal state."""
+    state = delivery.remote_state
+    if state == Disposition.ACCEPTED:
+        return ACCEPTED
+    if state == Disposition.RELEASED:
+        return RELEASED
+    if state in _OUTCOME_KINDS:
+        return outcome_of(delivery.remote)
+    return None
+
+
 def outcome_of(disposition) -> Outcome | None:
     """The Outcome a remote disposition carries, or None if it is not a terminal state."""
     kind = _OUTCOME_KINDS.get(disposition.type)
@@ -101,6 +115,10 @@ def outcome_of(disposition) -> Outcome | None:
 
 def apply_outcome(delivery: Delivery, outcome: Outcome) -> None:
     """Set the outcome as the delivery's local state and settle it."""
+    if outcome is ACCEPTED or outcome is RELEASED:  # the common cases: no fields to set
+        delivery.update(_DISPOSITIONS[outcome.kind])
+        delivery.settle()
+        return
     local = delivery.local
     if outcome.kind == "rejected" and outcome.error is not None:
         local.condition = Condition(outcome.error[0], outcome.error[1])
@@ -540,7 +558,7 @@ class RemoteUpstream(Handler):
             if ep is None:
                 dlv.settle()
                 return
-            outcome = outcome_of(dlv.remote)
+            outcome = outcome_of_delivery(dlv)
             if outcome is None and not dlv.settled:
                 return
             cb = ep.pending.pop(dlv.tag, None)

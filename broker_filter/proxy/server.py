@@ -39,7 +39,7 @@ from .. import amqptypes as t
 from ..codec import CodecError, set_message_annotation
 from ..filters import ORIGIN_ANNOTATION, Filter, FilterError, FilterSet, compile_filter_set
 from ..forwarding import Feed, FeedStats, Outcome, Outlet
-from .remote import apply_outcome, data_value, outcome_of, put_value
+from .remote import apply_outcome, data_value, outcome_of_delivery, put_value
 from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
 
 log = logging.getLogger("broker_filter.proxy")
@@ -598,7 +598,7 @@ class ProxyServer(Handler):
         if outlet is None:
             dlv.settle()
             return
-        outcome = outcome_of(dlv.remote)
+        outcome = outcome_of_delivery(dlv)
         if outcome is None:
             if not dlv.settled:
                 return  # not a terminal state yet
