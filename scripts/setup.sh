@@ -21,7 +21,6 @@ if [ "$runtime_only" = 0 ]; then
   have node || need_apt+=(nodejs)
   have npm || need_apt+=(npm)
   have openssl || need_apt+=(openssl)
-  have openssl || need_apt+=(openssl)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
