@@ -373,7 +373,9 @@ class FrontEnd:
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError):
             pass
         except asyncio.CancelledError:
-            raise
+            # close() cancels the connection tasks; ending quietly keeps asyncio's stream callback
+            # (which asks a finished task for its exception) from logging an error at shutdown.
+            pass
         except Exception:  # noqa: BLE001 - one client must not take the listener down
             log.exception("client connection failed")
         finally:
