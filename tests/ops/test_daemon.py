@@ -293,3 +293,29 @@ def test_upstream_tls_with_the_configured_ca(daemon, pki):
     time.sleep(1.5)  # past the first state snapshot
     assert http_get(metrics_url + "/readyz")[0] == 503
     assert ": connected (" not in stranger.log()
+
+
+def test_sigterm_through_the_tls_and_sasl_front_end(daemon, pki):
+    from proton import Endpoint, SSLDomain
+
+    d = daemon("--set", f'listener.users={{alice = "{ALICE}"}}', "--set", "listener.allow_anonymous=false",
+               "--set", f"listener.tls.cert_file={pki / 'server.pem'}",
+               "--set", f"listener.tls.key_file={pki / 'server.key'}")
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    domain.set_trusted_ca_db(str(pki / "ca.pem"))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER, str(pki / "ca.pem"))
+    url = f"amqps://127.0.0.1:{d.port}"
+    conn = BlockingConnection(url, timeout=20, ssl_domain=domain, user="alice", password="wonderland",
+                              allowed_mechs="PLAIN")
+    conn.create_sender("ops-tls-q").send(Message(body="over TLS"))
+    receiver = conn.create_receiver("ops-tls-q")
+    assert receiver.receive(timeout=20).body == "over TLS"
+    receiver.accept()
+    d.proc.send_signal(signal.SIGTERM)
+    with pytest.raises(Exception) as info:
+        conn.wait(lambda: conn.conn.state & Endpoint.REMOTE_CLOSED, timeout=20)
+    assert "amqp:connection:forced" in str(info.value) or (
+        conn.conn.remote_condition is not None and conn.conn.remote_condition.name == "amqp:connection:forced")
+    assert d.proc.wait(20) == 0
+    assert "Traceback" not in d.log()
+    conn.close()
