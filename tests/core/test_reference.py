@@ -84,9 +84,18 @@ def test_parse_integer(text, n):
     assert reference.parse_integer(text) == n
 
 
-@pytest.mark.parametrize("text,d", [("1.5", 1.5), ("-2", -2.0), (".5", 0.5), ("7.", 7.0), ("1e3", 1000.0), ("abc", None), ("inf", None), ("nan", None), ("1_0", None)])
+@pytest.mark.parametrize(
+    "text,d",
+    [("1.5", 1.5), ("-2", -2.0), (".5", 0.5), ("7.", 7.0), ("1e3", 1000.0), ("abc", None), ("inf", None),
+     ("nan", None), ("1_0", None), (" 5.0\n", 5.0), ("5f", 5.0), ("2.5D", 2.5), ("-Infinity", -math.inf),
+     ("1E400", math.inf), ("e5", None), ("1e", None), ("", None), (".", None), ("0x10", None)],
+)
 def test_parse_double(text, d):
     assert reference.parse_double(text) == d
+
+
+def test_parse_double_nan():
+    assert math.isnan(reference.parse_double("+NaN"))
 
 
 def test_value_kinds_follow_the_jms_type_table():
