@@ -20,6 +20,7 @@ to it as `released`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from typing import Any, Callable
@@ -138,6 +139,27 @@ def _caps(data) -> tuple[str, ...]:
     if isinstance(v, list):
         return tuple(str(x) for x in v)
     return (str(v),)
+
+
+def _guarded(fn: Callable) -> Callable:
+    """Error boundary for the upstream connection's proton callbacks: an unexpected failure ends the
+    consumer or publisher concerned (its client links see amqp:internal-error), never the daemon."""
+
+    @functools.wraps(fn)
+    def wrapper(self: "RemoteUpstream", event) -> None:
+        try:
+            fn(self, event)
+        except Exception:
+            log.exception("upstream %s: %s failed", self.name, fn.__name__)
+            try:
+                link = event.link
+                ep = _endpoint(link) if link is not None else None
+                if ep is not None and not ep.closed:
+                    ep._closed_by_upstream(ErrorInfo("amqp:internal-error", "proxy failure on the upstream link"))
+            except Exception:
+                log.exception("upstream %s: failure handling a failure", self.name)
+
+    return wrapper
 
 
 class RemoteConsumer:
@@ -444,6 +466,7 @@ class RemoteUpstream(Handler):
         self._schedule_reconnect()
 
     # ------------------------------------------------------------------ proton events
+    @_guarded
     def on_connection_remote_open(self, event) -> None:
         conn = event.connection
         if conn is not self.connection and conn != self.connection:
@@ -462,10 +485,12 @@ class RemoteUpstream(Handler):
         log.info("upstream %s: connected (%s)", self.name, self.product or "unknown product")
         self.listener.on_upstream_up(self)
 
+    @_guarded
     def on_connection_remote_close(self, event) -> None:
         if event.connection == self.connection:
             self._lost(event.connection.remote_condition)
 
+    @_guarded
     def on_session_remote_close(self, event) -> None:
         ssn = event.session
         if event.connection != self.connection:
@@ -480,14 +505,17 @@ class RemoteUpstream(Handler):
                 c.description if c is not None else f"upstream {self.name} ended the session",
             ))
 
+    @_guarded
     def on_transport_closed(self, event) -> None:
         if event.connection is None or event.connection == self.connection or self.connection is None:
             self._lost(event.transport.condition)
 
+    @_guarded
     def on_transport_error(self, event) -> None:
         if event.connection is None or event.connection == self.connection:
             log.info("upstream %s: transport error: %s", self.name, event.transport.condition)
 
+    @_guarded
     def on_link_remote_open(self, event) -> None:
         link = event.link
         ep = _endpoint(link)
@@ -514,6 +542,7 @@ class RemoteUpstream(Handler):
             if link.credit > 0:
                 ep.handler.on_publisher_credit(ep)
 
+    @_guarded
     def on_link_remote_close(self, event) -> None:
         link = event.link
         ep = _endpoint(link)
@@ -529,6 +558,7 @@ class RemoteUpstream(Handler):
         )
         ep._closed_by_upstream(err)
 
+    @_guarded
     def on_link_flow(self, event) -> None:
         link = event.link
         if link.is_sender:
@@ -536,6 +566,7 @@ class RemoteUpstream(Handler):
             if ep is not None and ep.ready and not ep.closed and link.credit > 0:
                 ep.handler.on_publisher_credit(ep)
 
+    @_guarded
     def on_delivery(self, event) -> None:
         dlv = event.delivery
         link = dlv.link
