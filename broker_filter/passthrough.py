@@ -1,0 +1,250 @@
+"""Pass-through credentials: each client identity gets its own upstream connection.
+
+Theory of operation.  With `upstream.credentials = "pass-through"` the listener checks a client's
+PLAIN credentials against the upstream broker (`listener.upstream_login`) before the client is in,
+and keeps them in the connection's `Identity`.  `PassThrough` is the handler client connections
+are served by.  It routes every event of a client connection to the proxy server of that client's
+identity, creating it -- a `ProxyServer` with its own upstream connection logged in with the
+client's user and password -- at the identity's first connection.  Until that upstream connection is
+up, the client connection's events wait in order (the client's open is answered only then), so a
+client never sees "upstream not connected" for its own fresh login; if the upstream refuses, the
+client connection is closed with the upstream's error.  An identity's server and upstream connection
+stop `idle` seconds after its last client connection ended.  Clients without a password (ANONYMOUS
+on a loopback listener) are served by the default server, which uses the configured credentials.
+
+So the broker's own permissions apply to everything a client does through the proxy; the proxy
+grants nobody more than the broker would.  Clients with the same credentials share one upstream
+connection and its queue feeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .listener import identity_of
+
+log = logging.getLogger("broker_filter.passthrough")
+
+
+def _dispatch(handler: Any, method: str, event: Any) -> None:
+    fn = getattr(handler, method, None)
+    if fn is not None:
+        fn(event)
+    else:
+        unhandled = getattr(handler, "on_unhandled", None)
+        if unhandled is not None:
+            unhandled(method, event)
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    condition: str
+    description: str
+
+
+@dataclass
+class _Tenant:
+    """One identity's server, its upstream, and the client connections it serves."""
+
+    key: tuple[str, str]
+    user: str
+    server: Any
+    upstream: Any
+    up: bool = False
+    failed: Any = None  # the upstream's ErrorInfo when it refused before ever coming up
+    connections: set = field(default_factory=set)
+    waiting: list = field(default_factory=list)  # (method, event) held until the upstream is up
+    idle_timer: Any = None
+
+
+class _UpstreamTap:
+    """The upstream listener of a tenant's server, telling PassThrough when the upstream is up."""
+
+    def __init__(self, owner: PassThrough, tenant: _Tenant):
+        self._owner = owner
+        self._tenant = tenant
+
+    def on_upstream_up(self, upstream: Any) -> None:
+        self._tenant.server.on_upstream_up(upstream)
+        self._owner._up(self._tenant)
+
+    def on_upstream_down(self, upstream: Any, error: Any) -> None:
+        self._tenant.server.on_upstream_down(upstream, error)
+        self._owner._down(self._tenant, error)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tenant.server, name)
+
+
+class PassThrough:
+    """Routes client connection events to per-identity proxy servers (see the module docstring).
+
+    make_server(user, password, n) -> (server, upstream): a ProxyServer and its not yet started
+    upstream for those credentials (`n` numbers the tenants, for a distinct instance name).
+    start_upstream(upstream, listener): start it on the loop.  call_later(delay, fn): the loop's timer.
+    """
+
+    def __init__(
+        self,
+        default: Any,
+        make_server: Callable[[str, str, int], tuple[Any, Any]],
+        start_upstream: Callable[[Any, Any], None],
+        call_later: Callable[[float, Callable[[], None]], Any],
+        *,
+        idle: float = 30.0,
+        connect_timeout: float = 10.0,
+    ):
+        self.default = default
+        self._make_server = make_server
+        self._start_upstream = start_upstream
+        self._call_later = call_later
+        self._idle = idle
+        self._connect_timeout = connect_timeout
+        self._tenants: dict[tuple[str, str], _Tenant] = {}
+        self._numbers = itertools.count(1)
+        self._stopped = False
+
+    # every event of a client connection
+
+    def on_unhandled(self, method: str, event: Any) -> None:
+        connection = getattr(event, "connection", None)
+        tenant = self._tenant_of(connection) if connection is not None else None
+        if tenant is None:
+            _dispatch(self.default, method, event)
+        elif not tenant.up:
+            tenant.waiting.append((method, event))
+        else:
+            _dispatch(tenant.server, method, event)
+
+    def on_connection_remote_open(self, event: Any) -> None:
+        connection = event.connection
+        identity = identity_of(connection)
+        if identity.password is None or self._stopped:
+            _dispatch(self.default, "on_connection_remote_open", event)
+            return
+        key = (identity.user or "", hashlib.sha256(identity.password.encode("utf-8", "surrogatepass")).hexdigest())
+        tenant = self._tenants.get(key)
+        if tenant is None:
+            tenant = self._open_tenant(key, identity.user or "", identity.password)
+        if tenant.idle_timer is not None:
+            tenant.idle_timer.cancel()
+            tenant.idle_timer = None
+        tenant.connections.add(connection)
+        connection.bf_tenant = tenant
+        if tenant.up:
+            _dispatch(tenant.server, "on_connection_remote_open", event)
+        else:
+            tenant.waiting.append(("on_connection_remote_open", event))
+
+    def on_transport_closed(self, event: Any) -> None:
+        self._route_and_forget(event, "on_transport_closed")
+
+    def on_connection_final(self, event: Any) -> None:
+        self._route_and_forget(event, "on_connection_final")
+
+    # tenants
+
+    def _tenant_of(self, connection: Any) -> _Tenant | None:
+        return getattr(connection, "bf_tenant", None)
+
+    def _open_tenant(self, key: tuple[str, str], user: str, password: str) -> _Tenant:
+        server, upstream = self._make_server(user, password, next(self._numbers))
+        tenant = _Tenant(key, user, server, upstream)
+        self._tenants[key] = tenant
+        log.info("pass-through: opening an upstream connection", extra={"fields": {"user": user}})
+        self._start_upstream(upstream, _UpstreamTap(self, tenant))
+        self._call_later(self._connect_timeout, lambda: self._give_up(tenant))
+        return tenant
+
+    def _give_up(self, tenant: _Tenant) -> None:
+        if not tenant.up and self._tenants.get(tenant.key) is tenant:
+            self._down(tenant, _Refusal("amqp:connection:forced",
+                                        f"the upstream did not accept a connection within {self._connect_timeout:g} s"))
+
+    def _up(self, tenant: _Tenant) -> None:
+        tenant.up = True
+        tenant.failed = None
+        waiting, tenant.waiting = tenant.waiting, []
+        for method, event in waiting:
+            _dispatch(tenant.server, method, event)
+
+    def _down(self, tenant: _Tenant, error: Any) -> None:
+        if tenant.up:
+            return  # the server detaches its links itself; the upstream reconnects
+        # Never came up: the clients waiting for it cannot be served with these credentials.
+        from proton import Condition, Endpoint
+
+        tenant.failed = error
+        condition = Condition(getattr(error, "condition", "amqp:connection:forced"),
+                              getattr(error, "description", "upstream connection failed"))
+        for connection in list(tenant.connections):
+            if not connection.state & Endpoint.LOCAL_CLOSED:
+                if connection.state & Endpoint.LOCAL_UNINIT:
+                    connection.open()
+                connection.condition = condition
+                connection.close()
+        tenant.waiting.clear()
+        self._retire(tenant)
+
+    def _route_and_forget(self, event: Any, method: str) -> None:
+        connection = getattr(event, "connection", None)
+        tenant = self._tenant_of(connection) if connection is not None else None
+        if tenant is None:
+            _dispatch(self.default, method, event)
+            return
+        if tenant.up:
+            _dispatch(tenant.server, method, event)
+        tenant.connections.discard(connection)
+        if not tenant.connections and tenant.idle_timer is None and self._tenants.get(tenant.key) is tenant:
+            tenant.idle_timer = self._call_later(self._idle, lambda: self._idle_out(tenant))
+
+    def _idle_out(self, tenant: _Tenant) -> None:
+        tenant.idle_timer = None
+        if not tenant.connections:
+            self._retire(tenant)
+
+    def _retire(self, tenant: _Tenant) -> None:
+        if self._tenants.get(tenant.key) is tenant:
+            del self._tenants[tenant.key]
+        try:
+            tenant.upstream.stop()
+        except Exception:  # noqa: BLE001 - stopping one tenant must not affect the others
+            log.exception("pass-through: stopping an upstream connection failed")
+
+    # the daemon as a whole
+
+    @property
+    def servers(self) -> list:
+        return [self.default] + [t.server for t in self._tenants.values()]
+
+    def stop(self) -> None:
+        """Stop every tenant's upstream connection (the default upstream is the app's to stop)."""
+        self._stopped = True
+        for tenant in list(self._tenants.values()):
+            if tenant.idle_timer is not None:
+                tenant.idle_timer.cancel()
+            self._retire(tenant)
+
+    def snapshot(self) -> dict:
+        """The default server's snapshot, with every tenant's connections, links, credit and feeds added."""
+        total = self.default.snapshot()
+        links = dict(total.get("links", {}))
+        credit = dict(total.get("credit", {}))
+        feeds = list(total.get("feeds", []))
+        connections = total.get("connections", 0)
+        for tenant in list(self._tenants.values()):
+            snap = tenant.server.snapshot()
+            connections += snap.get("connections", 0)
+            feeds += snap.get("feeds", [])
+            for kind, n in snap.get("links", {}).items():
+                links[kind] = links.get(kind, 0) + n
+            for address, n in snap.get("credit", {}).items():
+                credit[address] = credit.get(address, 0) + n
+        total.update(connections=connections, links=links, credit=credit, feeds=feeds,
+                     held=sum(f["held"] for f in feeds), starved=sum(f["starved"] for f in feeds))
+        return total
