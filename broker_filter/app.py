@@ -102,11 +102,20 @@ class App:
         from .listener import listen
 
         host = self.config.listener.host
+        handler, check = self.server, None
         if self.config.upstream.credentials == "pass-through":
-            raise SystemExit("broker-filter: upstream.credentials = pass-through is not supported by the daemon yet")
+            # Each client's PLAIN credentials: checked against the upstream, then its own upstream connection.
+            from .listener import upstream_login
+            from .passthrough import PassThrough
+
+            self.passthrough = PassThrough(self.server, self._tenant_server,
+                                           lambda upstream, listener: upstream.start(self.loop, listener),
+                                           self.loop.call_later)
+            handler = self.passthrough
+            check = upstream_login(self.config.upstream.urls, self.config.upstream.tls)
         # SASL (PLAIN users, EXTERNAL, the anonymous policy) and TLS as configured in [listener].
-        self.registry = ConnectionRegistry(self.server)
-        self.acceptor = listen(self.container, self.config.listener, self.registry,
+        self.registry = ConnectionRegistry(handler)
+        self.acceptor = listen(self.container, self.config.listener, self.registry, passthrough=check,
                                max_connections=self.config.limits.connections)
         self.port = self.acceptor.port
         self.upstream.start(self.loop, self.server)
@@ -124,7 +133,8 @@ class App:
     def _publish_snapshot(self) -> None:
         from .metrics import Snapshot
 
-        snap = self.server.snapshot()
+        passthrough = getattr(self, "passthrough", None)
+        snap = passthrough.snapshot() if passthrough is not None else self.server.snapshot()
         held: dict[str, int] = {}
         stalled: dict[str, bool] = {}
         for f in snap["feeds"]:
@@ -174,7 +184,23 @@ class App:
 
     def _before_stop(self) -> None:
         self._stopping = True
+        if getattr(self, "passthrough", None) is not None:
+            self.passthrough.stop()
         self.upstream.stop()
+
+    def _tenant_server(self, user: str, password: str, n: int) -> tuple[Any, Any]:
+        """A ProxyServer and its upstream logged in as one pass-through client identity."""
+        import dataclasses
+        from urllib.parse import urlsplit, urlunsplit
+
+        up = self.config.upstream
+        bare = tuple(urlunsplit(urlsplit(u)._replace(netloc=urlsplit(u).netloc.rpartition("@")[2])) for u in up.urls)
+        config = dataclasses.replace(self.config, upstream=dataclasses.replace(up, urls=bare, user=user,
+                                                                                 password=password))
+        upstream = build_upstream(config)
+        server = ProxyServer(upstream, instance=f"{self.instance}~{n}", window=max(1, self.config.limits.upstream_window),
+                             config=self.config, metrics=self.metrics)
+        return server, upstream
 
     def _in_flight(self) -> int:
         """Deliveries sent to clients and not settled, plus client publishes not yet settled upstream."""
