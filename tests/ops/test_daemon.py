@@ -319,3 +319,24 @@ def test_sigterm_through_the_tls_and_sasl_front_end(daemon, pki):
     assert d.proc.wait(20) == 0
     assert "Traceback" not in d.log()
     conn.close()
+
+
+def test_pass_through_credentials_open_each_clients_own_upstream_connection(daemon):
+    """The upstream refuses ANONYMOUS and knows alice and bob: messages flow through the proxy only
+    because each client's own credentials log the proxy in upstream."""
+    bob = hash_password("builder", algorithm="pbkdf2-sha256")
+    upstream = daemon("--set", f'listener.users={{alice = "{ALICE}", bob = "{bob}"}}',
+                      "--set", "listener.allow_anonymous=false")
+    proxy = daemon("--upstream", upstream.url, "--set", "upstream.credentials=pass-through",
+                   "--set", "listener.allow_anonymous=false")
+    assert roundtrip(proxy.url, "ops-pt-a", user="alice", password="wonderland", allowed_mechs="PLAIN") == "ping"
+    assert roundtrip(proxy.url, "ops-pt-b", user="bob", password="builder", allowed_mechs="PLAIN") == "ping"
+    with pytest.raises(Exception) as info:
+        BlockingConnection(proxy.url, timeout=20, user="alice", password="builder", allowed_mechs="PLAIN")
+    assert "amqp:unauthorized-access" in str(info.value)
+    with pytest.raises(Exception) as info:
+        BlockingConnection(proxy.url, timeout=20, allowed_mechs="ANONYMOUS")
+    assert "amqp:unauthorized-access" in str(info.value)
+    assert "pass-through: opening an upstream connection" in proxy.log()
+    assert "wonderland" not in proxy.log() and "builder" not in proxy.log()
+    assert "Traceback" not in proxy.log()
