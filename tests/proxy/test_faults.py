@@ -153,3 +153,24 @@ def test_publisher_killed_mid_transfer_publishes_nothing_partial(proxy, address)
         assert [m.body for m in receive(r, idle=1.0)] == ["after"]  # nothing partial went upstream
     finally:
         c.close()
+
+
+def test_undecodable_message_from_a_client_is_rejected_and_not_published(proxy, address):
+    from proton import Disposition
+
+    q = f"/queue/{address}"
+    c = connect(proxy.url)
+    try:
+        s = c.create_sender(q)
+        c.wait(lambda: s.link.credit > 0, timeout=10)
+        dlv = s.link.delivery("bad-1")
+        s.link.send(b"\x00\x53\x77\xa1\xff")  # an amqp-value string claiming 255 bytes, with none
+        s.link.advance()
+        c.wait(lambda: dlv.remote_state != 0, timeout=10)
+        assert dlv.remote_state == Disposition.REJECTED
+        assert dlv.remote.condition.name == "amqp:decode-error"
+        s.send(Message(body="good"))
+        r = c.create_receiver(q, credit=5)
+        assert [m.body for m in receive(r, idle=1.0)] == ["good"]
+    finally:
+        c.close()
