@@ -116,7 +116,7 @@ class App:
         # SASL (PLAIN users, EXTERNAL, the anonymous policy) and TLS as configured in [listener].
         self.registry = ConnectionRegistry(handler)
         self.acceptor = listen(self.container, self.config.listener, self.registry, passthrough=check,
-                               max_connections=self.config.limits.connections)
+                               max_connections=self.config.limits.connections, on_refused=self._refused)
         self.port = self.acceptor.port
         self.upstream.start(self.loop, self.server)
         log.info("listening on %s:%s, upstream %s, instance %s", host, self.port, self.upstream.name, self.instance)
@@ -187,6 +187,14 @@ class App:
         if getattr(self, "passthrough", None) is not None:
             self.passthrough.stop()
         self.upstream.stop()
+
+    def _refused(self, reason: str, mechanism: str) -> None:
+        """A client the listener's front end turned away (called on its thread; counters are thread-safe)."""
+        if self.metrics is None:
+            return
+        if reason == "unauthorized":
+            self.metrics.authentication_failed(mechanism or "none")
+        self.metrics.refuse_connection(reason)
 
     def _tenant_server(self, user: str, password: str, n: int) -> tuple[Any, Any]:
         """A ProxyServer and its upstream logged in as one pass-through client identity."""
