@@ -135,6 +135,11 @@ def test_plain_users_metrics_and_json_logs(daemon, tmp_path):
     assert status == 200
     names = {family.name for family in text_string_to_metric_families(text)}
     assert {"broker_filter_connections", "broker_filter_upstream_connected", "broker_filter_messages_received"} <= names
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("broker_filter_authentication_failures_total", (("mechanism", "PLAIN"),))] == 1
+    # (the ANONYMOUS client gives up by itself: PLAIN is all the listener offers)
+    assert samples[("broker_filter_connections_refused_total", (("reason", "unauthorized"),))] == 1
 
     lines = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
     assert lines and all({"ts", "level", "logger", "msg"} <= set(line) for line in lines)
