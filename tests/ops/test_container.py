@@ -161,6 +161,7 @@ def test_compose_wires_rabbitmq_amqp10_proxy_and_prometheus():
     config = load(None, {**dockerfile_env(), **env, "BROKER_FILTER_CONFIG": str(ROOT / "config" / "broker-filter.toml")})
     assert config.upstream.urls == ("amqp://rabbitmq:5672",)
     assert config.upstream.password == "change-me"
+    assert config.upstream.credentials == "pass-through" and not config.listener.anonymous_allowed
     prometheus = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
     targets = [t for job in prometheus["scrape_configs"] if job["job_name"] == "broker-filter"
                for sc in job["static_configs"] for t in sc["targets"]]
