@@ -685,6 +685,9 @@ class ProxyServer(Handler):
 
     # ---------------------------------------------------------------- cleanup
     def _drop_link(self, link) -> None:
+        c = _conn_state(link.connection)
+        if c is not None:
+            c.links.discard(link)
         outlet = _attr(link, "bf_outlet")
         if outlet is not None:
             link.bf_outlet = None

@@ -232,3 +232,25 @@ def test_at_most_once_both_ways(proxy, address):
         assert sorted(m.body for m in receive(r, idle=1.0)) == [0, 1]
     finally:
         c.close()
+
+
+def test_links_per_connection_limit_counts_attached_links_only(rabbitmq, address):
+    from proton.utils import LinkDetached
+
+    from proxy_harness import Proxy
+
+    p = Proxy("--set", "limits.links_per_connection=2")
+    c = connect(p.url)
+    try:
+        for i in range(4):  # attach and detach more links than the limit, one at a time
+            r = c.create_receiver(f"/queue/{address}", name=f"r{i}")
+            r.close()
+        a = c.create_receiver(f"/queue/{address}", name="a")
+        b = c.create_receiver(f"/queue/{address}", name="b")
+        with pytest.raises(LinkDetached) as info:
+            c.create_receiver(f"/queue/{address}", name="c")
+        assert info.value.link.remote_condition.name == "amqp:resource-limit-exceeded"
+        assert a and b
+    finally:
+        c.close()
+        p.stop()
