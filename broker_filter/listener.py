@@ -5,9 +5,10 @@ side, and proton's TLS layer keeps the cleartext to itself, so PLAIN users and p
 credentials cannot be checked inside proton.  When the configuration needs them, a front end
 accepts client connections on its own asyncio thread, runs TLS (Python's `ssl`) and the SASL
 exchange (`security.SaslServer`), and only then hands the connection to the proton Container
-through one end of a socket pair, copying bytes both ways.  The Container adopts that socket as its
-own acceptor would, with a server Transport without a SASL layer, and the Connection carries the
-client's `Identity` (`identity_of(connection)`).  When only ANONYMOUS is needed, proton's own
+through one end of a socket pair, copying bytes both ways (without TLS the client's own socket is
+handed over, so no byte is copied).  The Container adopts that socket as its own acceptor would,
+with a server Transport without a SASL layer, and the Connection carries the client's `Identity`
+(`identity_of(connection)`).  When only ANONYMOUS is needed, proton's own
 acceptor serves the listener (with proton TLS when configured) and no bytes are copied.
 
 Wrong credentials end the exchange with the SASL outcome `auth`, which clients report as
@@ -199,11 +200,12 @@ class Adopter:
         selectable = container.selectable(handler=self, delegate=self._pipe)
         selectable._transport = None  # proton's IOHandler looks at every selectable's transport
 
-    def adopt(self, sock: socket.socket, identity: Identity) -> None:
+    def adopt(self, sock: socket.socket, identity: Identity, leftover: bytes = b"") -> None:
+        """Serve `sock` on the Container; `leftover`: bytes already read from it after SASL."""
         if self._closed:
             sock.close()
             return
-        self._queue.put((sock, identity))
+        self._queue.put((sock, identity, leftover))
         self._pipe.wake()
 
     def close(self) -> None:
@@ -222,14 +224,14 @@ class Adopter:
         self._pipe.drain()
         while True:
             try:
-                sock, identity = self._queue.get_nowait()
+                sock, identity, leftover = self._queue.get_nowait()
             except queue.Empty:
                 break
             if self._closed:
                 sock.close()
                 continue
             try:
-                self._adopt(sock, identity)
+                self._adopt(sock, identity, leftover)
             except Exception:  # noqa: BLE001 - one bad socket must not stop the container
                 log.exception("adopting a client connection failed")
                 sock.close()
@@ -238,7 +240,7 @@ class Adopter:
             selectable.terminate()
             selectable.update()
 
-    def _adopt(self, sock: socket.socket, identity: Identity) -> None:
+    def _adopt(self, sock: socket.socket, identity: Identity, leftover: bytes) -> None:
         from proton import Transport, Url
         from proton._handlers import IOHandler
 
@@ -251,6 +253,8 @@ class Adopter:
         setattr(connection, IDENTITY_ATTRIBUTE, identity)
         transport = Transport(Transport.SERVER)
         transport.bind(connection)
+        if leftover:
+            transport.push(leftover)
         selectable = container.selectable(delegate=sock)
         selectable._transport = transport
         transport._selectable = selectable
@@ -265,7 +269,10 @@ Verify = Callable[[str, str], "bool | Awaitable[bool]"]
 
 
 class FrontEnd:
-    """Accepts clients, runs TLS and SASL, hands authenticated connections to `adopt(sock, identity)`."""
+    """Accepts clients, runs TLS and SASL, hands authenticated connections to
+    `adopt(sock, identity, leftover)`.  Without TLS the client's own socket is handed over once SASL is
+    done (proton then reads it directly); with TLS, which stays here, through a socket pair bridged
+    both ways."""
 
     def __init__(
         self,
@@ -274,7 +281,7 @@ class FrontEnd:
         *,
         mechanisms: tuple[str, ...],
         verify: Verify | None,
-        adopt: Callable[[socket.socket, Identity], None],
+        adopt: Callable[[socket.socket, Identity, bytes], None],
         ssl_context: ssl.SSLContext | None = None,
         allow_skip: bool = False,
         keep_password: bool = False,
@@ -294,7 +301,9 @@ class FrontEnd:
         self._on_refused = on_refused or (lambda reason, mechanism: None)
         self._active = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.base_events.Server | None = None
+        self._server: asyncio.base_events.Server | None = None  # TLS: asyncio's stream server
+        self._listening: socket.socket | None = None  # plain TCP: our own listening socket
+        self._accepting: asyncio.Task | None = None
         self._thread: threading.Thread | None = None
         self._tasks: set[asyncio.Task] = set()
         self.port = 0
@@ -308,13 +317,20 @@ class FrontEnd:
             loop = asyncio.new_event_loop()
             self._loop = loop
             try:
-                self._server = loop.run_until_complete(
-                    asyncio.start_server(
-                        self._serve, self._host, self._requested_port, ssl=self._ssl,
-                        ssl_handshake_timeout=self._timeout if self._ssl else None, limit=_CHUNK,
+                if self._ssl is not None:
+                    self._server = loop.run_until_complete(
+                        asyncio.start_server(
+                            self._serve, self._host, self._requested_port, ssl=self._ssl,
+                            ssl_handshake_timeout=self._timeout, limit=_CHUNK,
+                        )
                     )
-                )
-                self.port = self._server.sockets[0].getsockname()[1]
+                    self.port = self._server.sockets[0].getsockname()[1]
+                else:
+                    family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+                    self._listening = socket.create_server((self._host, self._requested_port), family=family)
+                    self._listening.setblocking(False)
+                    self.port = self._listening.getsockname()[1]
+                    self._accepting = loop.create_task(self._accept_plain())
             except BaseException as e:  # noqa: BLE001 - reported to start()
                 failure.append(e)
                 ready.set()
@@ -340,8 +356,7 @@ class FrontEnd:
             return
 
         async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
+            self._stop_listening()
             for task in list(self._tasks):
                 task.cancel()
             if self._tasks:
@@ -357,8 +372,64 @@ class FrontEnd:
     def stop_accepting(self) -> None:
         """Close the listening socket; established connections go on."""
         loop = self._loop
-        if loop is not None and self._server is not None:
-            loop.call_soon_threadsafe(self._server.close)
+        if loop is not None:
+            loop.call_soon_threadsafe(self._stop_listening)
+
+    def _stop_listening(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            self._accepting = None
+        if self._listening is not None:
+            self._listening.close()
+            self._listening = None
+
+    async def _accept_plain(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._listening is not None
+        listening = self._listening
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listening)
+            except asyncio.CancelledError:
+                return
+            except OSError as e:
+                if self._listening is None:
+                    return
+                log.warning("accepting a client connection failed: %s", e)
+                await asyncio.sleep(0.1)
+                continue
+            sock.setblocking(False)
+            task = loop.create_task(self._serve_plain(sock))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve_plain(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        handed_over = False
+        self._active += 1
+        try:
+            if self._max_connections and self._active > self._max_connections:
+                self._on_refused("limit", "")
+                return
+            peer = sock.getpeername()
+            identity, sasl = await self._authenticate(
+                lambda: loop.sock_recv(sock, _CHUNK), lambda data: loop.sock_sendall(sock, data),
+                f"{peer[0]}:{peer[1]}", tls=False, external=None,
+            )
+            if identity is None or sasl is None:
+                return
+            self._adopt(sock, identity, sasl.leftover)
+            handed_over = True
+        except (ConnectionError, TimeoutError, asyncio.CancelledError):
+            pass
+        except Exception:  # noqa: BLE001 - one client must not take the listener down
+            log.exception("client connection failed")
+        finally:
+            self._active -= 1
+            if not handed_over:
+                sock.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -385,9 +456,43 @@ class FrontEnd:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("", 0)
-        peer_text = f"{peer[0]}:{peer[1]}"
         tls = writer.get_extra_info("ssl_object")
         external = _certificate_subject(writer.get_extra_info("peercert")) if tls is not None else None
+
+        async def send(data: bytes) -> None:
+            writer.write(data)
+            await writer.drain()
+
+        identity, sasl = await self._authenticate(
+            lambda: reader.read(_CHUNK), send, f"{peer[0]}:{peer[1]}", tls=tls is not None, external=external
+        )
+        if identity is None or sasl is None:
+            return
+        ours, theirs = socket.socketpair()
+        try:
+            self._adopt(theirs, identity, b"")
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
+        inner_reader, inner_writer = await asyncio.open_connection(sock=ours, limit=_CHUNK)
+        try:
+            if sasl.leftover:
+                inner_writer.write(sasl.leftover)
+            await _bridge(reader, writer, inner_reader, inner_writer)
+        finally:
+            inner_writer.close()
+
+    async def _authenticate(
+        self,
+        recv: Callable[[], Awaitable[bytes]],
+        send: Callable[[bytes], Awaitable[None]],
+        peer_text: str,
+        *,
+        tls: bool,
+        external: str | None,
+    ) -> tuple[Identity | None, SaslServer | None]:
+        """The SASL exchange; (identity, the finished SaslServer) when the client is in, else (None, None)."""
         credentials: list[tuple[str, str]] = []
         sasl = SaslServer(
             self._mechanisms,
@@ -403,36 +508,21 @@ class FrontEnd:
                     ok = await self._check(user, password)
                     sasl.resolve(ok, "" if ok else "wrong user name or password")
                 else:
-                    data = await reader.read(_CHUNK)
+                    data = await recv()
                     if not data:
-                        return
+                        return None, None
                     sasl.receive(data)
                 out = sasl.data_to_send()
                 if out:
-                    writer.write(out)
-                    await writer.drain()
+                    await send(out)
         outcome = sasl.outcome
         assert outcome is not None
         if not outcome.ok:
             log.info("client authentication refused", extra={"fields": {
                 "peer": peer_text, "mechanism": outcome.mechanism, "user": outcome.user, "reason": outcome.reason}})
             self._on_refused("unauthorized", outcome.mechanism)
-            return
-        identity = Identity(outcome.user, outcome.mechanism, outcome.password, tls is not None, peer_text)
-        ours, theirs = socket.socketpair()
-        try:
-            self._adopt(theirs, identity)
-        except BaseException:
-            ours.close()
-            theirs.close()
-            raise
-        inner_reader, inner_writer = await asyncio.open_connection(sock=ours, limit=_CHUNK)
-        try:
-            if sasl.leftover:
-                inner_writer.write(sasl.leftover)
-            await _bridge(reader, writer, inner_reader, inner_writer)
-        finally:
-            inner_writer.close()
+            return None, None
+        return Identity(outcome.user, outcome.mechanism, outcome.password, tls, peer_text), sasl
 
     async def _check(self, user: str, password: str) -> bool:
         if self._verify is None:
