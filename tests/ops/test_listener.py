@@ -267,3 +267,38 @@ def test_pass_through_checks_credentials_against_the_upstream(running):
     with pytest.raises(Exception) as info:
         BlockingConnection(url, timeout=20, user="alice", password="guess", allowed_mechs="PLAIN")
     assert "amqp:unauthorized-access" in str(info.value)
+
+
+def test_frames_pipelined_after_sasl_reach_proton(running):
+    """A client may send its AMQP header and open right behind sasl-init, before the outcome: those
+    bytes are read by the front end and must be handed to proton with the socket."""
+    import socket
+    import time
+
+    from broker_filter import amqptypes as t
+    from broker_filter.codec import decode, encode
+    from broker_filter.security import AMQP_HEADER, SASL_HEADER
+
+    def frame(code: int, fields: list, frame_type: int) -> bytes:
+        body = encode(t.Described(t.ulong(code), fields))
+        return (8 + len(body)).to_bytes(4, "big") + bytes((2, frame_type, 0, 0)) + body
+
+    r = running(listener_config(f'listener.users={{alice = "{ALICE}"}}'))
+    init = frame(0x41, [t.symbol("PLAIN"), b"\0alice\0wonderland"], 1)
+    open_frame = frame(0x10, ["raw-client"], 0)
+    with socket.create_connection(("127.0.0.1", r.port), timeout=10) as sock:
+        sock.sendall(SASL_HEADER + init + AMQP_HEADER + open_frame)
+        received = b""
+        deadline = time.monotonic() + 10
+        while AMQP_HEADER not in received or len(received) < received.index(AMQP_HEADER) + 16:
+            assert time.monotonic() < deadline, received
+            chunk = sock.recv(4096)
+            assert chunk, received
+            received += chunk
+        start = received.index(AMQP_HEADER) + 8
+        while len(received) < start + int.from_bytes(received[start:start + 4], "big"):
+            received += sock.recv(4096)
+    size = int.from_bytes(received[start:start + 4], "big")
+    performative, _ = decode(received[start + 4 * received[start + 4]:start + size], 0)
+    assert performative.descriptor == 0x10  # proton answered our pipelined open with its own
+    assert [i.user for i in r.server.identities] == ["alice"]
