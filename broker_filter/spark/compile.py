@@ -47,7 +47,9 @@ _AMQP_KIND = {
 }
 
 _INTEGER_TEXT = r"\A[+-]?[0-9]+\z"
-_DECIMAL_TEXT = r"\A[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\z"
+# What Java's Double.parseDouble accepts after trimming (no hexadecimal floats), as the core reads it.
+_DOUBLE_TEXT = r"\A[+-]?(NaN|Infinity|([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)[fFdD]?\z"
+_JAVA_TRIM = r"\A[\x{0}-\x{20}]+|[\x{0}-\x{20}]+\z"
 ROCKETMQ_FAILURE = False  # what the core answers when a rocketmq evaluation fails (not delivered)
 
 
@@ -387,14 +389,14 @@ class _Compiler:
         s = v.s
         is_str = v.is_({"string"})
         as_int = _and(is_str, other.is_(NUMERIC), _int_text_ok(s))
-        as_dbl = _and(is_str, other.is_(NUMERIC), _not(_int_text_ok(s)), s.rlike(_DECIMAL_TEXT))
+        as_dbl = _and(is_str, other.is_(NUMERIC), _not(_int_text_ok(s)), _double_text_ok(s))
         as_bool = _and(is_str, other.is_({"boolean"}), F.lower(s).isin("true", "false"))
         out = Val(
             v.kinds | {"long", "double", "boolean"},
             v.nullable,
             _case([(as_int, "long"), (as_dbl, "double"), (as_bool, "boolean")], v.tag if v.tag is not None else None),
             l=_case([(as_int, s.cast("long"))], v.l),
-            d=_case([(as_dbl, s.cast("double"))], v.d),
+            d=_case([(as_dbl, _double_of_text(s))], v.d),
             s=s,
             b=_case([(as_bool, F.lower(s) == "true")], v.b),
         )
@@ -409,13 +411,13 @@ class _Compiler:
         to_long = _and(is_str, other.is_(INTEGER))
         to_double = _and(is_str, other.is_({"double"}))
         self.fail_when(_and(to_long, _not(_int_text_ok(s))))
-        self.fail_when(_and(to_double, _not(s.rlike(_DECIMAL_TEXT))))
+        self.fail_when(_and(to_double, _not(_double_text_ok(s))))
         out = Val(
             v.kinds | {"long", "double"},
             v.nullable,
             _case([(to_long, "long"), (to_double, "double")], v.tag),
             l=_case([(to_long, s.cast("long"))], v.l),
-            d=_case([(to_double, s.cast("double"))], v.d),
+            d=_case([(to_double, _double_of_text(s))], v.d),
             s=s,
             b=v.b,
         )
@@ -434,6 +436,8 @@ class _Compiler:
         v = self.value(node.operand)
         if self.dialect == "rocketmq":
             found: Any = False
+            if any(literal.type == "string" for literal in node.values):
+                self.fail_when(_and(_not(v.is_null()), _not(v.is_({"string"}))))
             for literal in node.values:
                 found = _col(found) | _col(self.compare("=", v, self.value(literal)))
             return _not(found) if node.negated else found
@@ -501,13 +505,13 @@ class _Compiler:
             s = v.s
             is_str = v.is_({"string"})
             as_int = _and(is_str, _int_text_ok(s))
-            as_dbl = _and(is_str, _not(_int_text_ok(s)), s.rlike(_DECIMAL_TEXT))
+            as_dbl = _and(is_str, _not(_int_text_ok(s)), _double_text_ok(s))
             v = Val(
                 v.kinds | {"long", "double"},
                 v.nullable,
                 _case([(as_int, "long"), (as_dbl, "double")], v.tag),
                 l=_case([(as_int, s.cast("long"))], v.l),
-                d=_case([(as_dbl, s.cast("double"))], v.d),
+                d=_case([(as_dbl, _double_of_text(s))], v.d),
                 s=s,
                 b=v.b,
                 level=v.level,
@@ -574,8 +578,26 @@ def _int_text_ok(s: Column) -> Column:
     return s.rlike(_INTEGER_TEXT) & s.cast("long").isNotNull()
 
 
+def _trimmed(s: Column) -> Column:
+    return F.regexp_replace(s, _JAVA_TRIM, "")
+
+
+def _double_text_ok(s: Column) -> Column:
+    return _trimmed(s).rlike(_DOUBLE_TEXT)
+
+
+def _double_of_text(s: Column) -> Column:
+    """The double of text `_double_text_ok` accepts (the suffix dropped, as the core reads it)."""
+    return F.regexp_replace(_trimmed(s), r"[fFdD]\z", "").cast("double")
+
+
 def _mismatched(a: Val, b: Val) -> Any:
-    return _and(_not(a.is_null()), _not(b.is_null()), _not(_and(a.is_(NUMERIC), b.is_(NUMERIC))))
+    alike = _or(
+        _and(a.is_(NUMERIC), b.is_(NUMERIC)),
+        _and(a.is_({"string"}), b.is_({"string"})),
+        _and(a.is_({"boolean"}), b.is_({"boolean"})),
+    )
+    return _and(_not(a.is_null()), _not(b.is_null()), _not(alike))
 
 
 def _long_or_null(c: Column | None) -> Column:
@@ -688,10 +710,10 @@ def compile_selector(selector: ast.Selector, context: dict | None = None) -> Com
         return CompiledSelector([], F.lit(True), selector)
     compiler = _Compiler(selector, context)
     result = _col(compiler.cond(selector.expr))
-    if compiler.failures:
-        failed = compiler.failures[0]
-        for f in compiler.failures[1:]:
-            failed = failed | f
+    failed = _or(*compiler.failures)
+    if failed is True:
+        result = F.lit(ROCKETMQ_FAILURE)
+    elif failed is not False:
         result = F.when(failed, F.lit(ROCKETMQ_FAILURE)).otherwise(result)
     return CompiledSelector(compiler.defs, result, selector)
 

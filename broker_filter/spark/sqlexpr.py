@@ -193,6 +193,10 @@ class functions:  # noqa: N801 - stands in for `pyspark.sql.functions`
         return call("is_valid_utf8", v)
 
     @staticmethod
+    def regexp_replace(v: Any, pattern: str, replacement: str) -> E:
+        return call("regexp_replace", v, pattern, replacement)
+
+    @staticmethod
     def lower(v: Any) -> E:
         return call("lower", v)
 
