@@ -584,6 +584,7 @@ class ProxyServer(Handler):
         binding.feed.close()
         if binding.consumer is not None:
             binding.consumer.close()
+        self._forget_recycler(binding.spec.address)
         for o in outlets:
             link = o.io_ref
             link.bf_binding = None
@@ -683,6 +684,15 @@ class ProxyServer(Handler):
             return
         rec.publisher.send(delivery.data, lambda outcome: done(outcome.kind == "accepted"))
 
+    def _forget_recycler(self, address: str | None) -> None:
+        """Close the recycling publisher of an address no feed uses any more."""
+        if any(b.spec.address == address for b in self.feeds.values()):
+            return
+        rec = self._recyclers.pop(address, None)
+        if rec is not None and rec.publisher is not None:
+            rec.closed = True
+            rec.publisher.close()
+
     # ---------------------------------------------------------------- cleanup
     def _drop_link(self, link) -> None:
         c = _conn_state(link.connection)
@@ -704,6 +714,7 @@ class ProxyServer(Handler):
                     binding.feed.close()
                     if binding.consumer is not None:
                         binding.consumer.close()
+                    self._forget_recycler(binding.spec.address)
         inlet = _attr(link, "bf_inlet")
         if inlet is not None:
             link.bf_inlet = None
