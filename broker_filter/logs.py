@@ -5,7 +5,10 @@ import.  The daemon calls `configure()` once at start-up (from `[logging]` of th
 it installs one handler on the root logger, replacing the one a previous call installed.
 
 Context travels with the logger: `bind(log, conn="c7", link="l3")` returns a logger whose lines
-carry those ids; keyword arguments become fields (`log.info("attached", address="orders")`).
+carry those ids; keyword arguments become fields (`log.info("attached", address="orders")`).  Code
+that handles one connection's events can also set an ambient context for everything logged meanwhile
+(`token = enter(resolve, event)` ... `leave(token)`): `resolve(event)` -> {"conn": ..., "link": ...}
+runs only when a line is actually written, so setting it costs next to nothing per event.
 
 Secrets never reach the output: the formatter masks passwords in URLs (`amqp://user:***@host`)
 and every secret string registered with `configure(secrets=...)` (the configured passwords), in the
@@ -15,6 +18,7 @@ message, the fields and exception text alike.  Message bodies are never logged: 
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
@@ -28,6 +32,27 @@ CONTEXT_KEYS = ("conn", "link")
 _FORBIDDEN_FIELDS = frozenset({"body"})
 _LOGGING_KWARGS = frozenset({"exc_info", "stack_info", "stacklevel", "extra"})
 _HANDLER_MARK = "_broker_filter_handler"
+_AMBIENT: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("broker_filter_log_context", default=None)
+
+
+def enter(resolve: Any, subject: Any) -> contextvars.Token:
+    """Set the ambient context: lines logged until `leave(token)` carry `resolve(subject)`'s ids."""
+    return _AMBIENT.set((resolve, subject))
+
+
+def leave(token: contextvars.Token) -> None:
+    _AMBIENT.reset(token)
+
+
+def _ambient() -> Mapping[str, Any]:
+    current = _AMBIENT.get()
+    if current is None:
+        return {}
+    resolve, subject = current
+    try:
+        return resolve(subject) or {}
+    except Exception:  # noqa: BLE001 - a log line must never fail for its context
+        return {}
 
 
 class Redactor:
@@ -58,8 +83,11 @@ class _Formatter(logging.Formatter):
     @staticmethod
     def context(record: logging.LogRecord) -> dict[str, Any]:
         out = {}
+        ambient = getattr(record, "_broker_filter_ambient", None)
         for key in CONTEXT_KEYS:
             value = getattr(record, key, None)
+            if value is None and ambient:
+                value = ambient.get(key)
             if value is not None:
                 out[key] = value
         fields = getattr(record, "fields", None)
@@ -133,6 +161,13 @@ class EventLogger(logging.LoggerAdapter):
         return EventLogger(self.logger, {**self.extra, **context})
 
 
+def _capture_ambient(record: logging.LogRecord) -> bool:
+    """Resolve the ambient context while the event it describes is still being handled."""
+    if not hasattr(record, "_broker_filter_ambient"):
+        record._broker_filter_ambient = _ambient()
+    return True
+
+
 def bind(logger: logging.Logger | EventLogger | str, **context: Any) -> EventLogger:
     """`logger` with context ids (conn, link) and fields attached to every line."""
     if isinstance(logger, EventLogger):
@@ -155,6 +190,7 @@ def configure(
     redactor = Redactor(secrets)
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JSONFormatter(redactor) if format == "json" else TextFormatter(redactor))
+    handler.addFilter(_capture_ambient)
     setattr(handler, _HANDLER_MARK, True)
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, _HANDLER_MARK, False)]:
