@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import logs
 from .listener import WakePipe
 
 log = logging.getLogger("broker_filter.lifecycle")
@@ -40,26 +41,59 @@ class Forced(BaseException):
 
 
 class ConnectionRegistry:
-    """A handler in front of the proxy's handler that remembers open client connections."""
+    """The handler in front of the proxy's: remembers open client connections, and passes every
+    client event on with the connection and link ids as ambient log context (`broker_filter.logs`),
+    so whatever the proxy logs while handling it names the connection and link."""
 
     def __init__(self, inner: Any):
-        self.handlers = [inner]  # proton dispatches every event to these after us
+        self.inner = inner
         self.connections: set = set()
+
+    def on_unhandled(self, method: str, event: Any) -> None:
+        self._forward(event)
 
     def on_connection_remote_open(self, event: Any) -> None:
         self.connections.add(event.connection)
+        self._forward(event)
 
     def on_connection_final(self, event: Any) -> None:
         self.connections.discard(event.connection)
+        self._forward(event)
 
     def on_transport_closed(self, event: Any) -> None:
         if event.connection is not None:
             self.connections.discard(event.connection)
+        self._forward(event)
+
+    def _forward(self, event: Any) -> None:
+        token = logs.enter(event_ids, event)
+        try:
+            event.dispatch(self.inner)  # the inner handler and its own children, as proton would
+        finally:
+            logs.leave(token)
 
     def open_connections(self) -> list:
         from proton import Endpoint
 
         return [c for c in self.connections if not c.state & Endpoint.LOCAL_CLOSED]
+
+
+def event_ids(event: Any) -> dict[str, Any]:
+    """{"conn": the proxy's connection id, "link": the link name} of a proton event, as known."""
+    ids: dict[str, Any] = {}
+    connection = getattr(event, "connection", None)
+    if connection is not None:
+        state = getattr(connection, "bf_conn", None)  # the proxy's per-connection state
+        conn_id = getattr(state, "id", None)
+        if conn_id is None:
+            url = getattr(connection, "url", None)
+            conn_id = f"from {url.host}:{url.port}" if url is not None else None
+        if conn_id is not None:
+            ids["conn"] = conn_id
+    link = getattr(event, "link", None)
+    if link is not None:
+        ids["link"] = link.name
+    return ids
 
 
 class GracefulShutdown:
