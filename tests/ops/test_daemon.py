@@ -141,8 +141,15 @@ def test_plain_users_metrics_and_json_logs(daemon, tmp_path):
     # (the ANONYMOUS client gives up by itself: PLAIN is all the listener offers)
     assert samples[("broker_filter_connections_refused_total", (("reason", "unauthorized"),))] == 1
 
+    conn = BlockingConnection(d.url, timeout=20, user="alice", password="wonderland", allowed_mechs="PLAIN")
+    bad = Filter({symbol("sel"): Described(symbol("apache.org:selector-filter:string"), "color = ")})
+    with pytest.raises(Exception):
+        conn.create_receiver("ops-q1", name="bad-selector", options=bad)
+    conn.close()
     lines = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
     assert lines and all({"ts", "level", "logger", "msg"} <= set(line) for line in lines)
+    refused = [line for line in lines if line["msg"].startswith("refused link")]
+    assert refused and refused[0]["link"] == "bad-selector" and refused[0]["conn"].count("/") == 1
     assert "wonderland" not in d.log() and ALICE not in d.log()
 
 

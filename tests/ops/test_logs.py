@@ -113,3 +113,37 @@ def test_configure_from_config_masks_configured_secrets(stream):
     log.warning("tried t0psecret and pa55word")
     (line,) = lines(stream)
     assert json.loads(line)["msg"] == "tried *** and ***"
+
+
+def test_ambient_context_is_resolved_only_for_lines_written(stream):
+    logs.configure("json", "INFO", stream=stream)
+    resolved = []
+
+    def resolve(subject):
+        resolved.append(subject)
+        return {"conn": f"c{subject}", "link": "l9"}
+
+    log = logging.getLogger("broker_filter.proxy")
+    token = logs.enter(resolve, 7)
+    try:
+        log.debug("below the level: never resolved")
+        log.info("inside")
+        logs.bind(log, link="explicit").info("explicit ids win")
+    finally:
+        logs.leave(token)
+    log.info("outside")
+    inside, explicit, outside = (json.loads(line) for line in lines(stream))
+    assert (inside["conn"], inside["link"]) == ("c7", "l9")
+    assert (explicit["conn"], explicit["link"]) == ("c7", "explicit")
+    assert "conn" not in outside and "link" not in outside
+    assert resolved == [7, 7]
+
+
+def test_a_failing_resolver_never_breaks_a_line(stream):
+    logs.configure("text", "INFO", stream=stream)
+    token = logs.enter(lambda subject: 1 / 0, None)
+    try:
+        logging.getLogger("broker_filter.proxy").info("still written")
+    finally:
+        logs.leave(token)
+    assert lines(stream)[0].endswith("still written")
