@@ -199,6 +199,8 @@ class PassThrough:
             return
         if tenant.up:
             _dispatch(tenant.server, method, event)
+        else:  # gone before its upstream came up: nothing of it is to be replayed
+            tenant.waiting = [(m, e) for m, e in tenant.waiting if getattr(e, "connection", None) != connection]
         tenant.connections.discard(connection)
         if not tenant.connections and tenant.idle_timer is None and self._tenants.get(tenant.key) is tenant:
             tenant.idle_timer = self._call_later(self._idle, lambda: self._idle_out(tenant))
