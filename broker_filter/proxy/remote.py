@@ -504,6 +504,8 @@ class RemoteUpstream(Handler):
                 c.name if c is not None else "amqp:link:detach-forced",
                 c.description if c is not None else f"upstream {self.name} ended the session",
             ))
+        ssn.bf_endpoint = None
+        ssn.free()
 
     @_guarded
     def on_transport_closed(self, event) -> None:
@@ -548,15 +550,17 @@ class RemoteUpstream(Handler):
         ep = _endpoint(link)
         if not (link.state & Endpoint.LOCAL_CLOSED):
             link.close()
-        if ep is None or ep.closed:
-            return
-        c = link.remote_condition
-        err = ErrorInfo(
-            c.name if c is not None else "amqp:link:detach-forced",
-            c.description if c is not None else f"upstream {self.name} detached the link",
-            transient=False,
-        )
-        ep._closed_by_upstream(err)
+        if ep is not None and not ep.closed:
+            c = link.remote_condition
+            err = ErrorInfo(
+                c.name if c is not None else "amqp:link:detach-forced",
+                c.description if c is not None else f"upstream {self.name} detached the link",
+                transient=False,
+            )
+            ep._closed_by_upstream(err)
+        # Detached on both ends: free it, or a long-lived connection accumulates dead links.
+        link.bf_endpoint = None
+        link.free()
 
     @_guarded
     def on_link_flow(self, event) -> None:

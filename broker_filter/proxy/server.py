@@ -373,6 +373,7 @@ class ProxyServer(Handler):
                 self._drop_link(link)
         if not (ssn.state & Endpoint.LOCAL_CLOSED):
             ssn.close()
+        ssn.free()  # ended on both sides; a long-lived connection must not keep dead sessions
 
     @boundary
     def on_connection_remote_close(self, event) -> None:
