@@ -302,3 +302,62 @@ def test_frames_pipelined_after_sasl_reach_proton(running):
     performative, _ = decode(received[start + 4 * received[start + 4]:start + size], 0)
     assert performative.descriptor == 0x10  # proton answered our pipelined open with its own
     assert [i.user for i in r.server.identities] == ["alice"]
+
+
+class _SilentUpstream:
+    """An upstream that never comes up: a fault a real broker gives only by timing (it accepted the
+    login check a moment before and refuses the connection now)."""
+
+    stopped = False
+
+    def stop(self):
+        self.stopped = True
+
+
+def test_pass_through_client_is_closed_when_its_upstream_never_comes_up():
+    from broker_filter.passthrough import PassThrough
+
+    upstreams = []
+
+    def make_server(user, password, n):
+        upstreams.append(_SilentUpstream())
+        return Server(), upstreams[-1]
+
+    default = Server()
+    container = Container(default)
+    timers = []
+    passthrough = PassThrough(default, make_server, lambda upstream, listener: None,
+                              lambda delay, fn: timers.append(container.schedule(delay, _Call(fn))),
+                              connect_timeout=0.5)
+    listener = listener_config("listener.allow_anonymous=false", "upstream.urls=amqp://127.0.0.1:1",
+                               "upstream.credentials=pass-through")
+    listening = listen(container, listener, passthrough, passthrough=lambda user, password: True)
+    injector = EventInjector()
+    container.selectable(injector)
+
+    def stop(event):
+        listening.close()
+        injector.close()
+        container.stop()
+
+    default.on_stop_test = stop
+    thread = threading.Thread(target=container.run, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(Exception) as info:
+            BlockingConnection(f"amqp://127.0.0.1:{listening.port}", timeout=20, user="carol", password="x",
+                               allowed_mechs="PLAIN")
+        assert "did not accept a connection" in str(info.value)
+        assert len(upstreams) == 1 and upstreams[0].stopped
+        assert default.identities == []  # never served by the default server either
+    finally:
+        injector.trigger(ApplicationEvent("stop_test"))
+        thread.join(20)
+
+
+class _Call:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def on_timer_task(self, event):
+        self.fn()
