@@ -112,6 +112,7 @@ def consumer(url: str, address: str, selector: str | None, expect: int, total: i
 
 
 def run_once(direct_url: str, consume_url: str, selector: str | None, count: int, rate: float | None) -> dict:
+    """One stream: the producer publishes to `direct_url`, the consumer receives from `consume_url`."""
     ctx = mp.get_context("spawn")
     address = f"/topic/bench-{uuid.uuid4().hex[:8]}"
     ready, start = ctx.Event(), ctx.Event()
@@ -204,6 +205,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2, help="throughput runs per side (best is kept)")
     ap.add_argument("--profile", metavar="FILE", help="run the proxy under cProfile and write stats here")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--both-ways", action="store_true",
+                    help="also measure publishing through the proxy (producer and consumer both proxied)")
     args = ap.parse_args()
 
     proc, port, log = start_proxy(args.upstream, args.profile)
@@ -217,6 +220,8 @@ def main() -> int:
             before = cpu_seconds(proc.pid)
             proxied.append(run_once(args.upstream, proxied_url, sel, args.messages, None))
             proxy_cpu += cpu_seconds(proc.pid) - before
+        both = [run_once(proxied_url, proxied_url, sel, args.messages, None)
+                for _ in range(args.repeat)] if args.both_ways else []
         d = max(direct, key=lambda r: r["rate"])
         p = max(proxied, key=lambda r: r["rate"])
         dl = run_once(args.upstream, args.upstream, None, args.latency_messages, args.rate)
@@ -235,6 +240,8 @@ def main() -> int:
         "proxy_cpu_us_per_message": round(1e6 * proxy_cpu / (args.messages * args.repeat), 1),
         "direct_runs": [round(r["rate"]) for r in direct],
         "proxied_runs": [round(r["rate"]) for r in proxied],
+        "both_ways_msgs_per_s": round(max(r["rate"] for r in both)) if both else None,
+        "both_ways_runs": [round(r["rate"]) for r in both],
         "latency_rate": args.rate,
         "direct_p50_ms": round(dl["p50_ms"], 2),
         "direct_p99_ms": round(dl["p99_ms"], 2),
@@ -250,6 +257,10 @@ def main() -> int:
         print(f"  direct   {result['direct_msgs_per_s']:>8} msg/s   runs {result['direct_runs']}")
         print(f"  proxied  {result['proxied_msgs_per_s']:>8} msg/s   runs {result['proxied_runs']}")
         print(f"  ratio    {result['ratio']:>8}x   (target >= 0.5)")
+        if both:
+            print(f"  publishing through the proxy too: {result['both_ways_msgs_per_s']} msg/s "
+                  f"({round(result['both_ways_msgs_per_s'] / result['direct_msgs_per_s'], 3)}x direct), "
+                  f"runs {result['both_ways_runs']}")
         print(f"  proxy CPU per upstream message: {result['proxy_cpu_us_per_message']} µs "
               f"(half of them forwarded to the client)")
         print(f"latency at {args.rate:g} msg/s: direct p50 {result['direct_p50_ms']} ms p99 {result['direct_p99_ms']} ms; "
