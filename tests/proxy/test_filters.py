@@ -254,3 +254,18 @@ def test_links_per_connection_limit_counts_attached_links_only(rabbitmq, address
     finally:
         c.close()
         p.stop()
+
+
+def test_drain_is_answered(proxy, address):
+    c = connect(proxy.url)
+    try:
+        s = c.create_sender(f"/queue/{address}")
+        for i in range(3):
+            s.send(Message(body=i, properties={"n": i}))
+        r = c.create_receiver(f"/queue/{address}", credit=0, options=Selector("n >= 1"))
+        r.link.drain(10)
+        c.wait(lambda: not r.link.draining(), timeout=10)  # answered: what the proxy had, then drained
+        assert r.link.credit == 0
+        assert sorted(m.body for m in receive(r, idle=0.5)) == [1, 2]
+    finally:
+        c.close()
