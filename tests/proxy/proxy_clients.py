@@ -33,6 +33,15 @@ def receive(receiver, count: int | None = None, idle: float = 1.0, limit: float 
     return out
 
 
+def take(receiver, n: int, extra_wait: float = 0.3, accept: bool = True, limit: float = 30.0) -> list:
+    """The next `n` messages (waiting as long as `limit` for them), plus any that arrive within
+    `extra_wait` after them: a test compares the whole list, so an unexpected extra one fails it."""
+    out = receive(receiver, count=n, idle=limit, limit=limit, accept=accept)
+    if len(out) == n:
+        out += receive(receiver, idle=extra_wait, limit=extra_wait + 1, accept=accept)
+    return out
+
+
 def send(sender, messages) -> None:
     for m in messages:
         sender.send(m if isinstance(m, Message) else Message(**m))
@@ -43,12 +52,16 @@ def filter_option(filters: dict) -> Filter:
     return Filter(filters)
 
 
-def receive_all(receivers: dict, idle_rounds: int = 3, wait: float = 0.3, limit: float = 60.0) -> dict:
-    """Receive (and accept) from several receivers in turn until none got anything for `idle_rounds`."""
+def receive_all(receivers: dict, idle_rounds: int = 5, wait: float = 0.3, limit: float = 60.0,
+                expect: int | None = None) -> dict:
+    """Receive (and accept) from several receivers in turn until `expect` messages arrived in all, or
+    none got anything for `idle_rounds` rounds."""
     got = {name: [] for name in receivers}
     quiet = 0
     deadline = time.monotonic() + limit
     while quiet < idle_rounds and time.monotonic() < deadline:
+        if expect is not None and sum(len(v) for v in got.values()) >= expect:
+            break
         progress = False
         for name, r in receivers.items():
             batch = receive(r, idle=wait, limit=5.0)

@@ -8,7 +8,7 @@ import pytest
 from proton import Described, Message, symbol, ulong
 from proton.reactor import Filter, Selector
 
-from proxy_clients import connect, receive
+from proxy_clients import connect, receive, take
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -35,7 +35,7 @@ def test_selector_on_a_queue_with_jms_headers(proxy, address):
         for i in range(10):
             s.send(Message(body=i, subject="order" if i % 2 == 0 else "quote", priority=9 if i < 6 else 1,
                            properties={"qty": i % 5}))
-        got = receive(r, idle=1.0)
+        got = take(r, 2)
         # even i, priority 9 (i < 6), qty in 2..4: i in {2, 4}
         assert sorted(_bodies(got)) == [2, 4]
         assert all(m.subject == "order" for m in got)
@@ -52,7 +52,7 @@ def test_direct_binding_on_an_exchange_becomes_the_binding_key(proxy):
         s = c.create_sender("/exchange/amq.direct")
         for i, key in enumerate([f"{tag}.k1", f"{tag}.k2", f"{tag}.k1", "other"]):
             s.send(Message(body=i, subject=key))
-        assert _bodies(receive(r, idle=1.0)) == [0, 2]
+        assert _bodies(take(r, 2)) == [0, 2]
     finally:
         c.close()
 
@@ -66,7 +66,7 @@ def test_topic_binding_on_an_exchange_with_wildcards(proxy):
         s = c.create_sender("/exchange/amq.topic")
         for i, key in enumerate([f"{tag}.a.x", f"{tag}.a.b.x", f"{tag}.b.x", f"{tag}.x", "zz.a.x"]):
             s.send(Message(body=i, subject=key))
-        assert _bodies(receive(r, idle=1.0)) == [0, 2]
+        assert _bodies(take(r, 2)) == [0, 2]
     finally:
         c.close()
 
@@ -81,7 +81,7 @@ def test_topic_binding_evaluated_locally_on_a_topic_subscription(proxy):
         s = c.create_sender("/exchange/amq.topic")
         for i, key in enumerate([f"{tag}.a", f"{tag}.b", f"{tag}.a.b.c", f"{tag}.ab", f"{tag}.a.z"]):
             s.send(Message(body=i, subject=key))
-        assert _bodies(receive(r, idle=1.0)) == [0, 2, 4]
+        assert _bodies(take(r, 3)) == [0, 2, 4]
     finally:
         c.close()
 
@@ -96,7 +96,7 @@ def test_headers_binding(proxy):
         props = [{"region": "eu"}, {"region": "us"}, {"tier": "gold"}, {"tier": "silver", "region": "us"}, {}]
         for i, p in enumerate(props):
             s.send(Message(body=i, subject=tag, properties=p))
-        assert _bodies(receive(r, idle=1.0)) == [0, 2]
+        assert _bodies(take(r, 2)) == [0, 2]
     finally:
         c.close()
 
@@ -113,7 +113,7 @@ def test_or_and_not_filters(proxy):
         s = c.create_sender(f"/topic/{tag}")
         for i in range(10):
             s.send(Message(body=i, subject=tag, properties={"n": i}))
-        assert _bodies(receive(r, idle=1.0)) == [0, 1, 8]
+        assert _bodies(take(r, 3)) == [0, 1, 8]
     finally:
         c.close()
 
@@ -130,8 +130,8 @@ def test_no_local_with_two_connections(proxy):
         sb = b.create_sender(f"/topic/{tag}")
         for i in range(6):
             (sa if i % 2 == 0 else sb).send(Message(body=i, subject=tag))
-        assert _bodies(receive(mine, idle=1.0)) == [1, 3, 5]
-        assert _bodies(receive(everything, idle=0.5)) == [0, 1, 2, 3, 4, 5]
+        assert _bodies(take(mine, 3)) == [1, 3, 5]
+        assert _bodies(take(everything, 6)) == [0, 1, 2, 3, 4, 5]
     finally:
         a.close()
         b.close()
@@ -169,15 +169,15 @@ def test_configured_virtual_address_and_multicast_rule(rabbitmq, tmp_path):
         s = c.create_sender(f"/queue/{tag}")
         for i in range(6):
             s.send(Message(body=i, properties={"n": i, "color": "red" if i % 2 else "blue"}))
-        assert _bodies(receive(r, idle=1.0)) == [3, 5]
+        assert _bodies(take(r, 2)) == [3, 5]
         # an address rule: rewritten upstream, multicast, so two receivers each get every message
         r1 = c.create_receiver(f"fan-{tag}.x", name="r1", credit=20)
         r2 = c.create_receiver(f"fan-{tag}.x", name="r2", credit=20, options=Selector("n < 2"))
         s2 = c.create_sender(f"fan-{tag}.x")
         for i in range(4):
             s2.send(Message(body=i, subject=f"fan-{tag}.x", properties={"n": i}))
-        assert _bodies(receive(r1, idle=1.0)) == [0, 1, 2, 3]
-        assert _bodies(receive(r2, idle=0.5)) == [0, 1]
+        assert _bodies(take(r1, 4)) == [0, 1, 2, 3]
+        assert _bodies(take(r2, 2)) == [0, 1]
     finally:
         c.close()
         p.stop()
@@ -221,7 +221,7 @@ def test_at_most_once_both_ways(proxy, address):
         s = c.create_sender(f"/queue/{address}", options=AtMostOnce())
         for i in range(4):
             s.send(Message(body=i, properties={"n": i}))
-        got = receive(r, idle=1.0, accept=False)
+        got = take(r, 2, accept=False)
         assert [m.body for m in got] == [2, 3]
     finally:
         c.close()
@@ -229,7 +229,7 @@ def test_at_most_once_both_ways(proxy, address):
     c = connect(proxy.url)
     try:
         r = c.create_receiver(f"/queue/{address}", credit=10)
-        assert sorted(m.body for m in receive(r, idle=1.0)) == [0, 1]
+        assert sorted(m.body for m in take(r, 2)) == [0, 1]
     finally:
         c.close()
 
@@ -266,6 +266,6 @@ def test_drain_is_answered(proxy, address):
         r.link.drain(10)
         c.wait(lambda: not r.link.draining(), timeout=10)  # answered: what the proxy had, then drained
         assert r.link.credit == 0
-        assert sorted(m.body for m in receive(r, idle=0.5)) == [1, 2]
+        assert sorted(m.body for m in take(r, 2)) == [1, 2]
     finally:
         c.close()

@@ -8,7 +8,7 @@ from proton import Message
 from proton.reactor import Selector
 
 from proxy_harness import Proxy
-from proxy_clients import connect, receive, receive_all
+from proxy_clients import connect, receive, receive_all, take
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -37,7 +37,7 @@ def test_competing_filtered_consumers(small_window_proxy, rabbitmq, address):
             color = COLORS[i % 4]
             sender.send(Message(body=i, properties={"i": i, **({"color": color} if color else {})}))
 
-        got = receive_all({"red": red, "blue": blue})
+        got = receive_all({"red": red, "blue": blue}, expect=n // 2)
         reds = [m.body for m in got["red"]]
         blues = [m.body for m in got["blue"]]
         assert sorted(reds) == [i for i in range(n) if i % 4 == 0]  # every red, once, to red only
@@ -46,14 +46,14 @@ def test_competing_filtered_consumers(small_window_proxy, rabbitmq, address):
 
         # A consumer arriving later gets the messages that waited for it.
         green = c.create_receiver(q, credit=10, options=Selector("color = 'green'"))
-        greens = [m.body for m in receive_all({"green": green})["green"]]
+        greens = [m.body for m in receive_all({"green": green}, expect=n // 4)["green"]]
         assert sorted(greens) == [i for i in range(n) if i % 4 == 2]
 
         # Nobody took the colourless ones: they are all still in the queue, exactly once each.
         a.close()
         b.close()
         c.close()
-        rest = receive(direct.create_receiver(q, credit=100), idle=1.5)
+        rest = take(direct.create_receiver(q, credit=100), n // 4)
         assert sorted(m.body for m in rest) == [i for i in range(n) if i % 4 == 3]
     finally:
         for conn in (a, b, c, direct):
@@ -100,7 +100,7 @@ def test_topic_fan_out_to_twenty_receivers_with_different_selectors(proxy):
             s.send(Message(body=i, subject=tag, properties={"n": i}))
         for k, r in receivers.items():
             want = [i for i in range(60) if i % (k + 1) == 0 and i < 40 + k]
-            got = [m.body for m in receive(r, count=len(want), idle=0.5)]
+            got = [m.body for m in take(r, len(want), extra_wait=0.1)]
             assert got == want, k
         # nothing extra arrives
         for r in receivers.values():
