@@ -8,7 +8,7 @@ queue (and the same pushed-down filters) share one feed.  The attach reply is se
 upstream consumer is attached, so an upstream refusal reaches the client as an attach refusal.
 
 Every client sending link becomes an `Inlet` with one upstream publisher to the same address.  The
-client gets credit only as far as the upstream gives credit (plus nothing): an accepted delivery
+client gets credit only as far as the upstream gives credit, and an accepted delivery
 means the upstream accepted it.  Each published message gets the origin annotation
 "<instance>/<connection>" spliced in, which is what no-local receivers are compared against.
 
@@ -39,7 +39,7 @@ from .. import amqptypes as t
 from ..codec import CodecError, set_message_annotation
 from ..filters import ORIGIN_ANNOTATION, Filter, FilterError, FilterSet, compile_filter_set
 from ..forwarding import Feed, FeedStats, Outcome, Outlet
-from .remote import apply_outcome, data_value, outcome_of_delivery, put_value
+from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
 from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
 
 log = logging.getLogger("broker_filter.proxy")
