@@ -115,7 +115,8 @@ class RemoteConsumer:
             outcome = Outcome("released")
         apply_outcome(dlv, outcome)
 
-    def close(self) -> None:
+    def close(self, closed: bool | None = None) -> None:
+        # `closed` does not matter here: the remote link is private to the proxy (see open_consumer).
         if self.closed:
             return
         self.closed = True
@@ -287,14 +288,15 @@ class RemoteUpstream(Handler):
         link.source.address = spec.address
         if spec.filters:
             put_value(link.source.filter, {_key(e.key): e.value for e in spec.filters})
-        if spec.capabilities:
-            put_value(link.source.capabilities, t.Array("symbol", [t.symbol(c) for c in spec.capabilities]))
+        caps = [c for c in spec.capabilities if c in ("topic", "queue")]
+        if caps:
+            put_value(link.source.capabilities, t.Array("symbol", [t.symbol(c) for c in caps]))
         if spec.distribution_mode == "copy":
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
         elif spec.distribution_mode == "move":
             link.source.distribution_mode = Terminus.DIST_MODE_MOVE
-        if spec.durable is not None:
-            link.source.durability = spec.durable
+        # Durability, expiry and the client's link name are not passed on: the upstream link is the
+        # proxy's own (named "<name>-<n>"), so a durable subscription could not be found again.
         link.target.address = None
         link.bf_endpoint = consumer
         consumer.link = link

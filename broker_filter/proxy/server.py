@@ -419,13 +419,24 @@ class ProxyServer(Handler):
 
     @boundary
     def on_link_remote_close(self, event) -> None:
-        link = event.link
-        self._drop_link(link)
+        self._link_gone(event.link, closed=True)
+
+    @boundary
+    def on_link_remote_detach(self, event) -> None:
+        # detach without close (JMS consumer.close() on a durable subscription): it stays upstream
+        self._link_gone(event.link, closed=False)
+
+    def _link_gone(self, link, closed: bool) -> None:
+        self._drop_link(link, closed=closed)
         if not (link.state & Endpoint.LOCAL_CLOSED):
             if link.state & Endpoint.LOCAL_UNINIT:
                 link.open()
-            link.close()
-        # Both ends detached: free it, so the client may attach again under the same name.
+            if closed:
+                link.close()
+            else:
+                link.detach()
+        # Detached on both ends: free it, so that a new attach under the same name gets a new link
+        # (proton would otherwise hand the old, detached one back).
         link.free()
 
     @boundary
@@ -535,9 +546,13 @@ class ProxyServer(Handler):
         spec = ConsumerSpec(
             address=up_address,
             filters=pushed,
-            capabilities=tuple(c for c in caps if c in ("topic", "queue")),
+            capabilities=caps,
             distribution_mode="copy" if src.distribution_mode == Terminus.DIST_MODE_COPY else None,
-            name=link.name[:64],
+            durable=src.durability,
+            expiry_policy=_EXPIRY.get(src.expiry_policy),
+            dynamic=bool(src.dynamic),
+            name=link.name,
+            container_id=link.connection.remote_container,
         )
         if subscription:
             key = ("sub", next(self._sub_ids))
@@ -697,7 +712,7 @@ class ProxyServer(Handler):
             rec.publisher.close()
 
     # ---------------------------------------------------------------- cleanup
-    def _drop_link(self, link) -> None:
+    def _drop_link(self, link, closed: bool = False) -> None:
         c = _conn_state(link.connection)
         if c is not None:
             c.links.discard(link)
@@ -716,7 +731,7 @@ class ProxyServer(Handler):
                         del self.feeds[binding.key]
                     binding.feed.close()
                     if binding.consumer is not None:
-                        binding.consumer.close()
+                        binding.consumer.close(closed=closed)
                     self._forget_recycler(binding.spec.address)
         inlet = _attr(link, "bf_inlet")
         if inlet is not None:
@@ -753,6 +768,14 @@ _REFUSAL_REASONS = {
     "amqp:not-found": "not-found",
     "amqp:connection:forced": "upstream-unavailable",
     "amqp:internal-error": "internal-error",
+}
+
+
+_EXPIRY = {
+    Terminus.EXPIRE_WITH_LINK: "link-detach",
+    Terminus.EXPIRE_WITH_SESSION: "session-end",
+    Terminus.EXPIRE_WITH_CONNECTION: "connection-close",
+    Terminus.EXPIRE_NEVER: "never",
 }
 
 

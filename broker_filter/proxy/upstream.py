@@ -92,8 +92,10 @@ class ConsumerSpec:
     capabilities:  the client's source capabilities (e.g. "topic", "queue", "shared"), as symbols/strings.
     distribution_mode: the client's requested "move" / "copy", or None.
     durable / expiry_policy / dynamic: passed through from the client's source where the upstream
-                   supports them (plain AMQP values; None = unspecified).
-    name:          suggested link name upstream (diagnostics only).
+                   supports them (durable: 0/1/2; expiry_policy: "link-detach", "session-end",
+                   "connection-close", "never"; None = unspecified).
+    name:          the client's link name (names shared and durable subscriptions, JMS style).
+    container_id:  the client connection's container id (scopes non-global subscription names).
     """
 
     address: str | None
@@ -104,6 +106,7 @@ class ConsumerSpec:
     expiry_policy: str | None = None
     dynamic: bool = False
     name: str | None = None
+    container_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -205,9 +208,11 @@ class Consumer(Protocol):
         undeliverable_here keeps it from this consumer); an upstream that cannot apply modified
         as asked (RabbitMQ 3.10 ends the session) degrades it to `released`."""
 
-    def close(self) -> None:
+    def close(self, closed: bool | None = None) -> None:
         """Detach.  Deliveries not yet settled go back to the source for other consumers.
-        Idempotent; no callbacks follow."""
+        `closed`: True when the client closed its link (a durable subscription ends), False when it
+        only detached or its connection went (a durable subscription stays), None: unspecified
+        (treated as a detach).  Idempotent; no callbacks follow."""
 
 
 class Publisher(Protocol):

@@ -269,3 +269,22 @@ def test_drain_is_answered(proxy, address):
         assert sorted(m.body for m in take(r, 2)) == [1, 2]
     finally:
         c.close()
+
+
+def test_detached_link_is_released_and_its_name_reusable(proxy, address):
+    c = connect(proxy.url)
+    try:
+        s = c.create_sender(f"/queue/{address}")
+        s.send(Message(body="kept", properties={"n": 1}))
+        r = c.create_receiver(f"/queue/{address}", name="again", credit=5, options=Selector("n = 1"))
+        m = r.receive(timeout=10)
+        assert m.body == "kept"
+        r.link.detach()  # not closed: the unsettled message goes back, the name is free again
+        try:
+            c.wait(lambda: False, timeout=0.5)  # let the detach go out and be answered
+        except Exception:
+            pass
+        r2 = c.create_receiver(f"/queue/{address}", name="again", credit=5, options=Selector("n = 1"))
+        assert [x.body for x in take(r2, 1)] == ["kept"]
+    finally:
+        c.close()
