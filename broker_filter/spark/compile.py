@@ -35,6 +35,8 @@ from ..filters import ast
 KINDS = frozenset({"boolean", "int", "long", "double", "string", "opaque"})
 NUMERIC = frozenset({"int", "long", "double"})
 INTEGER = frozenset({"int", "long"})
+# A Val's run-time tag is a small integer (cheaper per row than a string); NULL for a NULL value.
+CODE = {"boolean": 1, "int": 2, "long": 3, "double": 4, "string": 5, "opaque": 6}
 
 # AMQP type name (archive TYPED.type) -> JMS kind
 _AMQP_KIND = {
@@ -131,7 +133,7 @@ class Val:
             return False
         if possible == self.kinds:
             return True if not self.nullable else self.tag.isNotNull()
-        return self.tag.isin(*sorted(possible))
+        return self.tag.isin(*sorted(CODE[k] for k in possible))
 
     def kind_possible(self, kind: str) -> bool:
         return kind in self.kinds
@@ -145,25 +147,29 @@ class Val:
 
 
 def _null_val() -> Val:
-    return Val(frozenset(), True, F.lit(None).cast("string"))
+    return Val(frozenset(), True, F.lit(None).cast("int"))
 
 
 def _static(kind: str, **cols: Column) -> Val:
-    return Val(frozenset({kind}), False, F.lit(kind), **cols)
+    return Val(frozenset({kind}), False, _tag(kind), **cols)
 
 
 def _nullable(kind: str, value: Column, field: str) -> Val:
-    return Val(frozenset({kind}), True, F.when(value.isNotNull(), F.lit(kind)), **{field: value})
+    return Val(frozenset({kind}), True, F.when(value.isNotNull(), _tag(kind)), **{field: value})
+
+
+def _tag(kind: str) -> Column:
+    return F.lit(CODE[kind])
 
 
 def typed_val(v: Column) -> Val:
     """The JMS value of an archive TYPED struct column (NULL struct or type 'null' is NULL)."""
     t = v.getField("type")
-    tag = F.when(t.isNull() | (t == "null"), F.lit(None).cast("string"))
+    tag = F.when(t.isNull() | (t == "null"), F.lit(None).cast("int"))
     for kind in ("int", "long", "double", "string", "boolean"):
         names = sorted(n for n, k in _AMQP_KIND.items() if k == kind)
-        tag = tag.when(t.isin(*names), F.lit(kind))
-    tag = tag.otherwise(F.lit("opaque"))
+        tag = tag.when(t.isin(*names), _tag(kind))
+    tag = tag.otherwise(_tag("opaque"))
     return Val(
         KINDS,
         True,
@@ -394,7 +400,7 @@ class _Compiler:
         out = Val(
             v.kinds | {"long", "double", "boolean"},
             v.nullable,
-            _case([(as_int, "long"), (as_dbl, "double"), (as_bool, "boolean")], v.tag if v.tag is not None else None),
+            _case([(as_int, _tag("long")), (as_dbl, _tag("double")), (as_bool, _tag("boolean"))], v.tag),
             l=_case([(as_int, s.cast("long"))], v.l),
             d=_case([(as_dbl, _double_of_text(s))], v.d),
             s=s,
@@ -415,7 +421,7 @@ class _Compiler:
         out = Val(
             v.kinds | {"long", "double"},
             v.nullable,
-            _case([(to_long, "long"), (to_double, "double")], v.tag),
+            _case([(to_long, _tag("long")), (to_double, _tag("double"))], v.tag),
             l=_case([(to_long, s.cast("long"))], v.l),
             d=_case([(to_double, _double_of_text(s))], v.d),
             s=s,
@@ -484,7 +490,7 @@ class _Compiler:
             return _static("double", d=F.lit(float(node.value)).cast("double"))
         if isinstance(node, ast.Ident):
             if node.kind == "header":
-                return self.keep(_header_val(node.key), 1)
+                return self.header(node.key)
             section = "message_annotations" if node.kind == "annotation" else "application_properties"
             struct, _ = self.define(1, F.try_element_at(F.col(section), F.lit(node.key)))
             v = typed_val(struct)
@@ -496,8 +502,21 @@ class _Compiler:
         if isinstance(node, ast.Binary) and node.op in ast.ARITHMETIC_OPS:
             return self.arithmetic(node.op, self.value(node.left), self.value(node.right))
         truth = _col(self.cond(node))
-        v = Val(frozenset({"boolean"}), True, F.when(truth.isNotNull(), F.lit("boolean")), b=truth)
+        v = Val(frozenset({"boolean"}), True, F.when(truth.isNotNull(), _tag("boolean")), b=truth)
         return self.keep(v, self.top + 1)
+
+    def header(self, name: str) -> Val:
+        """A header's value (one component, one static kind) materialized once; its tag reads it."""
+        v = _header_val(name)
+        (kind,) = v.kinds
+        field = next(f for f in ("l", "d", "s", "b") if getattr(v, f) is not None)
+        ref, level = self.define(1, getattr(v, field))
+        out = Val(v.kinds, v.nullable, _tag(kind), level=level)
+        setattr(out, field, ref)
+        if v.nullable:
+            out.tag, tag_level = self.define(level + 1, F.when(ref.isNotNull(), _tag(kind)))
+            out.level = max(level, tag_level)
+        return out
 
     def number(self, v: Val) -> Val:
         """An arithmetic operand: the number, or NULL for anything else (a failure in rocketmq)."""
@@ -509,7 +528,7 @@ class _Compiler:
             v = Val(
                 v.kinds | {"long", "double"},
                 v.nullable,
-                _case([(as_int, "long"), (as_dbl, "double")], v.tag),
+                _case([(as_int, _tag("long")), (as_dbl, _tag("double"))], v.tag),
                 l=_case([(as_int, s.cast("long"))], v.l),
                 d=_case([(as_dbl, _double_of_text(s))], v.d),
                 s=s,
@@ -537,7 +556,7 @@ class _Compiler:
         if op == "/" and self.dialect == "artemis":
             d = _float_divide(left.as_double(), right.as_double())
             level = max(left.level, right.level) + 1
-            return self.keep(Val(frozenset({"double"}), nullable, _case([(null, None)], "double"), d=d), level)
+            return self.keep(Val(frozenset({"double"}), nullable, _case([(null, None)], _tag("double")), d=d), level)
         any_double = _or(left.is_({"double"}), right.is_({"double"}))
         any_long = _or(left.is_({"long"}), right.is_({"long"}))
         kinds = set()
@@ -567,8 +586,8 @@ class _Compiler:
                 div_by_zero = _and(_not(any_double), b == 0)
             lcol = _case([(any_long, raw)], _wrap32(raw))
         tag = _case(
-            [(null, None), (div_by_zero, None), (any_double, "double"), (any_long, "long")],
-            "int",
+            [(null, None), (div_by_zero, None), (any_double, _tag("double")), (any_long, _tag("long"))],
+            _tag("int"),
         )
         may_be_null = nullable or div_by_zero is not False
         return self.keep(Val(frozenset(kinds), may_be_null, tag, l=lcol, d=d), max(left.level, right.level) + 1)
@@ -685,7 +704,11 @@ class CompiledSelector:
         return apply_all(frame, {name: self})
 
     def where(self, frame: Any) -> Any:
-        """The rows of `frame` the selector selects (TRUE only)."""
+        """The rows of `frame` the selector selects (TRUE only).
+
+        Spark pushes this filter into the scan, inlining the helper columns into one condition: right,
+        but slower for large selectors than counting the `apply` column with count_if (as backtest does).
+        """
         return self.apply(frame, "__bf_match").where("`__bf_match`").drop("__bf_match")
 
 
