@@ -15,7 +15,7 @@ import pytest
 # Tests here import the helper modules proxy_harness and proxy_clients (import-mode=importlib puts no
 # test folder on the path; the names are unique so no other folder shadows them).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_harness import RABBIT_ENV, UPSTREAM, Proxy, amqp10_ready, port_open, rabbitmqctl, wait_port  # noqa: E402
+from proxy_harness import RABBIT_ENV, RUNNING, UPSTREAM, Proxy, amqp10_ready, port_open, rabbitmqctl, wait_port  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +50,11 @@ def proxy(rabbitmq):
 def address():
     """A fresh queue name per test."""
     return f"q-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_daemon_left_behind():
+    """Stop any proxy a failed test did not stop."""
+    yield
+    for p in list(RUNNING):
+        p.stop()

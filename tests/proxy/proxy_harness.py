@@ -57,6 +57,9 @@ def amqp10_ready(timeout: float = 30) -> None:
     raise TimeoutError(f"RabbitMQ AMQP 1.0 not ready: {last}")
 
 
+RUNNING: set = set()  # every Proxy not yet stopped (conftest stops leftovers when the session ends)
+
+
 class Proxy:
     """A `broker-filter serve` subprocess."""
 
@@ -69,7 +72,12 @@ class Proxy:
             cmd += ["--upstream", upstream]
         self.embedded = upstream is None
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
-        self.port = self._wait_port()
+        RUNNING.add(self)
+        try:
+            self.port = self._wait_port()
+        except BaseException:
+            self.stop()  # never leave a daemon behind a failed start
+            raise
         self.url = f"amqp://127.0.0.1:{self.port}"
 
     def _wait_port(self, timeout: float = 20) -> int:
@@ -87,6 +95,7 @@ class Proxy:
         return self.log_path.read_text()
 
     def stop(self) -> None:
+        RUNNING.discard(self)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
