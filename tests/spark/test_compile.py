@@ -91,3 +91,15 @@ def test_like_regex_quotes_every_special_character():
     assert like_regex("%_", None) == r"(?s)\A.*.\z"
     assert like_regex("!%!_!!", "!") == r"(?s)\A\x{25}\x{5f}\x{21}\z"
     assert like_regex("\\Q$", None) == r"(?s)\A\x{5c}Q\x{24}\z"
+
+
+def test_compiled_plans_are_native_spark_sql(spark):
+    from broker_filter.archive import message_row, rows_table
+    from broker_filter.spark.compile import apply_all, compile_selector as spark_compile
+    from broker_filter.spark.session import table_frame
+
+    frame = table_frame(spark, rows_table([message_row(m) for m in MESSAGES]))
+    compiled = {f"c{i}": spark_compile(parse_selector(text, dialect)) for i, (dialect, text) in enumerate(CASES)}
+    plan = apply_all(frame, compiled)._jdf.queryExecution().analyzed().toString()
+    assert "Project" in plan
+    assert "Python" not in plan and "UDF" not in plan.upper()
