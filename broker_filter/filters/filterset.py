@@ -130,6 +130,8 @@ class _Compiler:
         descriptor, value = parts
         name, kind = resolve_descriptor(descriptor)
         if kind == "or" and isinstance(value, str):
+            if isinstance(descriptor, str) and descriptor in BY_SYMBOL:  # named or-filter: malformed
+                raise FilterError("an or-filter's value is a list of filters, not a string")
             raise _Unsupported("0x0000468C00000005 with a string value is an xquery filter (not supported)")
         if kind == "xquery":
             raise _Unsupported("xquery filters are not supported")

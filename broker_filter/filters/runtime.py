@@ -62,19 +62,28 @@ def _wrap(value: int, bits: int) -> int:
     return ((value + half) % (1 << bits)) - half
 
 
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+_DOUBLE_TEXT = re.compile(r"[+-]?(?:NaN|Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)[fFdD]?")
+
+
 def _java_float_from_string(s: str) -> float:
-    """Double.valueOf: surrounding whitespace allowed, optional f/d suffix, NaN / Infinity."""
-    text = s.strip()
-    if text and text[-1] in "fFdD" and not text.endswith(("Infinity",)):
-        text = text[:-1]
-    if not re.fullmatch(r"[+-]?(NaN|Infinity|(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)", text):
+    """Double.parseDouble: surrounding control characters and spaces ignored, optional f/d suffix,
+    NaN / Infinity; ASCII digits only."""
+    start, end = 0, len(s)
+    while start < end and s[start] <= " ":
+        start += 1
+    while end > start and s[end - 1] <= " ":
+        end -= 1
+    text = s[start:end]
+    if not _DOUBLE_TEXT.fullmatch(text):
         raise ValueError(s)
-    return float(text.replace("Infinity", "inf"))
+    body = text.rstrip("fFdD") if not text.endswith("Infinity") else text
+    return float(body.replace("Infinity", "inf"))
 
 
 def _java_long_from_string(s: str) -> int:
-    """Long.valueOf: optional sign, decimal digits only."""
-    if not re.fullmatch(r"[+-]?\d+", s):
+    """Long.parseLong: optional sign, ASCII decimal digits only, 64-bit range."""
+    if not _INTEGER_TEXT.fullmatch(s):
         raise ValueError(s)
     value = int(s)
     if not -(2**63) <= value < 2**63:
@@ -117,7 +126,12 @@ class Semantics:
             if self.convert and s.lower() in ("true", "false"):
                 return s.lower() == "true"
             raise ValueError(s)
-        if isinstance(other, float):
+        if self.convert:  # Artemis convert_string_expressions: any number the string spells
+            try:
+                return _java_long_from_string(s)
+            except ValueError:
+                return _java_float_from_string(s)
+        if isinstance(other, float):  # RocketMQ: the other side's number type
             return _java_float_from_string(s)
         return _java_long_from_string(s)
 
@@ -193,11 +207,9 @@ class Semantics:
         return _NOT_A_NUMBER
 
     def arith(self, op: str, a: Any, b: Any) -> Any:
-        a = self._number(a)
-        if a is None:
-            return None
-        b = self._number(b)
-        if b is None or a is _NOT_A_NUMBER or b is _NOT_A_NUMBER:
+        a = self._number(a)  # both operands are checked first: in RocketMQ a type error anywhere
+        b = self._number(b)  # decides, even beside a NULL
+        if a is None or b is None or a is _NOT_A_NUMBER or b is _NOT_A_NUMBER:
             return None
         if isinstance(a, float) or isinstance(b, float) or (op == "/" and self.d.floating_division):
             a, b = float(a), float(b)

@@ -110,3 +110,26 @@ def test_like_matcher_agrees_with_a_regex_oracle(pattern, value, escape):
     if escape is not None and re.search(r"(?<!!)(!!)*!$", pattern):
         return  # a pattern ending in a lone escape is refused at compile time
     assert like_matcher(pattern, escape)(value) == (_oracle(pattern, escape).fullmatch(value) is not None)
+
+
+def test_named_or_filter_with_a_string_is_malformed_but_the_ambiguous_code_is_xquery():
+    from broker_filter.filters import FilterError
+
+    with pytest.raises(FilterError, match="or-filter"):
+        compile_filter_set({"o": {"descriptor": "apache.org:or-filter:list", "value": "/a/b"}})
+    fs = compile_filter_set({"x": {"descriptor": 0x0000468C00000005, "value": "/a/b"}})
+    assert fs.applied == {} and "xquery" in fs.ignored[0].reason
+
+
+def test_artemis_numeric_strings_convert_whatever_the_other_side():
+    m = msg(v="5.0", w="1e3", b="TRUE", junk="abc")
+    f = lambda s: compile_selector("convert_string_expressions:" + s, "artemis").evaluate(m)  # noqa: E731
+    assert f("v = 5") is True and f("w > 1") is True and f("b = TRUE") is True
+    assert f("junk = FALSE") is False and f("junk <> FALSE") is True
+    assert compile_selector("v = 5", "artemis").evaluate(m) is False  # without the prefix: no conversion
+
+
+def test_runtime_number_parsing_is_ascii_only():
+    m = msg(v="\u0661")  # ARABIC-INDIC DIGIT ONE
+    assert compile_selector("v = 1", "rocketmq").evaluate(m) is False
+    assert compile_selector("convert_string_expressions:v = 1", "artemis").evaluate(m) is False
