@@ -1,9 +1,8 @@
 """JMS 2.0 shared and durable subscriptions through the daemon, as Qpid JMS requests them.
 
-The broker library supports them (tests/broker/test_addresses.py); through the daemon they need the
-client's container id, the `shared`/`global` capabilities and the source durability to reach the
-upstream, which `ConsumerSpec` does not carry yet.  These tests document that gap and start
-passing (failing as XPASS) once it is closed."""
+The broker library supports them (tests/broker/test_addresses.py); the daemon hands the client's
+container id, the `shared`/`global` capabilities and the source durability to the embedded
+upstream, and a plain detach keeps a durable subscription."""
 
 from __future__ import annotations
 
@@ -15,13 +14,9 @@ from proton.reactor import DurableSubscription
 
 from embedkit import Capabilities, Daemon, connect, nothing, receive
 
-GAP = "ConsumerSpec lacks container id, shared/global capabilities and durability (proxy interface)"
-
-
 @pytest.fixture(scope="module")
 def daemon():
-    """A daemon of its own: re-attaching a detached link name currently logs a proxy error, which
-    must not be blamed on the other modules' tests."""
+    """A daemon of its own, so the subscriptions these tests leave behind stay here."""
     d = Daemon()
     yield d
     d.stop()
@@ -34,7 +29,6 @@ def subscriber(conn, address, link_name, *caps, durable=True):
     return conn.create_receiver(address, name=link_name, credit=10, options=options)
 
 
-@pytest.mark.xfail(strict=True, reason=GAP)
 def test_shared_durable_subscription_links_compete(daemon):
     conn = connect(daemon.url, container_id="jms-client-1")
     try:
@@ -56,7 +50,6 @@ def test_shared_durable_subscription_links_compete(daemon):
         conn.close()
 
 
-@pytest.mark.xfail(strict=True, reason=GAP)
 def test_durable_subscription_keeps_messages_while_detached(daemon):
     conn = connect(daemon.url, container_id="jms-client-2")
     try:
