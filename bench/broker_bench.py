@@ -1,11 +1,13 @@
 """Embedded broker benchmark: produce -> consume throughput, and what a selective consumer costs as
 the queue it selects from grows (1 k, 100 k, 1 M messages).
 
-    .venv/bin/python bench/broker_bench.py [--depths 1000,100000,1000000] [--daemon-messages 5000]
+    .venv/bin/python bench/broker_bench.py [--depths 1000,100000,1000000] [--daemon-messages 10000]
+                                           [--daemon-repeat 3] [--latency-messages 1500 --rate 300]
 
 Library figures drive `broker_filter.broker.Broker` directly (messages already decoded, as the
-daemon stores them); the daemon figure sends and receives through `broker-filter serve` with the
-embedded broker over loopback with python-qpid-proton clients.  Everything runs in one process
+daemon stores them); the daemon figures send and receive through `broker-filter serve` with the
+embedded broker over loopback, with a python-qpid-proton producer and consumer in processes of
+their own, once with the product's event loop and once with the former zero-delay-timer loop.  Everything runs in one process
 run, so the ratios between rows are what to compare across machines.
 """
 
@@ -76,77 +78,136 @@ def library_throughput(n: int) -> tuple[float, float]:
     return plain, n / (time.perf_counter() - t0)
 
 
-def daemon_throughput(n: int) -> float:
-    """Messages per second produced and consumed through the daemon (credit 500, one connection each)."""
+class TimerLoop:
+    """Baseline for comparison only: the proxy's former loop, which ran `call_soon` work on a
+    zero-delay Container timer (so after the next `select` and the socket reads that follow it)."""
+
+    def __init__(self, container):
+        from collections import deque
+
+        from broker_filter.proxy.loop import _guarded
+
+        self.container = container
+        self._soon = deque()
+        self._scheduled = False
+        self._guarded = _guarded
+
+    def call_soon(self, fn):
+        self._soon.append(fn)
+        if not self._scheduled:
+            self._scheduled = True
+            self.container.schedule(0, self)
+
+    def on_timer_task(self, event):
+        self._scheduled = False
+        for _ in range(len(self._soon)):
+            self._guarded(self._soon.popleft())
+        if self._soon and not self._scheduled:
+            self._scheduled = True
+            self.container.schedule(0, self)
+
+    def call_later(self, delay, fn):
+        from broker_filter.proxy.loop import _Timer
+
+        timer = _Timer(fn)
+        timer._task = self.container.schedule(max(0.0, delay), timer)
+        return timer
+
+
+def serve_with_timer_loop(argv: list[str]) -> int:
+    """`broker-filter serve` with `TimerLoop` in place of the product's loop (bench use only)."""
+    import broker_filter.app as app
+    from broker_filter.cli import main as cli_main
+
+    app.ProtonLoop = TimerLoop
+    return cli_main(["serve", *argv])
+
+
+def start_daemon(loop: str) -> tuple[subprocess.Popen, str]:
+    """An embedded `broker-filter serve` on a free port; loop "quiesced" (the product) or "timer"."""
     import re
     import tempfile
 
-    from proton import Message as PMessage
-    from proton.handlers import MessagingHandler
-    from proton.reactor import Container
-
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "broker_filter", "serve", "--listen", "127.0.0.1:0",
-                             "--set", "shutdown.grace_period=0"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    args = ["--listen", "127.0.0.1:0", "--set", "shutdown.grace_period=0"]
+    if loop == "timer":
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--serve-with-timer-loop", *args]
+    else:
+        cmd = [sys.executable, "-m", "broker_filter", "serve", *args]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    for _ in range(600):
+        m = re.search(r"listening on [^:\s]+:(\d+)", Path(log.name).read_text())
+        if m:
+            return proc, f"amqp://127.0.0.1:{m.group(1)}"
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("daemon did not start: " + Path(log.name).read_text())
+
+
+def stop_daemon(proc: subprocess.Popen) -> None:
+    proc.terminate()
     try:
-        port = None
-        for _ in range(600):
-            m = re.search(r"listening on [^:\s]+:(\d+)", Path(log.name).read_text())
-            if m:
-                port = int(m.group(1))
-                break
-            time.sleep(0.05)
-        if port is None:
-            raise RuntimeError("daemon did not start: " + Path(log.name).read_text())
-        url = f"amqp://127.0.0.1:{port}"
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
-        class Both(MessagingHandler):
-            def __init__(self):
-                super().__init__(prefetch=500, auto_accept=True)
-                self.sent = self.received = 0
-                self.t0 = self.t1 = None
 
-            def on_start(self, event):
-                conn = event.container.connect(url)
-                event.container.create_receiver(conn, "bench.tp")
-                event.container.create_sender(event.container.connect(url), "bench.tp")
-                self.t0 = time.perf_counter()
+def daemon_figures(messages: int, repeat: int, latency_messages: int, rate: float) -> dict:
+    """Produce -> consume through the daemon with separate producer and consumer processes (the
+    python-qpid-proton clients of bench/proxy_bench.py: the producer waits for each message to be
+    accepted, the consumer takes credit 1000 and accepts): best stream rate of `repeat` runs, the
+    daemon's CPU use while streaming, and latency at a fixed rate.  Both loops run side by side,
+    interleaved, so they see the same machine load."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from proxy_bench import cpu_seconds, run_once
 
-            def on_sendable(self, event):
-                while event.sender.credit and self.sent < n:
-                    event.sender.send(PMessage(body=b"x" * 64, properties={"n": self.sent}))
-                    self.sent += 1
-
-            def on_message(self, event):
-                self.received += 1
-                if self.received == n:
-                    self.t1 = time.perf_counter()
-                    event.container.stop()
-
-        h = Both()
-        Container(h).run()
-        return n / (h.t1 - h.t0)
+    daemons = {loop: start_daemon(loop) for loop in ("quiesced", "timer")}
+    out: dict = {loop: {"runs": [], "cpu": 0.0, "elapsed": 0.0} for loop in daemons}
+    try:
+        for _ in range(repeat):
+            for loop, (proc, url) in daemons.items():
+                before = cpu_seconds(proc.pid)
+                r = run_once(url, url, None, messages, None)
+                out[loop]["cpu"] += cpu_seconds(proc.pid) - before
+                out[loop]["elapsed"] += r["elapsed"]
+                out[loop]["runs"].append(r["rate"])
+        for loop, (proc, url) in daemons.items():
+            lat = run_once(url, url, None, latency_messages, rate)
+            out[loop]["p50_ms"], out[loop]["p99_ms"] = lat["p50_ms"], lat["p99_ms"]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        for proc, _ in daemons.values():
+            stop_daemon(proc)
+    for r in out.values():
+        r["best"] = max(r["runs"])
+        r["cpu_share"] = r["cpu"] / r["elapsed"]
+        r["cpu_us_per_message"] = 1e6 * r["cpu"] / (messages * repeat)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--depths", default="1000,100000,1000000")
     ap.add_argument("--throughput-messages", type=int, default=50_000)
-    ap.add_argument("--daemon-messages", type=int, default=5_000)
+    ap.add_argument("--daemon-messages", type=int, default=10_000, help="per daemon run (0: skip the daemon)")
+    ap.add_argument("--daemon-repeat", type=int, default=3)
+    ap.add_argument("--latency-messages", type=int, default=1500)
+    ap.add_argument("--rate", type=float, default=300.0, help="msg/s of the latency runs")
     args = ap.parse_args()
 
     plain, selective = library_throughput(args.throughput_messages)
     print(f"library produce->consume: plain {plain:,.0f} msg/s, with a selector {selective:,.0f} msg/s")
     if args.daemon_messages:
-        rate = daemon_throughput(args.daemon_messages)
-        print(f"daemon produce->consume over loopback: {rate:,.0f} msg/s ({args.daemon_messages} messages)")
+        figures = daemon_figures(args.daemon_messages, args.daemon_repeat, args.latency_messages, args.rate)
+        print(f"daemon produce->consume over loopback ({args.daemon_messages} messages per run):")
+        for loop, label in (("quiesced", "call_soon on quiesced (product)"), ("timer", "call_soon on a 0 s timer")):
+            r = figures[loop]
+            runs = " / ".join(f"{x:,.0f}" for x in r["runs"])
+            print(f"  {label:34} best {r['best']:>7,.0f} msg/s (runs {runs}); daemon CPU {r['cpu_share']:.0%} "
+                  f"of one core, {r['cpu_us_per_message']:.0f} us/msg; latency at {args.rate:g} msg/s "
+                  f"p50 {r['p50_ms']:.1f} ms p99 {r['p99_ms']:.1f} ms")
 
     print()
     print("| depth | selector | first delivery | evaluations | dispatch idle after |")
@@ -177,4 +238,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-with-timer-loop":
+        raise SystemExit(serve_with_timer_loop(sys.argv[2:]))
     main()
