@@ -37,7 +37,7 @@ from proton import Handler
 
 from .. import amqptypes as t
 from ..codec import CodecError, set_message_annotation
-from ..filters import ORIGIN_ANNOTATION, Filter, FilterError, FilterSet, compile_filter_set
+from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from ..forwarding import Feed, FeedStats, Outcome, Outlet
 from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
 from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
@@ -93,10 +93,13 @@ def push_down(upstream: Upstream, address: str | None, fs: FilterSet, dialect: s
             address = f"/exchange/{exchange}/{bindings[0].text}"
             taken.add(id(bindings[0]))
     if dialect == "jms":
+        keys: set = set()
         for e in fs.entries:
-            if id(e) not in taken and e.kind != "no-local" and upstream.can_evaluate(e):
+            # One entry per key upstream (a filter-set is a map); a clashing key stays local.
+            if id(e) not in taken and e.kind != "no-local" and str(e.key) not in keys and upstream.can_evaluate(e):
                 pushed.append(e)
                 taken.add(id(e))
+                keys.add(str(e.key))
     local = fs.subset(lambda e: id(e) not in taken)
     return address, tuple(pushed), local
 
@@ -516,7 +519,9 @@ class ProxyServer(Handler):
                                         max_depth=self.config.limits.nesting_depth)
             else:
                 fs = compile_filter_set(raw or {}, dialect=self.dialect)
-            virtual = route.virtual.compile(self.config.limits) if route is not None and route.virtual else None
+            # A virtual address's filter (compiled when the configuration was loaded) AND the
+            # client's own: one filter-set, pushed down as far as the upstream filters.
+            wanted = route.virtual.combine(fs) if route is not None and route.virtual else fs
         except FilterError as e:
             self._refuse(link, e.condition, e.describe(), {psymbol("field"): psymbol("filter")})
             return
@@ -532,9 +537,7 @@ class ProxyServer(Handler):
             subscription = route.routing_type == "multicast"
         else:
             subscription = is_subscription(routed, caps, src.distribution_mode, self.multicast_prefixes)
-        up_address, pushed, local = push_down(self.upstream, routed, fs, self.dialect)
-        if virtual is not None:
-            local = _and(virtual, local)
+        up_address, pushed, local = push_down(self.upstream, routed, wanted, self.dialect)
         link.bf_fs = fs
         link.bf_subscription = subscription
         outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link)
@@ -805,24 +808,6 @@ def _links(conn):
         out.append(link)
         link = link.next(0)
     return out
-
-
-def _and(first: Any, rest: FilterSet) -> Any:
-    """A filter selecting what both select (a virtual address's filter and the client's own)."""
-    if not rest.entries:
-        return first
-    a, b = first.evaluate, rest.evaluate
-
-    def fn(message: Any, receiver: Any) -> bool | None:
-        x = a(message, receiver)
-        if x is False:
-            return False
-        y = b(message, receiver)
-        if y is False:
-            return False
-        return True if (x is True and y is True) else None
-
-    return Filter(fn, first.reads | rest.reads, f"({first.description}) AND ({rest.description})")
 
 
 def _as_list(v: Any) -> list:

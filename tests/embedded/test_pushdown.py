@@ -66,3 +66,40 @@ def test_front_daemon_echoes_the_pushed_selector(chain):
         assert upstream.broker.queues["echoed"].consumers[0].hint is not None  # equality index in use upstream
     finally:
         conn.close()
+
+
+def test_virtual_address_filter_is_pushed_down_with_the_clients_own(tmp_path):
+    """A virtual address served from a filtering upstream: its filter AND the client's go upstream,
+    so a message that passes the client's filter but not the virtual one stays in the upstream
+    queue for others instead of being held by the front daemon."""
+    upstream = InProcessDaemon()
+    conf = tmp_path / "front.toml"
+    conf.write_text('[virtual_addresses.reds]\nupstream = "paints"\nselector = "color = \'red\'"\n')
+    front = Daemon("--upstream", upstream.url, "--config", str(conf), ready="connected (")
+    conn = connect(front.url)
+    try:
+        snd = conn.create_sender("paints", name="producer")
+        for i in range(6):
+            snd.send(Message(body=i, properties={"n": i, "color": "red" if i % 2 else "blue"}))
+        r = receiver(conn, "reds", selector="n > 1")
+        assert receive(r, 2) == [3, 5]
+        [consumer] = upstream.broker.queues["paints"].consumers
+        described = consumer.filter.description
+        assert "color = 'red'" in described and "n > 1" in described, described
+        # The front link is still attached: blue 2 and 4 (which pass "n > 1") were never taken.
+        direct = connect(upstream.url)
+        try:
+            assert receive(receiver(direct, "paints"), 4) == [0, 1, 2, 4]
+        finally:
+            direct.close()
+        # The echo is the client's own filter only.
+        remote = r.link.remote_source.filter
+        remote.rewind()
+        remote.next()
+        echoed = str(remote.get_object())
+        assert "n > 1" in echoed and "red" not in echoed, echoed
+    finally:
+        conn.close()
+        front.stop()
+        upstream.stop()
+    assert "Traceback" not in front.log(), front.log()
