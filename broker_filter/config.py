@@ -209,6 +209,13 @@ class Upstream:
         "whether the upstream filters natively (selectors pushed down); `auto`: when it offers APACHE.ORG:SELECTOR",
         kind="tristate",
     )
+    heartbeat: float = setting(
+        60.0,
+        "idle time-out of the upstream connection (AMQP heartbeats, seconds): nothing received for this long "
+        "and the connection counts as lost and is reconnected; 0: off",
+        kind="float",
+        minimum=0,
+    )
     tls: UpstreamTLS = section(UpstreamTLS, "TLS to the upstream broker")
     reconnect: Reconnect = section(Reconnect, "reconnect backoff")
 
@@ -308,6 +315,13 @@ class Limits:
     upstream_window: int = setting(
         100,
         "messages a link may hold from upstream beyond its client's credit",
+        kind="int",
+        minimum=0,
+    )
+    max_message_size: int = setting(
+        16 * 1024 * 1024,
+        "largest message (encoded bytes) a client may publish; larger ones are refused with "
+        "amqp:resource-limit-exceeded (0: unlimited)",
         kind="int",
         minimum=0,
     )
