@@ -46,6 +46,7 @@ def build_upstream(config: Any) -> Any:
             pushdown_kinds=kinds,
             backoff=lambda attempt: rc.delay(attempt, random.random()),
             ssl_domain=upstream_ssl_domain(up.tls) if any(u.startswith("amqps:") for u in urls) else None,
+            heartbeat=up.heartbeat or None,
         )
     from .proxy.embedded import EmbeddedUpstream
 

@@ -646,17 +646,42 @@ class ProxyServer(Handler):
             return
         inlet = Inlet(link, address, conn, self.metrics.address(address) if self.metrics is not None else None)
         link.bf_inlet = inlet
+        if self.max_message_size:
+            link.max_message_size = self.max_message_size  # advertised in the attach reply
         conn.links.add(link)
         inlet.publisher = self.upstream.open_publisher(address, inlet)
 
+    @property
+    def max_message_size(self) -> int:
+        limits = getattr(self.config, "limits", None)
+        return getattr(limits, "max_message_size", 0) or 0
+
     def _client_publish(self, link, dlv) -> None:
-        if not dlv.readable or dlv.partial:
+        if not dlv.readable:
             return
+        limit = self.max_message_size
+        if dlv.partial:
+            if limit and dlv.pending > limit:
+                # Too large already: drop what arrived (memory stays bounded), refuse once complete.
+                link.recv(dlv.pending)
+                dlv.bf_oversize = True
+            return
+        size = dlv.pending
         data = link.recv(dlv.pending)
         link.advance()
         inlet = _attr(link, "bf_inlet")
         if dlv.aborted:
             dlv.settle()
+            return
+        if limit and (_attr(dlv, "bf_oversize") or size > limit):
+            dlv.local.condition = Condition(
+                "amqp:resource-limit-exceeded",
+                f"message larger than the {limit} bytes allowed (limits.max_message_size)",
+            )
+            dlv.update(Disposition.REJECTED)
+            dlv.settle()
+            if inlet is not None:
+                inlet.top_up()
             return
         if inlet is None or inlet.closed or inlet.publisher is None:
             dlv.update(Disposition.RELEASED)
@@ -668,6 +693,7 @@ class ProxyServer(Handler):
             dlv.local.condition = Condition("amqp:decode-error", f"message not decodable: {e}")
             dlv.update(Disposition.REJECTED)
             dlv.settle()
+            inlet.top_up()
             return
         if inlet.counters is not None:
             inlet.counters.published.inc()
