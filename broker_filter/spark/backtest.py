@@ -45,7 +45,7 @@ def run_backtest(frame: Any, filters: dict[str, CompiledSelector], output: str |
     evaluated = apply_all(frame, columns)
     if output is not None:
         evaluated = evaluated.cache()
-    aggregates = [f"count(*) AS `__total`"]
+    aggregates = ["count(*) AS `__total`"]
     for col in columns:
         aggregates.append(f"count_if(`{col}`) AS `{col}_m`")
         aggregates.append(f"count_if(`{col}` IS NULL) AS `{col}_u`")

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..archive import row_message
 from ..codec import encode_message
-from .compile import CompiledSelector, apply_all
+from .compile import CompiledSelector
 from .sqlexpr import lit
 
 STATE_VERSION = 1
