@@ -25,7 +25,9 @@ accepted only after the broker accepted the copy: at-least-once, order changes, 
 
 The client's outcome is applied unchanged to the upstream delivery, except that on a queue feed
 `modified{undeliverable-here}` keeps the message in the proxy for the other outlets (brokers differ
-on what that outcome does upstream).  A detaching outlet's unsettled deliveries are released upstream.
+on what that outcome does upstream).  A detaching outlet's unsettled deliveries go back upstream as
+`modified{delivery-failed}`: the client had them, so the broker counts a failed attempt and the next
+consumer sees them as redelivered (an upstream that cannot take `modified` gets `released`).
 
 The I/O layer implements `FeedIO` and calls the `on_*` methods; decisions come back as calls on it.
 """
@@ -60,6 +62,7 @@ class Outcome:
 
 ACCEPTED = Outcome("accepted")
 RELEASED = Outcome("released")
+DELIVERY_FAILED = Outcome("modified", delivery_failed=True)
 
 
 class FeedIO(Protocol):
@@ -164,13 +167,13 @@ class Feed:
         self.pump()
 
     def remove_outlet(self, outlet: Outlet) -> None:
-        """The client link is gone: its unsettled deliveries go back upstream."""
+        """The client link is gone: its unsettled deliveries go back upstream as failed attempts."""
         if outlet not in self.outlets:
             return
         self.outlets.remove(outlet)
         self._reads = frozenset().union(*(o.filter.reads for o in self.outlets))
         for delivery in outlet.in_flight.values():
-            self.io.settle_upstream(delivery, RELEASED)
+            self.io.settle_upstream(delivery, DELIVERY_FAILED)
         outlet.in_flight.clear()
         outlet.credit = 0
         self.pump()

@@ -91,14 +91,15 @@ class Stored:
 class Entry:
     """A stored message in one queue: its place (seq) and delivery state there."""
 
-    __slots__ = ("seq", "stored", "queue", "holder", "delivery_count", "excluded")
+    __slots__ = ("seq", "stored", "queue", "holder", "delivery_count", "acquisitions", "excluded")
 
     def __init__(self, seq: int, stored: Stored, queue: "Queue"):
         self.seq = seq
         self.stored = stored
         self.queue = queue
         self.holder: Consumer | None = None  # the consumer it is out to, if any
-        self.delivery_count = 0
+        self.delivery_count = 0  # failed delivery attempts (AMQP header delivery-count; released does not count)
+        self.acquisitions = 0  # times handed to a consumer (first-acquirer is false after the first)
         self.excluded: set[int] | None = None  # consumer ids it is undeliverable to
 
     @property
@@ -395,6 +396,7 @@ class Queue:
                     continue  # nothing for this consumer until something changes
                 self._available.remove(entry.seq)
                 entry.holder = c
+                entry.acquisitions += 1
                 c.outstanding[entry.seq] = entry
                 c.credit -= 1
                 out.append((c, entry))

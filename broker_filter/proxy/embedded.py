@@ -8,6 +8,10 @@ evaluated by the broker with queue semantics (oldest match first, non-matching m
 other consumers), which is why `can_evaluate` accepts every kind except no-local: the receiving
 client's identity lives in the proxy, not here.
 
+A message the broker hands out again (after released, modified, or a consumer detaching with it)
+goes out with its header rewritten for that delivery only: first-acquirer false and delivery-count
+the number of failed attempts (`redelivery_bytes`); the stored bytes never change.
+
 Callbacks are never made from inside a method: everything that follows a call (ready, deliveries,
 settlements) is deferred with `Loop.call_soon`.  Dispatch runs on the loop with a bounded number of
 filter evaluations per turn (`BrokerConfig.dispatch_budget`), so one consumer scanning a deep queue
@@ -19,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from ..amqptypes import uint
 from ..broker import ANYCAST, MULTICAST, Broker, BrokerConfig, BrokerError, Limits
 from ..broker.queue import Consumer as BrokerConsumer
 from ..forwarding import ACCEPTED, Outcome
@@ -49,6 +54,33 @@ def _decode(data: bytes, reads: Any = None) -> Any:
     from ..codec import decode_message
 
     return decode_message(data, reads)
+
+
+def redelivery_bytes(data: bytes, delivery_count: int) -> bytes:
+    """`data` with its header saying first-acquirer = false and delivery-count = `delivery_count`
+    (a header is added if there is none); every other section keeps its bytes.  What a broker sends
+    when it delivers a message again; the stored message is not changed.  Bytes that cannot be
+    parsed are returned unchanged."""
+    from ..codec import CodecError
+    from ..codec.sections import HEADER, encode_section, scan
+    from ..codec.types import decode
+
+    try:
+        sections = scan(data)
+        fields: list = []
+        start = end = 0
+        if sections and sections[0][0] == HEADER:
+            _, start, vpos, end = sections[0]
+            value, _ = decode(data, vpos)
+            if not isinstance(value, list):
+                return data
+            fields = list(value)
+    except (CodecError, IndexError, ValueError):
+        return data
+    fields += [None] * (5 - len(fields))
+    fields[3] = False
+    fields[4] = uint(min(delivery_count, 0xFFFFFFFF))
+    return data[:start] + encode_section(HEADER, fields) + data[end:]
 
 
 def _is_durable(spec: ConsumerSpec) -> bool:
@@ -264,7 +296,11 @@ class EmbeddedUpstream:
             return
         for bc, entry in assignments:
             consumer: EmbeddedConsumer = bc.context
-            delivery = UpstreamDelivery(entry.payload, ref=entry, redelivered=entry.delivery_count > 0)
+            data = entry.payload
+            redelivered = entry.acquisitions > 1 or entry.delivery_count > 0
+            if redelivered:
+                data = redelivery_bytes(data, entry.delivery_count)
+            delivery = UpstreamDelivery(data, ref=entry, redelivered=redelivered)
             try:
                 consumer.handler.on_delivery(consumer, delivery)
             except Exception:  # one broken link must not lose the message or stop dispatch

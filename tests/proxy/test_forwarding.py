@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from broker_filter.codec import encode_message
 from broker_filter.filters import compile_selector
-from broker_filter.forwarding import ACCEPTED, RELEASED, Feed, Outcome, Outlet
+from broker_filter.forwarding import ACCEPTED, Feed, Outcome, Outlet
 from broker_filter.message import Message
 from broker_filter.proxy.upstream import UpstreamDelivery
 
@@ -154,7 +154,7 @@ def test_released_in_flight_when_a_link_goes_and_undeliverable_here_skips_that_l
     feed.set_credit(b, 1)
     assert io.sent[-1] == ("b", d0)
     feed.remove_outlet(b)
-    assert io.settled == [(d0, RELEASED)]
+    assert io.settled == [(d0, Outcome("modified", delivery_failed=True))]  # b had it: a failed attempt
 
 
 def test_undecodable_message_selected_only_by_filters_that_read_nothing():
