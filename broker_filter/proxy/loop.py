@@ -4,10 +4,9 @@ Theory of operation
 -------------------
 `call_soon` work runs when the Container has handled every event it has (its `reactor_quiesced`
 event), just before it would wait in `select` for sockets and timers.  Work queued while events are
-being handled therefore runs at the end of the same turn, not one timer round later: scheduling
-it as a zero-delay Container timer made it wait behind the next `select` and the socket reads that
-follow, which with busy connections added tens of milliseconds per hop (the embedded broker
-settles and dispatches through `call_soon`, so every message paid that delay several times).
+being handled therefore runs at the end of the same turn.  A zero-delay Container timer would
+fire only after the next `select`, so each link of a chain of callbacks (the embedded broker
+settles, publishes and dispatches through `call_soon`) would wait for a round of socket I/O.
 
 What a round of work queues runs in the next round.  Rounds repeat while the work produces no
 engine events; once it does, proton handles those first (frames are built, deliveries processed)
