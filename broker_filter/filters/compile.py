@@ -22,7 +22,8 @@ from . import ast
 from .runtime import Abort, Semantics, kleene_all, kleene_any, like_form, like_matcher
 from .view import HEADERS
 
-_INT_CLASSES = frozenset({int, t.ubyte, t.ushort, t.uint, t.ulong, t.byte, t.short, t.int32, t.long, t.timestamp})
+# Exact classes whose Python value is their JMS value (ulong is not: >= 2**63 reads as a negative long).
+_INT_CLASSES = frozenset({int, t.ubyte, t.ushort, t.uint, t.byte, t.short, t.int32, t.long, t.timestamp})
 _FLOAT_CLASSES = frozenset({float, t.float32})
 _MIRROR = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 _PY_OP = {"=": "==", "<>": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
@@ -65,7 +66,7 @@ class _Compiler:
             v = node.value
             if node.type == "int":
                 v = t.int32(v)
-            return self.const(v, ("lit", node.type, v))
+            return self.const(v, ("lit", node.type, repr(v)))  # repr: 0.0 and -0.0 are different constants
         if isinstance(node, ast.Ident):
             if node.kind == "property":
                 self.reads.add("application_properties")
@@ -158,7 +159,7 @@ class _Compiler:
             # for a str against a string literal.
             if isinstance(right, ast.Literal) and right.type == "string":
                 x = self.tmp()
-                c = self.const(right.value, ("lit", "string", right.value))
+                c = self.const(right.value, ("lit", "string", repr(right.value)))
                 return f"(({x} {_PY_OP[op]} {c}) if ({x} := {self.value(left)}).__class__ is str else {slow}({x}, {c}))"
             return f"{slow}({self.value(left)}, {self.value(right)})"
         x = self.tmp()

@@ -35,7 +35,7 @@ class Dialect:
     @property
     def or_chain_to_set(self) -> bool:
         """`x = 'a' OR x = 'b'` may become a set lookup only where it means the same as IN."""
-        return self.null_equality == "unknown" and self.mismatch != "not"
+        return self.null_equality == "unknown" and self.mismatch == "false"
 
 
 JMS = Dialect(name="jms", headers=JMS_HEADERS)

@@ -403,12 +403,14 @@ class _Builder:
         if isinstance(operand, ast.Literal) and operand.type in ("int", "long", "double"):
             if op.value == "+":
                 return self.at(operand, op.start_pos)
-            value = -operand.value
-            self.overflow.pop(id(operand), None)
             if operand.type == "double":
-                return self.at(ast.Literal(value, "double"), op.start_pos)
-            typ = "int" if id(operand) in self.unsuffixed and INT_MIN <= value <= INT_MAX else "long"
-            node = self.at(ast.Literal(value, typ), op.start_pos)
+                return self.at(ast.Literal(-operand.value, "double"), op.start_pos)
+            if self.overflow.pop(id(operand), None) is not None:
+                value = LONG_MIN  # the literal 9223372036854775808 exists only to be negated
+            else:  # Java: negation keeps the type and wraps (-(-2147483648) is -2147483648)
+                bits = 32 if operand.type == "int" else 64
+                value = ((-operand.value + 2 ** (bits - 1)) % 2**bits) - 2 ** (bits - 1)
+            node = self.at(ast.Literal(value, operand.type), op.start_pos)
             if id(operand) in self.unsuffixed:
                 self.unsuffixed.add(id(node))
             return node

@@ -102,7 +102,7 @@ def integer_value(kind: str, n: int) -> Value:
 
 # What Java's Long.parseLong and Double.parseDouble accept (ASCII digits; no hexadecimal floats).
 _INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
-_DOUBLE_TEXT = re.compile(r"[+-]?(NaN|Infinity|([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)[fFdD]?")
+_DOUBLE_TEXT = re.compile(r"[+-]?(NaN|Infinity|([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?[fFdD]?)")
 
 
 def parse_integer(text: str) -> int | None:

@@ -63,7 +63,7 @@ def _wrap(value: int, bits: int) -> int:
 
 
 _INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
-_DOUBLE_TEXT = re.compile(r"[+-]?(?:NaN|Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)[fFdD]?")
+_DOUBLE_TEXT = re.compile(r"[+-]?(?:NaN|Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?)")
 
 
 def _java_float_from_string(s: str) -> float:
@@ -199,9 +199,12 @@ class Semantics:
             return v
         if c == "str" and self.convert:  # Artemis convert_string_expressions: (RocketMQ: an error)
             try:
-                return _java_float_from_string(v) if ("." in v or "e" in v.lower()) else _java_long_from_string(v)
+                return _java_long_from_string(v)
             except ValueError:
-                pass
+                try:
+                    return _java_float_from_string(v)
+                except ValueError:
+                    pass
         if self.error:
             raise Abort("arithmetic needs numbers")
         return _NOT_A_NUMBER

@@ -2,7 +2,7 @@
 AMQP -> JMS value mapping.  One table, used by the compiled evaluator and the reference interpreter;
 the Spark backend implements the same rows as column expressions.
 
-AMQP -> JMS types (spec table): ubyte->short, ushort->int, uint->long, ulong->long, byte, short, int,
+AMQP -> JMS types (spec table): ubyte->short, ushort->int, uint->long, ulong->long (values above 2**63 - 1 read as Java does: negative), byte, short, int,
 long as themselves, float->float, double->double, decimal32/64/128->double, char->char,
 timestamp->long, uuid->byte[16], binary->byte[], string->String, symbol->String, boolean->boolean.
 `jms_value` returns the JMS value as a plain Python value: bool, int, float, str; anything else
@@ -47,6 +47,8 @@ def jms_value(v: Any) -> Any:
     if isinstance(v, bool):
         return bool(v)
     if isinstance(v, int):
+        if tv is t.ulong and v >= 2**63:
+            return int(v) - 2**64  # ulong -> JMS long, as Java reads the 64 bits
         return v  # keeps the tag class: width matters for arithmetic
     if isinstance(v, float):
         return v
