@@ -180,7 +180,10 @@ def _d_float(b, p):
 
 
 def _d_char(b, p):
-    return t.char(chr(_u32(b, p)[0])), p + 4
+    code = _u32(b, p)[0]
+    if code > 0x10FFFF:
+        raise CodecError(f"char {code:#x} is not a Unicode code point", p)
+    return t.char(chr(code)), p + 4
 
 
 def _d_ulong(b, p):
