@@ -139,3 +139,10 @@ def test_truncated_and_corrupted_messages(data):
         decode_message(cut)
     except CodecError:
         pass
+
+
+def test_char_beyond_unicode_is_a_codec_error():
+    # A header whose first field is an AMQP char 0x80000000 (found by the fuzz test above): a clear
+    # CodecError, not an OverflowError that would escape the proxy's decode error handling.
+    with pytest.raises(CodecError):
+        decode_message(b"\x00Sp\xc0\x0c\x05AP\x07\x00\x00\x00\x00s\x80\x00\x00\x00")
