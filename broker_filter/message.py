@@ -460,9 +460,15 @@ def _field_to_json(v: Any, want: str | None) -> Any:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equality that also requires the same AMQP types, recursively."""
+    """Equality that also requires the same AMQP types, recursively (an explicit `long` and a plain
+    int are both AMQP longs)."""
     if type(a) is not type(b):
-        return False
+        try:
+            if t.amqp_type(a) != t.amqp_type(b):
+                return False
+        except TypeError:
+            return False
+        return a == b
     if isinstance(a, dict):
         return len(a) == len(b) and all(
             any(_same(k, k2) and _same(v, b[k2]) for k2 in b if k2 == k) for k, v in a.items()
