@@ -17,6 +17,8 @@ from typing import Any
 
 from proton.reactor import Container
 
+from .journal import Journal
+from .proxy.journaling import JournalingUpstream
 from .proxy.loop import ProtonLoop
 from .proxy.remote import RemoteUpstream
 from .proxy.server import ProxyServer
@@ -78,7 +80,8 @@ class App:
         self.container = Container()
         self.container.container_id = self.instance
         self.loop = ProtonLoop(self.container)
-        self.upstream = build_upstream(config)
+        self.journal = Journal.from_config(config.journal)  # None unless [journal] enabled
+        self.upstream = self._journaled(build_upstream(config))
         self.metrics = None
         self.health = None
         if config.metrics.enabled:
@@ -206,7 +209,7 @@ class App:
         bare = tuple(urlunsplit(urlsplit(u)._replace(netloc=urlsplit(u).netloc.rpartition("@")[2])) for u in up.urls)
         config = dataclasses.replace(self.config, upstream=dataclasses.replace(up, urls=bare, user=user,
                                                                                  password=password))
-        upstream = build_upstream(config)
+        upstream = self._journaled(build_upstream(config))
         server = ProxyServer(upstream, instance=f"{self.instance}~{n}", window=max(1, self.config.limits.upstream_window),
                              config=self.config, metrics=self.metrics)
         return server, upstream
@@ -226,11 +229,18 @@ class App:
                 link = link.next(0)
         return n
 
+    def _journaled(self, upstream: Any) -> Any:
+        """The upstream, journaling accepted client publishes when [journal] is enabled."""
+        return upstream if self.journal is None else JournalingUpstream(upstream, self.journal)
+
     def close(self) -> None:
         try:
             self.upstream.stop()
         except Exception:
             log.exception("stopping the upstream failed")
+        if self.journal is not None:
+            if not self.journal.close(timeout=30.0):
+                log.warning("journal: not every recorded message was written before shutdown")
         if self.acceptor is not None:
             self.acceptor.close()
         if self.exporter is not None:
