@@ -245,6 +245,9 @@ class Adopter:
         from proton._handlers import IOHandler
 
         sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            # As proton's own acceptor does: no Nagle delay on small frames (dispositions, flow).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         container = self._container
         connection = container.connection(self._handler)
         connection._acceptor = self  # tells proton's IOHandler the socket already exists
