@@ -70,22 +70,3 @@ def make_message():
         return m, encoded(m)
 
     return make
-
-
-@pytest.fixture(scope="session")
-def spark():
-    """The local Spark session, built exactly as tests/spark builds it (whichever runs first creates it)."""
-    from broker_filter.spark.session import get_session
-
-    session = get_session(
-        "local[2]",
-        app_name="broker-filter-tests",
-        **{
-            "spark.sql.shuffle.partitions": "2",
-            "spark.sql.codegen.wholeStage": "false",
-            "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-        },
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
