@@ -88,15 +88,53 @@ def _guarded(fn: Callable) -> Callable:
     return wrapper
 
 
-class RemoteConsumer:
-    def __init__(self, upstream: "RemoteUpstream", spec: ConsumerSpec, handler: ConsumerHandler):
-        self.spec = spec
+class _RemoteLink:
+    """A link of the proxy's own on the upstream connection, in a session of its own: ending that
+    session is what returns unsettled messages to the queue on RabbitMQ 3.10 (a detached link's
+    unacknowledged messages stay with the session otherwise), and it keeps a session-ending error
+    confined to this link."""
+
+    def __init__(self, upstream: "RemoteUpstream", handler: Any):
         self.handler = handler
         self.upstream = upstream
         self.link = None
         self.session = None
         self.closed = False
         self.ready = False
+
+    def _finish(self) -> bool:
+        """Mark closed and forget; False if it already was."""
+        if self.closed:
+            return False
+        self.closed = True
+        self._discard()
+        self.upstream._forget(self)
+        return True
+
+    def _discard(self) -> None:
+        """Drop state that dies with the link (none by default)."""
+
+    def _end(self) -> None:
+        if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
+            self.link.close()
+        if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
+            self.session.close()
+
+    def _closed_by_upstream(self, error: ErrorInfo) -> None:
+        if not self._finish():
+            return
+        if not error.transient:
+            self._end()
+        self._notify_closed(error)
+
+    def _notify_closed(self, error: ErrorInfo) -> None:
+        raise NotImplementedError
+
+
+class RemoteConsumer(_RemoteLink):
+    def __init__(self, upstream: "RemoteUpstream", spec: ConsumerSpec, handler: ConsumerHandler):
+        super().__init__(upstream, handler)
+        self.spec = spec
 
     @property
     def credit(self) -> int:
@@ -117,39 +155,17 @@ class RemoteConsumer:
 
     def close(self, closed: bool | None = None) -> None:
         # `closed` does not matter here: the remote link is private to the proxy (see open_consumer).
-        if self.closed:
-            return
-        self.closed = True
-        self.upstream._forget(self)
-        self._end()
-
-    def _end(self) -> None:
-        # Ending the consumer's own session is what returns its unsettled messages to the queue on
-        # RabbitMQ 3.10 (a detached link's unacknowledged messages stay with the session otherwise).
-        if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
-            self.link.close()
-        if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
-            self.session.close()
-
-    def _closed_by_upstream(self, error: ErrorInfo) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.upstream._forget(self)
-        if not error.transient:
+        if self._finish():
             self._end()
+
+    def _notify_closed(self, error: ErrorInfo) -> None:
         self.handler.on_consumer_closed(self, error)
 
 
-class RemotePublisher:
+class RemotePublisher(_RemoteLink):
     def __init__(self, upstream: "RemoteUpstream", address: str | None, handler: PublisherHandler):
+        super().__init__(upstream, handler)
         self.address = address
-        self.handler = handler
-        self.upstream = upstream
-        self.link = None
-        self.session = None
-        self.closed = False
-        self.ready = False
         self._tags = itertools.count(1)
         self.pending: dict[str, Callable[[Outcome], None]] = {}
 
@@ -167,27 +183,13 @@ class RemotePublisher:
         self.pending[tag] = on_settled
 
     def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.pending.clear()
-        self.upstream._forget(self)
-        self._end()
-
-    def _end(self) -> None:
-        if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
-            self.link.close()
-        if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
-            self.session.close()
-
-    def _closed_by_upstream(self, error: ErrorInfo) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.pending.clear()
-        self.upstream._forget(self)
-        if not error.transient:
+        if self._finish():
             self._end()
+
+    def _discard(self) -> None:
+        self.pending.clear()
+
+    def _notify_closed(self, error: ErrorInfo) -> None:
         self.handler.on_publisher_closed(self, error)
 
 
