@@ -343,8 +343,9 @@ class Feed:
             return None
         try:
             return decode_message(delivery.data, reads)
-        except CodecError as e:
+        except Exception as e:  # CodecError, or any decoder fault: one message never fails the feed
             self.stats.undecodable += 1
             if self._log is not None:
-                self._log(f"upstream message not decodable, no filter selects it: {e}")
+                kind = "" if isinstance(e, CodecError) else f" ({type(e).__name__})"
+                self._log(f"upstream message not decodable{kind}, no filter selects it: {e}")
             return _BAD

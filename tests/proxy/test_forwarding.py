@@ -263,3 +263,29 @@ def test_feed_invariants(script, subscription, window):
         selects = {"color = 'red'": color == "red", "color = 'blue'": color == "blue",
                    "color IS NULL": color is None, "TRUE": True}[want]
         assert selects, (name, color)
+
+
+def test_a_decoder_fault_fails_only_that_message_not_the_feed(monkeypatch):
+    # A test double for a fault no well-formed input causes: the decoder raising something other
+    # than CodecError for one message.
+    import broker_filter.forwarding as forwarding
+
+    real = forwarding.decode_message
+    poison = msg("red", 1)
+
+    def flaky(data, reads):
+        if data == poison.data:
+            raise OverflowError("decoder bug")
+        return real(data, reads)
+
+    monkeypatch.setattr(forwarding, "decode_message", flaky)
+    io = Recorder()
+    feed = Feed(io, subscription=True, window=4)
+    o = Outlet("o", sel("color = 'red'"))
+    feed.add_outlet(o)
+    feed.set_credit(o, 5)
+    good = msg("red", 2)
+    feed.on_upstream_delivery(poison)
+    feed.on_upstream_delivery(good)
+    assert [d for _, d in io.sent] == [good]
+    assert (poison, ACCEPTED) in io.settled and feed.stats.undecodable == 1
