@@ -278,14 +278,9 @@ class RemoteUpstream(Handler):
     def open_consumer(self, spec: ConsumerSpec, handler: ConsumerHandler) -> RemoteConsumer:
         consumer = RemoteConsumer(self, spec, handler)
         name = f"{spec.name or 'consumer'}-{next(self._names)}"
-        if not self.connected or self.connection is None:
-            self.loop.call_soon(lambda: consumer._closed_by_upstream(
-                ErrorInfo("amqp:connection:forced", f"upstream {self.name} is not connected", transient=True)))
+        session = self._session_for(consumer)
+        if session is None:
             return consumer
-        session = self.connection.session()
-        session.bf_endpoint = consumer
-        session.open()
-        consumer.session = session
         link = session.receiver(name)
         link.source.address = spec.address
         if spec.filters:
@@ -300,31 +295,39 @@ class RemoteUpstream(Handler):
         # Durability, expiry and the client's link name are not passed on: the upstream link is the
         # proxy's own (named "<name>-<n>"), so a durable subscription could not be found again.
         link.target.address = None
-        link.bf_endpoint = consumer
-        consumer.link = link
-        self._endpoints[name] = consumer
-        link.open()
+        self._attach(consumer, name, link)
         return consumer
 
     def open_publisher(self, address: str | None, handler: PublisherHandler) -> RemotePublisher:
         publisher = RemotePublisher(self, address, handler)
         name = f"publisher-{next(self._names)}"
-        if not self.connected or self.connection is None:
-            self.loop.call_soon(lambda: publisher._closed_by_upstream(
-                ErrorInfo("amqp:connection:forced", f"upstream {self.name} is not connected", transient=True)))
+        session = self._session_for(publisher)
+        if session is None:
             return publisher
-        session = self.connection.session()
-        session.bf_endpoint = publisher
-        session.open()
-        publisher.session = session
         link = session.sender(name)
         link.target.address = address
         link.source.address = None
-        link.bf_endpoint = publisher
-        publisher.link = link
-        self._endpoints[name] = publisher
-        link.open()
+        self._attach(publisher, name, link)
         return publisher
+
+    def _session_for(self, endpoint: _RemoteLink) -> Any:
+        """A session of the endpoint's own (see _RemoteLink), or None when the upstream is down: the
+        endpoint is then told so on the next turn of the loop."""
+        if not self.connected or self.connection is None:
+            self.loop.call_soon(lambda: endpoint._closed_by_upstream(
+                ErrorInfo("amqp:connection:forced", f"upstream {self.name} is not connected", transient=True)))
+            return None
+        session = self.connection.session()
+        session.bf_endpoint = endpoint
+        session.open()
+        endpoint.session = session
+        return session
+
+    def _attach(self, endpoint: _RemoteLink, name: str, link: Any) -> None:
+        link.bf_endpoint = endpoint
+        endpoint.link = link
+        self._endpoints[name] = endpoint
+        link.open()
 
     def _forget(self, endpoint: Any) -> None:
         if endpoint.link is not None:
