@@ -170,6 +170,17 @@ class Broker:
             addr.routing_types.add(routing)
         return addr, routing or ""
 
+    def _named_queue(self, addr: Any, name: str, routing: str) -> Queue:
+        """The queue an FQQN `address::name` names (declared if auto-create allows)."""
+        queue = self.queues.get(name)
+        if queue is None:
+            if not self.config.auto_create:
+                raise BrokerError(NOT_FOUND, f"queue {name!r} does not exist")
+            return self.declare_queue(addr.name, name, routing)
+        if queue.address is not addr:
+            raise BrokerError(NOT_FOUND, f"queue {name!r} is not on address {addr.name!r}")
+        return queue
+
     # ------------------------------------------------------------------ publishing
     def route(self, address: str, capabilities: Iterable[str] = ()) -> list[Queue]:
         """The queues a message sent to `address` goes to (creating what auto-create allows)."""
@@ -179,14 +190,7 @@ class Broker:
             raise BrokerError(e.condition, str(e)) from None
         addr, routing = self._resolve(node, for_consumer=False)
         if node.queue is not None:
-            queue = self.queues.get(node.queue)
-            if queue is None:
-                if not self.config.auto_create:
-                    raise BrokerError(NOT_FOUND, f"queue {node.queue!r} does not exist")
-                queue = self.declare_queue(addr.name, node.queue, routing or self.config.default_routing_type)
-            elif queue.address is not addr:
-                raise BrokerError(NOT_FOUND, f"queue {node.queue!r} is not on address {addr.name!r}")
-            return [queue]
+            return [self._named_queue(addr, node.queue, routing or self.config.default_routing_type)]
         queues: list[Queue] = []
         if routing in ("", ANYCAST) and ANYCAST in addr.routing_types:
             if not addr.anycast and self.config.auto_create:
@@ -250,14 +254,7 @@ class Broker:
             raise BrokerError(e.condition, str(e)) from None
         addr, routing = self._resolve(node, for_consumer=True)
         if node.queue is not None:
-            queue = self.queues.get(node.queue)
-            if queue is None:
-                if not self.config.auto_create:
-                    raise BrokerError(NOT_FOUND, f"queue {node.queue!r} does not exist")
-                queue = self.declare_queue(addr.name, node.queue, routing)
-            elif queue.address is not addr:
-                raise BrokerError(NOT_FOUND, f"queue {node.queue!r} is not on address {addr.name!r}")
-            return self._attach(queue, filter, receiver, context, link_name)
+            return self._attach(self._named_queue(addr, node.queue, routing), filter, receiver, context, link_name)
         if routing == ANYCAST:
             queue = addr.anycast.get(addr.name) or next(iter(addr.anycast.values()), None)
             if queue is None:
