@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "archive",
     "backtest",
     "replay",
+    "ingest",
     "hash_password",
 ]
 

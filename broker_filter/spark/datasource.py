@@ -9,7 +9,10 @@ Theory of operation (reader): Spark's Python data source API runs the stream rea
 planning calls (`latestOffset`, `partitions`, `commit`) in one long-lived Python process next to the
 driver, so the AMQP receiver (broker_filter.spark.streaming) lives there.  `latestOffset` cuts a
 micro-batch from what the receiver holds, `partitions` hands its rows to the executors inside the
-partitions themselves (Arrow IPC bytes), and `commit` accepts the batch's messages upstream.  A
+partitions themselves (Arrow IPC bytes), and `commit` accepts the batch's messages upstream — as
+does the next `latestOffset` from the batch's end, which the engine asks only once the batch's
+commit is logged (Spark calls `commit` only when a later batch has data, so an idle stream would
+otherwise hold its last batch until the query stops, and a stopped query would get it again).  A
 batch Spark replays from its checkpoint after a restart (offsets logged, never committed) is planned
 in a process that holds none of its messages: `partitions` then fills it with the first messages the
 broker delivers, which are the ones the dead query left unsettled, and holds them until that batch
@@ -64,6 +67,8 @@ class BrokerFilterDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
+        # Called when a reading query is defined (`load()`): bad source options fail there.
+        AmqpStreamReader.check_options(self.options)
         return from_arrow_schema(_archive.SCHEMA)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -99,16 +104,23 @@ class AmqpStreamReader(DataSourceStreamReader):
     WHAT = "broker-filter source"
 
     def __init__(self, options: Any, schema: StructType):
-        # Validate everything here (this object is also built on the planner and the executors):
-        # no connection until the first offset call.
-        self.target = target_of(options, self.WHAT)
-        self.selection = stream_filter(options, self.WHAT)
-        self.batch = positive_int(options, "maxMessagesPerTrigger", DEFAULT_BATCH, self.WHAT)
-        self.timeout = positive_float(options, "timeout", 30.0, self.WHAT)
-        self.recovery_wait = positive_float(options, "recoveryWait", 5.0, self.WHAT)
+        # Built on the driver's source runner, the planner and the executors: no connection until
+        # the first offset call.
+        self.target, self.selection, self.batch, self.timeout, self.recovery_wait = self.check_options(options)
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self._receiver: Receiver | None = None
         self._batches: dict[int, _Batch] = {}
+
+    @classmethod
+    def check_options(cls, options: Any) -> tuple:
+        """(target, selection, batch, timeout, recovery wait); raises OptionError."""
+        return (
+            target_of(options, cls.WHAT),
+            stream_filter(options, cls.WHAT),
+            positive_int(options, "maxMessagesPerTrigger", DEFAULT_BATCH, cls.WHAT),
+            positive_float(options, "timeout", 30.0, cls.WHAT),
+            positive_float(options, "recoveryWait", 5.0, cls.WHAT),
+        )
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -133,6 +145,10 @@ class AmqpStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict, limit: Any) -> dict:
         s = int(start["seq"])
+        # The micro-batch engine asks for the next batch from `start` only after the batch that ended
+        # there ran and its commit was logged; Spark's own `commit` call for it comes only with the
+        # next batch that has data, which an idle or stopping stream may never have.
+        self._settle_through(s)
         planned = self._batches.get(s)
         if planned is not None:  # asked again before planning: the same batch
             return {"seq": planned.end}
@@ -172,7 +188,10 @@ class AmqpStreamReader(DataSourceStreamReader):
         return iter(pa.ipc.open_stream(data).read_all().to_batches())
 
     def commit(self, end: dict) -> None:
-        e = int(end["seq"])
+        self._settle_through(int(end["seq"]))
+
+    def _settle_through(self, e: int) -> None:
+        """Accept upstream the messages of every batch that ends at or before offset `e`."""
         done = [s for s, b in self._batches.items() if b.end <= e]
         tags = [t for s in done for t in self._batches.pop(s).tags]
         if tags and self._receiver is not None:
