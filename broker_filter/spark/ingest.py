@@ -59,17 +59,19 @@ def run_until_idle(query: Any, idle_seconds: float | None, poll: float = 0.2) ->
     query's error if it failed."""
     seen = -1
     totals = {"messages": 0, "batches": 0}
-    last_active = time.monotonic()
+    last_active = None  # idle time counts from the first trigger (a restart first replays its batch)
     try:
         while query.isActive:
             for p in query.recentProgress:
+                if last_active is None:
+                    last_active = time.monotonic()
                 if p["batchId"] > seen:
                     seen = p["batchId"]
                     if p["numInputRows"]:
                         totals["messages"] += p["numInputRows"]
                         totals["batches"] += 1
                         last_active = time.monotonic()
-            if idle_seconds is not None and time.monotonic() - last_active >= idle_seconds:
+            if idle_seconds is not None and last_active is not None and time.monotonic() - last_active >= idle_seconds:
                 break
             query.awaitTermination(poll)
     finally:
