@@ -55,3 +55,15 @@ def rabbitmq():
     if started:
         rabbitmqctl("stop", timeout=60)
         subprocess.run(["epmd", "-kill"], capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    """One `broker-filter serve` with the embedded broker (no upstream), for a test module."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "embedded"))
+    from embedkit import Daemon
+
+    d = Daemon()
+    yield d
+    d.stop()
+    assert "Traceback" not in d.log(), d.log()

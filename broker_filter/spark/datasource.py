@@ -43,7 +43,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from .. import archive as _archive
-from .streaming import Receiver, positive_float, positive_int, stream_filter, target_of
+from .streaming import Receiver, positive, stream_filter, target_of
 
 log = logging.getLogger("broker_filter.spark.datasource")
 
@@ -117,9 +117,9 @@ class AmqpStreamReader(DataSourceStreamReader):
         return (
             target_of(options, cls.WHAT),
             stream_filter(options, cls.WHAT),
-            positive_int(options, "maxMessagesPerTrigger", DEFAULT_BATCH, cls.WHAT),
-            positive_float(options, "timeout", 30.0, cls.WHAT),
-            positive_float(options, "recoveryWait", 5.0, cls.WHAT),
+            positive(options, "maxMessagesPerTrigger", DEFAULT_BATCH, cls.WHAT),
+            positive(options, "timeout", 30.0, cls.WHAT, float),
+            positive(options, "recoveryWait", 5.0, cls.WHAT, float),
         )
 
     def __getstate__(self) -> dict:
@@ -216,8 +216,8 @@ class _Sender:
 
     def __init__(self, options: Any, schema: StructType):
         self.target = target_of(options, self.WHAT)
-        self.window = positive_int(options, "window", 200, self.WHAT)
-        self.timeout = positive_float(options, "timeout", 30.0, self.WHAT)
+        self.window = positive(options, "window", 200, self.WHAT)
+        self.timeout = positive(options, "timeout", 30.0, self.WHAT, float)
         names = set(schema.fieldNames())
         if "body" not in names and "application_properties" not in names and "properties" not in names:
             raise ValueError(f"{self.WHAT}: the rows have none of the message columns (body, properties, "

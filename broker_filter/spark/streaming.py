@@ -48,43 +48,41 @@ class StreamError(RuntimeError):
     """The AMQP side of a streaming query failed: what, where."""
 
 
+class OptionError(ValueError):
+    """A bad option of the source or sink: which one, and why."""
+
+    def __init__(self, what: str, option: str, problem: str):
+        super().__init__(f"{what}: option '{option}': {problem}")
+        self.option = option
+        self.problem = problem
+
+
 def target_of(options: Any, what: str) -> Target:
-    """The connection URL and address of the `url` / `address` options.  Raises ValueError."""
+    """The connection URL and address of the `url` / `address` options.  Raises OptionError."""
     url = (options.get("url") or "").strip()
     if not url:
-        raise ValueError(f"{what}: option 'url' is required (amqp://host:port)")
+        raise OptionError(what, "url", "required (amqp://host:port)")
     address = options.get("address")
     if address:
         url = f"{url.rstrip('/')}/{quote(address, safe='/:')}"
     try:
         return parse_target(url)
     except ValueError as e:
-        raise ValueError(f"{what}: option 'url'/'address': {e}") from None
+        raise OptionError(what, "url" if not address else "address", str(e)) from None
 
 
-def positive_int(options: Any, key: str, default: int, what: str) -> int:
+def positive(options: Any, key: str, default: Any, what: str, kind: type = int) -> Any:
+    """Option `key` as a positive int (or float: seconds), `default` when absent.  Raises OptionError."""
     raw = options.get(key)
     if raw is None:
         return default
     try:
-        value = int(str(raw).strip())
+        value = kind(str(raw).strip())
     except ValueError:
-        raise ValueError(f"{what}: option '{key}' must be a positive integer, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{what}: option '{key}' must be a positive integer, got {raw!r}")
-    return value
-
-
-def positive_float(options: Any, key: str, default: float, what: str) -> float:
-    raw = options.get(key)
-    if raw is None:
-        return default
-    try:
-        value = float(str(raw).strip())
-    except ValueError:
-        value = -1.0
+        value = 0
     if not value > 0:
-        raise ValueError(f"{what}: option '{key}' must be a positive number of seconds, got {raw!r}")
+        noun = "integer" if kind is int else "number of seconds"
+        raise OptionError(what, key, f"must be a positive {noun}, got {raw!r}")
     return value
 
 
@@ -98,12 +96,12 @@ class StreamFilter:
 
 
 def stream_filter(options: Any, what: str = "broker-filter source") -> StreamFilter:
-    """The `selector` or `filter` (JSON filter-set) and `dialect` options, compiled.  Raises ValueError
+    """The `selector` or `filter` (JSON filter-set) and `dialect` options, compiled.  Raises OptionError
     with the option, the problem and, for a selector, the line and column."""
     dialect = options.get("dialect") or "jms"
     selector, filter_set = options.get("selector"), options.get("filter")
     if selector is not None and filter_set is not None:
-        raise ValueError(f"{what}: options 'selector' and 'filter' exclude each other")
+        raise OptionError(what, "filter", "give either 'selector' or 'filter', not both")
     try:
         if selector is not None and selector.strip():
             compiled = compile_selector(selector, dialect)
@@ -112,7 +110,7 @@ def stream_filter(options: Any, what: str = "broker-filter source") -> StreamFil
             fs = compile_filter_set(filter_set, dialect)
             if fs.ignored:
                 first = fs.ignored[0]
-                raise ValueError(f"{what}: option 'filter': entry {str(first.key)!r}: {first.reason}")
+                raise OptionError(what, "filter", f"entry {str(first.key)!r}: {first.reason}")
             selectors = [e for e in fs.entries if e.kind == "selector" and isinstance(e.text, str)]
             if not fs.entries:
                 return StreamFilter(None, None, None)
@@ -123,9 +121,9 @@ def stream_filter(options: Any, what: str = "broker-filter source") -> StreamFil
     except FilterError as e:
         option = "selector" if selector is not None else "filter"
         describe = getattr(e, "describe", None)
-        raise ValueError(f"{what}: option '{option}': {describe() if describe else e}") from None
+        raise OptionError(what, option, describe() if describe else str(e)) from None
     except KeyError:
-        raise ValueError(f"{what}: option 'dialect': unknown dialect {dialect!r} (jms, artemis, rocketmq)") from None
+        raise OptionError(what, "dialect", f"unknown dialect {dialect!r} (jms, artemis, rocketmq)") from None
     return StreamFilter(None, None, None)
 
 
@@ -173,13 +171,13 @@ class Receiver:
         self._thread.start()
         if not self._attached.wait(self.timeout):
             self.close()
-            raise StreamError(f"{self._where()}: no link after {self.timeout:.0f} s")
+            raise StreamError(f"broker-filter source {self._where()}: no link after {self.timeout:.0f} s")
         self.check()
         return self
 
     def check(self) -> None:
         if self.error is not None:
-            raise StreamError(f"{self._where()}: {self.error}")
+            raise StreamError(f"broker-filter source {self._where()}: {self.error}")
 
     def take(self, limit: int, wait: float = 0.0) -> list[tuple[int, dict]]:
         """Up to `limit` buffered (tag, row) pairs, oldest first; waits up to `wait` seconds for `limit`."""
@@ -200,8 +198,9 @@ class Receiver:
             return
         done = threading.Event()
         self._call(lambda handler: (handler.accept(tags), done.set()))
-        if wait is not None:
-            done.wait(wait)
+        deadline = time.monotonic() + (wait or 0.0)
+        while wait is not None and not done.wait(0.05) and self.error is None and time.monotonic() < deadline:
+            pass
 
     def close(self) -> None:
         """Close the connection: the broker takes back every message not yet settled."""
@@ -302,7 +301,8 @@ class _Handler(MessagingHandler):
 
     def on_disconnected(self, event: Any) -> None:
         if not self.owner._closed:
-            self.fail("disconnected")
+            cond = event.transport.condition if event.transport is not None else None
+            self.fail(f"connection failed: {_condition_text(cond)}" if cond is not None else "disconnected")
 
     def on_bf_calls(self, event: Any) -> None:
         while True:

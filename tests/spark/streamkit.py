@@ -10,7 +10,8 @@ from pathlib import Path
 from proton import Message
 from proton.utils import BlockingConnection
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "embedded"))  # embedkit: the daemon launcher
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
+from proxy_clients import receive  # noqa: E402
 
 REGIONS = ("eu", "us", "asia")
 
@@ -38,22 +39,10 @@ def publish(url: str, address: str, numbers) -> None:
 def drain(url: str, address: str, idle: float = 1.0, limit: float = 30.0) -> list[Message]:
     """Every message the address delivers until none comes for `idle` seconds (accepted)."""
     conn = BlockingConnection(url, timeout=20)
-    out = []
     try:
-        rcv = conn.create_receiver(address, credit=100)
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            try:
-                m = rcv.receive(timeout=idle)
-            except Exception as e:
-                if type(e).__name__ == "Timeout":
-                    break
-                raise
-            out.append(m)
-            rcv.accept()
+        return receive(conn.create_receiver(address, credit=100), idle=idle, limit=limit)
     finally:
         conn.close()
-    return out
 
 
 def wait_for(condition, limit: float, what: str, poll: float = 0.2):

@@ -16,7 +16,6 @@ from broker_filter.spark.ingest import run_until_idle, start_ingest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from streamkit import archived_numbers, drain, fresh, properties, publish, wait_for  # noqa: E402
-from embedkit import Daemon  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -25,14 +24,6 @@ SELECTOR = "region = 'eu' AND total > 100"
 
 def selected(numbers) -> set[int]:
     return {i for i in numbers if properties(i)["region"] == "eu" and properties(i)["total"] > 100}
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    d = Daemon()
-    yield d
-    d.stop()
-    assert "Traceback" not in d.log(), d.log()
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +116,30 @@ def test_filter_set_option_and_bad_options(spark_bf, daemon):
     with pytest.raises(Exception) as e:
         spark.readStream.format("broker-filter").option("address", "x").load()
     assert "option 'url': required" in str(e.value)
+
+
+def test_unreadable_message_is_rejected_and_an_unreachable_broker_fails_the_query(spark_bf, daemon):
+    from proton import Message, ulong
+    from proton.utils import BlockingConnection
+
+    spark, address, name = spark_bf, fresh("q"), fresh("t").replace("-", "_")
+    conn = BlockingConnection(daemon.url, timeout=20)
+    try:  # the archive keeps symbol annotation keys only: this one cannot become a row
+        conn.create_sender(address).send(Message(body="bad", annotations={ulong(7): "x"}, properties={"i": -1}))
+    finally:
+        conn.close()
+    publish(daemon.url, address, range(5))
+    q = memory_query(source(spark, daemon.url, address), name)
+    try:
+        rows = collect_until(spark, q, name, 5)
+    finally:
+        q.stop()
+    assert sorted(int(r["application_properties"]["i"]["long"]) for r in rows) == list(range(5))
+    assert drain(daemon.url, address, idle=0.5) == []  # rejected, not left to come back
+
+    q = memory_query(source(spark, "amqp://127.0.0.1:1", "q", timeout=5), fresh("t").replace("-", "_"))
+    wait_for(lambda: q.exception() is not None, 60, "the query to fail")
+    assert "broker-filter source amqp://127.0.0.1:1/q: connection failed" in str(q.exception())
 
 
 def test_stopped_query_restarts_from_its_checkpoint_without_loss(spark_bf, rabbitmq, tmp_path):
