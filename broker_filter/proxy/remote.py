@@ -289,9 +289,7 @@ class RemoteUpstream(Handler):
         link.source.address = spec.address
         if spec.filters:
             put_value(link.source.filter, {_key(e.key): e.value for e in spec.filters})
-        caps = [c for c in spec.capabilities if c in ("topic", "queue")]
-        if caps:
-            put_value(link.source.capabilities, t.Array("symbol", [t.symbol(c) for c in caps]))
+        _put_routing_capabilities(link.source, spec.capabilities)
         if spec.distribution_mode == "copy":
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
         elif spec.distribution_mode == "move":
@@ -302,7 +300,8 @@ class RemoteUpstream(Handler):
         self._attach(consumer, name, link)
         return consumer
 
-    def open_publisher(self, address: str | None, handler: PublisherHandler) -> RemotePublisher:
+    def open_publisher(self, address: str | None, handler: PublisherHandler,
+                       capabilities: tuple[str, ...] = ()) -> RemotePublisher:
         publisher = RemotePublisher(self, address, handler)
         name = f"publisher-{next(self._names)}"
         session = self._session_for(publisher)
@@ -310,6 +309,7 @@ class RemoteUpstream(Handler):
             return publisher
         link = session.sender(name)
         link.target.address = address
+        _put_routing_capabilities(link.target, capabilities)
         link.source.address = None
         self._attach(publisher, name, link)
         return publisher
@@ -537,6 +537,13 @@ class RemoteUpstream(Handler):
             dlv.settle()
             if cb is not None and not ep.closed:
                 cb(outcome if outcome is not None else Outcome("accepted"))
+
+
+def _put_routing_capabilities(terminus: Any, capabilities: Any) -> None:
+    """Pass on the routing capabilities (`topic`, `queue`) a client or an address rule asked for."""
+    caps = [c for c in capabilities or () if c in ("topic", "queue")]
+    if caps:
+        put_value(terminus.capabilities, t.Array("symbol", [t.symbol(c) for c in caps]))
 
 
 def getattr_or_none(obj: Any, name: str) -> Any:
