@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import importlib.util
 import ipaddress
 import json
 import os
@@ -809,6 +810,8 @@ def _check(config: Config) -> None:
         raise ConfigError("upstream.reconnect.max_delay", "must be >= upstream.reconnect.initial_delay")
     if config.journal.enabled and not config.journal.directory:
         raise ConfigError("journal.directory", "is required when journal.enabled = true")
+    if config.journal.enabled:
+        _check_extra("journal.enabled", "journal", "pyarrow")
     for name, virtual in config.virtual_addresses.items():
         if not name:
             raise ConfigError("virtual_addresses", "names must not be empty")
@@ -828,6 +831,13 @@ def _check(config: Config) -> None:
         if not compiled.entries:
             raise ConfigError(f"virtual_addresses.{name}.{what}", "applies no filter")
         object.__setattr__(virtual, "compiled", compiled)
+
+
+def _check_extra(key: str, extra: str, module: str) -> None:
+    """The setting needs `module`, which the package's `[extra]` brings (found without importing it)."""
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(key, f"needs the [{extra}] extra (pip install 'broker-filter[{extra}]'): "
+                               f"{module} is not installed")
 
 
 def _check_file(key: str, path: str) -> None:
