@@ -393,7 +393,7 @@ class Embedded:
 
 @dataclass(frozen=True)
 class Journal:
-    enabled: bool = setting(False, "append messages seen on `addresses` to Parquet files", kind="bool")
+    enabled: bool = setting(False, "append messages seen on `addresses` to Parquet files (needs the `journal` extra)", kind="bool")
     directory: str = setting("", "directory of the journal's Parquet files", kind="str")
     addresses: tuple[str, ...] = setting((), "addresses journaled (AMQ wildcards allowed); empty: all", kind="list")
     roll_bytes: int = setting(64 * 1024 * 1024, "roll a file after this many bytes", kind="int", minimum=1)
