@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import ipaddress
 import json
@@ -249,7 +250,7 @@ class AddressRule:
     upstream: str = "{address}"  # `{address}` is replaced by the client's address
 
     def matches(self, address: str) -> bool:
-        return _wildcard_match(self.pattern.split("."), address.split("."))
+        return _pattern_matcher(self.pattern)(address)
 
     def rewrite(self, address: str) -> str:
         return self.upstream.replace("{address}", address)
@@ -474,26 +475,12 @@ def split_hostport(text: str) -> tuple[str, int]:
     return host, port
 
 
-def _wildcard_match(pattern: list[str], words: list[str]) -> bool:
-    """AMQ wildcard matching: `*` is exactly one word, `#` zero or more (backtracking, no greedy misses)."""
-    memo: dict[tuple[int, int], bool] = {}
+@functools.lru_cache(maxsize=1024)
+def _pattern_matcher(pattern: str) -> Callable[[str], bool]:
+    """The AMQ wildcard rule of the filter core (`*` one word, `#` zero or more), per pattern."""
+    from .filters.wildcards import wildcard_matcher
 
-    def match(i: int, j: int) -> bool:
-        key = (i, j)
-        if key in memo:
-            return memo[key]
-        if i == len(pattern):
-            result = j == len(words)
-        elif pattern[i] == "#":
-            result = match(i + 1, j) or (j < len(words) and match(i, j + 1))
-        elif j == len(words):
-            result = False
-        else:
-            result = (pattern[i] == "*" or pattern[i] == words[j]) and match(i + 1, j + 1)
-        memo[key] = result
-        return result
-
-    return match(0, 0)
+    return wildcard_matcher(pattern)
 
 
 def _thaw(value: Any) -> Any:
