@@ -104,15 +104,19 @@ class WildcardTrie:
         return result
 
     def _states(self, address_words: list[str]) -> Iterable[_Node]:
-        states = _closure([self._root])
+        states = _closure({id(self._root): self._root})
         for word in address_words:
-            step: list[_Node] = []
+            step: dict[int, _Node] = {}
             for node in states:
                 if node.loops:
-                    step.append(node)
-                for child in (node.children.get(word), node.children.get(ONE_WORD)):
-                    if child is not None:
-                        step.append(child)
+                    step[id(node)] = node
+                children = node.children
+                child = children.get(word)
+                if child is not None:
+                    step[id(child)] = child
+                child = children.get(ONE_WORD)
+                if child is not None:
+                    step[id(child)] = child
             if not step:
                 return ()
             states = _closure(step)
@@ -128,21 +132,14 @@ class WildcardTrie:
                 stack.append((child, path + [w]))
 
 
-def _closure(nodes: list[_Node]) -> list[_Node]:
-    """`nodes` plus every node reachable from them through `#` children (`#` taking no word), once each."""
-    seen: set[int] = set()
-    out: list[_Node] = []
-    stack = list(nodes)
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        out.append(node)
+def _closure(nodes: dict[int, _Node]) -> Iterable[_Node]:
+    """`nodes` (by id) plus every node reachable from them through `#` children (`#` taking no word)."""
+    for node in list(nodes.values()):
         child = node.children.get(ANY_WORDS)
-        if child is not None:
-            stack.append(child)
-    return out
+        while child is not None and id(child) not in nodes:
+            nodes[id(child)] = child
+            child = child.children.get(ANY_WORDS)
+    return nodes.values()
 
 
 def wildcard_matcher(pattern: str, delimiter: str = ".") -> Callable[[str], bool]:
