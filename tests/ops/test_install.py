@@ -117,3 +117,16 @@ def test_journal_without_its_extra_is_a_config_error_before_listening(installed)
     )
     assert "listening" not in result.stdout + result.stderr
     assert not (work / "journal").exists()
+
+
+def test_pipeline_commands_without_their_extra_name_it(installed):
+    venv, work = installed["venv"], installed["work"]
+    (work / "one.jsonl").write_text('{"properties": {"subject": "a"}}\n')
+    for command in (["archive", "import", "one.jsonl", "-o", "archive"],
+                    ["backtest", "--archive", "archive", "--selector", "a = 1"]):
+        result = subprocess.run([str(venv / "bin" / "broker-filter"), *command], cwd=work, env=user_env(),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.startswith(f"broker-filter {command[0]}: needs the [spark] extra "
+                                        "(pip install 'broker-filter[spark]'): "), result.stderr
+        assert "Traceback" not in result.stderr
