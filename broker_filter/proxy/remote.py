@@ -30,6 +30,7 @@ from proton import Disposition, Endpoint, Handler, Terminus
 from proton import symbol as psymbol
 
 from .. import amqptypes as t
+from ..security import redact_url
 from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
 from .sharing import address_form_routing
 from .upstream import (
@@ -48,15 +49,6 @@ log = logging.getLogger("broker_filter.proxy.upstream")
 
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return parts._replace(netloc=netloc).geturl()
 
 
 def _caps(data) -> tuple[str, ...]:
@@ -220,7 +212,7 @@ class RemoteUpstream(Handler):
         for u in urls:
             parts = urlsplit(u)
             if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
-                raise ValueError(f"upstream URL must be amqp://[user:pass@]host[:port] or amqps://…, not {redact(u)!r}")
+                raise ValueError(f"upstream URL must be amqp://[user:pass@]host[:port] or amqps://…, not {redact_url(u)!r}")
             port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
             self._targets.append((
                 f"{parts.scheme}://{parts.hostname}:{port}",
@@ -229,7 +221,7 @@ class RemoteUpstream(Handler):
                 parts.scheme == "amqps",
             ))
         self.url = urls[0]
-        self.name = ", ".join(redact(u) for u in urls)
+        self.name = ", ".join(redact_url(u) for u in urls)
         self.ssl_domain = ssl_domain
         self._backoff_fn = backoff
         self._attempt = 0
