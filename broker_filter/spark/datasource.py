@@ -95,7 +95,8 @@ class _Batch:
     start: int
     end: int
     tags: list[int]
-    rows: list[dict] | None  # dropped once planned
+    rows: list[dict] | None  # replaced by `parts` once planned
+    parts: list[InputPartition] | None = None
 
 
 class AmqpStreamReader(DataSourceStreamReader):
@@ -169,10 +170,12 @@ class AmqpStreamReader(DataSourceStreamReader):
             # (the messages left unsettled by the query that logged it), held until it commits.
             taken = self._live().take(e - s, wait=self.recovery_wait)
             b = self._batches[s] = _Batch(s, e, [tag for tag, _ in taken], [row for _, row in taken])
-        rows, b.rows = b.rows or [], None
-        for i, row in enumerate(rows):
-            row["seq"] = s + i
-        return [RowsPartition(self._ipc(rows[i : i + PARTITION_ROWS])) for i in range(0, len(rows), PARTITION_ROWS)]
+        if b.parts is None:  # planned once; the same partitions if Spark asks again
+            rows, b.rows = b.rows or [], None
+            for i, row in enumerate(rows):
+                row["seq"] = s + i
+            b.parts = [RowsPartition(self._ipc(rows[i : i + PARTITION_ROWS])) for i in range(0, len(rows), PARTITION_ROWS)]
+        return b.parts
 
     def _ipc(self, rows: list[dict]) -> bytes:
         table = _archive.rows_table(rows).cast(self.arrow_schema)
