@@ -325,10 +325,12 @@ class _Handler(MessagingHandler):
             message = decode_message(data)
             keep = o.local_filter is None or o.local_filter.evaluate(message) is True
             row = message_row(message, address=o.target.address, arrival_time=arrival) if keep else None
-        except (CodecError, ArchiveError, ValueError) as e:
+        except Exception as e:  # CodecError, ArchiveError, or any fault of this one message
             o.counts["unreadable"] += 1
-            log.warning("%s: message refused: %s", o._where(), e)
-            dlv.local.condition = Condition("amqp:decode-error", f"broker-filter source: {e}")
+            known = isinstance(e, (CodecError, ArchiveError))
+            why = str(e) if known else "the message cannot be decoded"
+            log.warning("%s: message refused: %s", o._where(), why, exc_info=not known)
+            dlv.local.condition = Condition("amqp:decode-error", f"broker-filter source: {why}")
             dlv.update(Delivery.REJECTED)
             dlv.settle()
             self.flow()
