@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,36 @@ def test_unreadable_message_is_rejected_and_an_unreachable_broker_fails_the_quer
     q = memory_query(source(spark, "amqp://127.0.0.1:1", "q", timeout=5), fresh("t").replace("-", "_"))
     wait_for(lambda: q.exception() is not None, 60, "the query to fail")
     assert "broker-filter source amqp://127.0.0.1:1/q: connection failed" in str(q.exception())
+
+
+def unacknowledged(queue: str) -> int | None:
+    """RabbitMQ's count of delivered, unsettled messages of a queue."""
+    from proxy_harness import rabbitmqctl
+
+    for _ in range(3):  # rabbitmqctl itself can time out on a loaded machine
+        r = rabbitmqctl("list_queues", "name", "messages_unacknowledged", "--quiet")
+        if r.returncode == 0:
+            break
+    counts = dict(line.split("\t") for line in r.stdout.splitlines() if "\t" in line)
+    assert queue in counts, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    return int(counts[queue])
+
+
+def test_credit_holds_at_most_two_batches_unsettled(spark_bf, rabbitmq):
+    spark, queue, batch = spark_bf, fresh("q"), 10
+    publish(rabbitmq, f"/queue/{queue}", range(200))
+    q = (source(spark, rabbitmq, f"/queue/{queue}", maxMessagesPerTrigger=batch).writeStream.format("memory")
+         .queryName(fresh("t").replace("-", "_")).trigger(processingTime="1 hour").start())
+    try:
+        wait_for(lambda: q.recentProgress or q.exception(), 60, "the first trigger")
+        # Until the next trigger the source holds the first batch and buffers the next: 2 batches.
+        assert wait_for(lambda: unacknowledged(queue) == 2 * batch, 20, f"{2 * batch} messages held")
+        time.sleep(1.0)
+        assert unacknowledged(queue) == 2 * batch
+    finally:
+        q.stop()
+    assert wait_for(lambda: unacknowledged(queue) == 0, 20, "the held messages back in the queue")
+    assert len(drain(rabbitmq, f"/queue/{queue}", idle=0.5)) == 200 - sum(p["numInputRows"] for p in q.recentProgress)
 
 
 def test_stopped_query_restarts_from_its_checkpoint_without_loss(spark_bf, rabbitmq, tmp_path):
