@@ -76,6 +76,7 @@ def test_selector_through_the_daemon_is_pushed_down_and_selects_exactly(spark_bf
     assert sorted(m.properties["i"] for m in left) == sorted(set(range(150)) - want)
 
 
+@pytest.mark.rabbitmq
 def test_selector_on_rabbitmq_is_evaluated_in_the_reader(spark_bf, rabbitmq):
     spark, address, name = spark_bf, f"/queue/{fresh('q')}", fresh("t").replace("-", "_")
     publish(rabbitmq, address, range(120))
@@ -156,6 +157,7 @@ def unacknowledged(queue: str) -> int | None:
     return int(counts[queue])
 
 
+@pytest.mark.rabbitmq
 def test_credit_holds_at_most_two_batches_unsettled(spark_bf, rabbitmq):
     spark, queue, batch = spark_bf, fresh("q"), 10
     publish(rabbitmq, f"/queue/{queue}", range(200))
@@ -173,6 +175,7 @@ def test_credit_holds_at_most_two_batches_unsettled(spark_bf, rabbitmq):
     assert len(drain(rabbitmq, f"/queue/{queue}", idle=0.5)) == 200 - sum(p["numInputRows"] for p in q.recentProgress)
 
 
+@pytest.mark.rabbitmq
 def test_stopped_query_restarts_from_its_checkpoint_without_loss(spark_bf, rabbitmq, tmp_path):
     spark, address, batch = spark_bf, f"/queue/{fresh('q')}", 40
     publish(rabbitmq, address, range(240))
@@ -196,6 +199,7 @@ def test_stopped_query_restarts_from_its_checkpoint_without_loss(spark_bf, rabbi
     assert drain(rabbitmq, address, idle=0.5) == []  # everything ingested was accepted
 
 
+@pytest.mark.rabbitmq
 def test_writer_publishes_rows_the_broker_accepts(spark_bf, daemon, rabbitmq, tmp_path):
     spark, src, dst = spark_bf, fresh("q"), f"/queue/{fresh('out')}"
     publish(daemon.url, src, range(60))
