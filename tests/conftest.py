@@ -36,7 +36,8 @@ def spark():
 @pytest.fixture(scope="session")
 def rabbitmq():
     """A RabbitMQ node with AMQP 1.0 on 127.0.0.1:5672 (started here unless one already listens, and
-    then stopped at the end of the session); its connection URL."""
+    then stopped at the end of the session unless BROKER_FILTER_KEEP_RABBITMQ is set, as on a machine
+    where other test sessions share the node); its connection URL."""
     sys.path.insert(0, str(Path(__file__).resolve().parent / "proxy"))
     from proxy_harness import RABBIT_ENV, UPSTREAM, amqp10_ready, port_open, rabbitmqctl, wait_port
 
@@ -52,7 +53,7 @@ def rabbitmq():
         wait_port(5672, 60)
     amqp10_ready(60)
     yield UPSTREAM
-    if started:
+    if started and not os.environ.get("BROKER_FILTER_KEEP_RABBITMQ"):
         rabbitmqctl("stop", timeout=60)
         subprocess.run(["epmd", "-kill"], capture_output=True, timeout=30)
 
