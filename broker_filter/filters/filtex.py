@@ -32,6 +32,7 @@ from typing import Any
 from ..amqptypes import Described, symbol, timestamp, uint, ulong
 from .base import Filter
 from .errors import FilterError
+from .index import APP, PROP, exact_terms
 
 MAX_FIELDS = 16  # filtex §7.1: a limit on each expression's complexity (RabbitMQ's figure)
 
@@ -173,7 +174,7 @@ def properties_filter(value: Any) -> Filter:
         return True
 
     description = " AND ".join(f"properties.{a} ~ {r!r}" for a, r in checks)
-    return Filter(fn, frozenset({"properties"}), description)
+    return Filter(fn, frozenset({"properties"}), description, terms=exact_terms(PROP, _indexable(checks)))
 
 
 def application_properties_filter(value: Any) -> Filter:
@@ -196,4 +197,9 @@ def application_properties_filter(value: Any) -> Filter:
         return True
 
     description = " AND ".join(f"{k} ~ {r!r}" for k, r in checks)
-    return Filter(fn, frozenset({"application_properties"}), description)
+    return Filter(fn, frozenset({"application_properties"}), description, terms=exact_terms(APP, _indexable(checks)))
+
+
+def _indexable(checks: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The checks with their exact reference values; prefix and suffix (like NULL) are not exact."""
+    return [(k, None if isinstance(r, (_Prefix, _Suffix)) else r) for k, r in checks]
