@@ -419,7 +419,8 @@ class Broker:
         return {
             "addresses": {
                 a.name: {"routing_types": sorted(a.routing_types), "messages": a.messages, "bytes": a.bytes,
-                         "queues": sorted([*a.anycast, *a.multicast])}
+                         "queues": sorted([*a.anycast, *a.multicast]),
+                         "subscription_index": a.index.stats()}
                 for a in self.addresses.values()
             },
             "queues": {q.name: {"depth": len(q), "available": q.available, "consumers": len(q.consumers)}

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import decimal
 import math
+import operator
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
@@ -330,55 +331,71 @@ class SubscriptionIndex:
             self.candidates_total += len(found)
             return found
         try:
-            values = self._values(message)
+            values, subject = self._values(message)
         except Exception:  # a message the index cannot read: every filter decides for itself
             found = list(self._regs.values())
             self.candidates_total += len(found)
             return found
-        if self.cache_size:
+        cache = self._cache if self.cache_size else None
+        if cache is not None:
+            cache_key = (values, subject)
             self.cache_lookups += 1
-            hit = self._cache.get(values)
+            hit = cache.get(cache_key)
             if hit is not None:
                 self.cache_hits += 1
                 self.candidates_total += len(hit)
                 return hit
-        found_map: dict[Hashable, _Registration] = {}
-        subject = values[-1]
-        for (table_key, table), value in zip(self._tables.items(), values):
+        # A posting and the unindexed filters are each in registration order; a merge is needed
+        # only when more than one source contributes (or the trie gives several matches).
+        sources = []
+        for table, value in zip(self._tables.values(), values):
             if value is not None:
                 posting = table.get(value)
                 if posting:
-                    found_map.update(posting)
+                    sources.append(posting.values())
+        ordered = True
         if self._topics and subject is not None:
-            for reg in self._trie.match(subject):
-                found_map[reg.key] = reg
-        found_map.update(self._always)
-        result = tuple(sorted(found_map.values(), key=_by_seq))
-        if self.cache_size:
-            if len(self._cache) >= self.cache_size:
-                del self._cache[next(iter(self._cache))]
-            self._cache[values] = result
+            hits = self._trie.match(subject)
+            if hits:
+                sources.append(hits)
+                ordered = len(hits) == 1  # the trie gives its matches node by node
+        if self._always:
+            sources.append(self._always.values())
+        if not sources:
+            result: tuple[_Registration, ...] = ()
+        elif len(sources) == 1 and ordered:
+            result = tuple(sources[0])
+        else:
+            merged: dict[Hashable, _Registration] = {}
+            for source in sources:
+                for r in source:
+                    merged[r.key] = r
+            result = tuple(sorted(merged.values(), key=_by_seq)) if len(merged) > 1 else tuple(merged.values())
+        if cache is not None:
+            if len(cache) >= self.cache_size:
+                del cache[next(iter(cache))]
+            cache[cache_key] = result
         self.candidates_total += len(result)
         return result
 
-    def _values(self, message: Any) -> tuple:
-        """The message's key in each indexed field (table order), then its subject as text."""
+    def _values(self, message: Any) -> tuple[tuple, str | None]:
+        """(the message's key in each indexed field, in table order; its subject as text)."""
         app = message.application_properties or {}
         props = message.properties
+        s = props.subject if props is not None else None
+        subject = None if s is None else s if type(s) is str else str(s)
         out = []
         for kind, field in self._tables:
             if kind == JMS:
-                out.append(index_key(app.get(field)))
+                v = app.get(field)
+                out.append(v if type(v) is str else index_key(v))
             elif kind == APP:
                 out.append(exact_key(app.get(field)))
             elif kind == PROP:
                 out.append(exact_key(getattr(props, field, None)) if props is not None else None)
             else:  # SUBJECT
-                s = props.subject if props is not None else None
-                out.append(str(s) if s is not None else None)
-        s = props.subject if props is not None else None
-        out.append(str(s) if s is not None else None)
-        return tuple(out)
+                out.append(subject)
+        return tuple(out), subject
 
     # -------------------------------------------------------------- counters
     def stats(self) -> dict[str, float]:
@@ -393,8 +410,7 @@ class SubscriptionIndex:
         }
 
 
-def _by_seq(reg: _Registration) -> int:
-    return reg.seq
+_by_seq = operator.attrgetter("seq")
 
 
 __all__ = ["EqualityHint", "SubscriptionIndex", "equality_hint", "exact_key", "index_key", "index_terms"]

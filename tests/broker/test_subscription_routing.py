@@ -90,6 +90,7 @@ def test_ten_thousand_subscriptions_evaluate_only_candidates():
     assert like.calls == 3
     stats = index.stats()
     assert stats["filters"] == 10_001 and stats["evaluations_per_message"] == 2.0
+    assert broker.stats()["addresses"]["orders"]["subscription_index"] == stats
 
 
 def test_index_off_evaluates_every_subscription():

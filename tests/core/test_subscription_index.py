@@ -229,6 +229,9 @@ def test_bindings_and_property_filters_are_indexed():
     assert index.match(_message("sport", b=t.int32(2))) == ["headers"]
     assert index.match(_message("sport", b=2)) == []  # headers: same AMQP type only (long is not int)
     assert index.candidates(_message("sport")) == []
+    for k, pattern in enumerate(("news.uk", "*.uk", "#.uk", "news.*")):  # several trie nodes: registration order
+        index.register(k, fs("apache.org:legacy-amqp-topic-binding:string", pattern))
+    assert index.match(_message("news.uk")) == ["topic", "direct", 0, 1, 2, 3]
 
 
 def test_cache_is_bounded_and_dropped_on_change():
