@@ -21,7 +21,7 @@ index takes the entry with the fewest.  Terms come from
 A filter without terms (ranges, LIKE, OR at the top, no-local alone, or no filter) is a candidate
 for every message.  For a message the index looks up, for each indexed field, the message's value
 in that field's hash (one lookup per field, whatever the number of filters), walks the trie with
-the subject, and adds the filters without terms: these are the candidates, in registration order.
+the subject, and adds the filters without terms: these are the candidates.
 The full filter then decides every candidate, so the index never changes a result: it only skips
 filters that cannot select the message (never a false negative, never a false positive).
 
@@ -39,6 +39,7 @@ import decimal
 import math
 import operator
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
@@ -238,7 +239,7 @@ class SubscriptionIndex:
         self._tables: dict[tuple[str, str], dict[Hashable, dict[Hashable, _Registration]]] = {}
         self._trie = WildcardTrie(delimiter, cache_size=cache_size)
         self._topics = 0
-        self._cache: dict[tuple, tuple[_Registration, ...]] = {}
+        self._cache: OrderedDict[tuple, tuple[_Registration, ...]] = OrderedDict()
         self._seq = 0
         self.messages = 0
         self.candidates_total = 0
@@ -297,7 +298,7 @@ class SubscriptionIndex:
     # -------------------------------------------------------------- lookup
     def candidates(self, message: Any) -> list:
         """The keys whose filter may select `message` (a superset of `match`), in registration order."""
-        return [r.key for r in self._candidates(message)]
+        return [r.key for r in sorted(self._candidates(message), key=_by_seq)]
 
     def match(self, message: Any, receiver: Any = None,
               check: Callable[[Hashable], bool] | None = None) -> list:
@@ -305,7 +306,7 @@ class SubscriptionIndex:
         is evaluated with its own receiver (or `receiver`); `check(key)`, when given, decides
         instead (for callers that evaluate themselves, e.g. on a lazily decoded body)."""
         regs = self._candidates(message)
-        out = []
+        selected = []
         evaluations = 0
         for reg in regs:
             if check is not None:
@@ -320,11 +321,14 @@ class SubscriptionIndex:
                 except Exception:  # a broken filter or message selects nothing, and stops nothing
                     ok = False
             if ok:
-                out.append(reg.key)
+                selected.append(reg)
         self.evaluations_total += evaluations
-        return out
+        if len(selected) > 1:
+            selected.sort(key=_by_seq)
+        return [r.key for r in selected]
 
     def _candidates(self, message: Any) -> tuple[_Registration, ...] | list[_Registration]:
+        """The registrations that may select `message`, in no particular order."""
         self.messages += 1
         if message is None or len(self._always) == len(self._regs):
             found = list(self._regs.values())  # nothing indexed, or nothing to look a message up by
@@ -345,35 +349,25 @@ class SubscriptionIndex:
                 self.cache_hits += 1
                 self.candidates_total += len(hit)
                 return hit
-        # A posting and the unindexed filters are each in registration order; a merge is needed
-        # only when more than one source contributes (or the trie gives several matches).
-        sources = []
+        # Unordered (callers order what they return): a filter sits in one posting per indexed
+        # field, so only a message hitting several postings can meet it twice.
+        found: list[_Registration] = []
+        hit = 0
         for table, value in zip(self._tables.values(), values):
             if value is not None:
                 posting = table.get(value)
                 if posting:
-                    sources.append(posting.values())
-        ordered = True
+                    found.extend(posting.values())
+                    hit += 1
+        if hit > 1:
+            found = list(dict.fromkeys(found))
         if self._topics and subject is not None:
-            hits = self._trie.match(subject)
-            if hits:
-                sources.append(hits)
-                ordered = len(hits) == 1  # the trie gives its matches node by node
-        if self._always:
-            sources.append(self._always.values())
-        if not sources:
-            result: tuple[_Registration, ...] = ()
-        elif len(sources) == 1 and ordered:
-            result = tuple(sources[0])
-        else:
-            merged: dict[Hashable, _Registration] = {}
-            for source in sources:
-                for r in source:
-                    merged[r.key] = r
-            result = tuple(sorted(merged.values(), key=_by_seq)) if len(merged) > 1 else tuple(merged.values())
+            found.extend(self._trie.match(subject))  # topic filters are in no posting
+        found.extend(self._always.values())
+        result = tuple(found)
         if cache is not None:
             if len(cache) >= self.cache_size:
-                del cache[next(iter(cache))]
+                cache.popitem(last=False)  # the oldest leaves first
             cache[cache_key] = result
         self.candidates_total += len(result)
         return result
