@@ -4,7 +4,9 @@ Theory of operation: `decode(buf, pos) -> (value, end)` reads one encoded value 
 and `skip(buf, pos) -> end` steps over one without building it (sizes of compound and variable
 types are in their headers, so skipping is O(1) for them).  Values come back as the typed values of
 `broker_filter.amqptypes` (a ubyte stays a ubyte).  `encode(value) -> bytes` writes the smallest
-encoding for a value's AMQP type.  Malformed input raises `CodecError`, never anything else.
+encoding for a value's AMQP type.  Malformed input raises `CodecError`, never anything else, with
+what is wrong, the AMQP name of the value it is in and the byte offset where that value starts
+(`truncated map at byte 12`).  Compound and described values nest at most `MAX_DEPTH` deep.
 """
 
 from __future__ import annotations

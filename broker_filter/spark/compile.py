@@ -355,7 +355,8 @@ class _Compiler:
         if self.dialect == "rocketmq":
             if op not in ("=", "<>"):
                 left, right = self.strings_as_doubles(left, right)
-            l2, r2 = self.coerced(left, right, True), self.coerced(right, left, False)
+            equality = op in ("=", "<>")  # only there can a string on the left become a boolean
+            l2, r2 = self.coerced(left, right, equality), self.coerced(right, left, False)
             both_num = _and(l2.is_(NUMERIC), r2.is_(NUMERIC))
             same = _or(
                 _and(l2.is_({"string"}), r2.is_({"string"})), _and(l2.is_({"boolean"}), r2.is_({"boolean"}))
@@ -415,10 +416,10 @@ class _Compiler:
         )
         return self.keep(out, max(v.level, other.level) + 1)
 
-    def coerced(self, v: Val, other: Val, left: bool) -> Val:
-        """RocketMQ: a string compared with a number is read as that number's type, or fails; a
-        string on the left of a boolean is Boolean.valueOf(string)."""
-        to_bool = _and(v.is_({"string"}), other.is_({"boolean"})) if left else False
+    def coerced(self, v: Val, other: Val, to_boolean: bool) -> Val:
+        """RocketMQ: a string compared with a number is read as that number's type, or fails; with
+        `to_boolean` (a string left of `=` / `<>`), a string against a boolean is Boolean.valueOf."""
+        to_bool = _and(v.is_({"string"}), other.is_({"boolean"})) if to_boolean else False
         if not v.kind_possible("string") or not (other.kinds & NUMERIC or to_bool is not False):
             return v
         s = v.s
@@ -443,21 +444,15 @@ class _Compiler:
         both = _and(left.is_({"string"}), right.is_({"string"}))
         if both is False:
             return left, right
-        self.fail_when(_and(both, _not(_and(_double_text_ok(left.s), _double_text_ok(right.s)))))
+        level = max(left.level, right.level) + 1
+        if not isinstance(both, bool):
+            both, level = self.define(level, both)
         out = []
         for v in (left, right):
-            out.append(self.keep(
-                Val(
-                    v.kinds | {"double"},
-                    v.nullable,
-                    _case([(both, _tag("double"))], v.tag),
-                    l=v.l,
-                    d=_case([(both, _double_of_text(v.s))], v.d),
-                    s=v.s,
-                    b=v.b,
-                ),
-                max(left.level, right.level) + 1,
-            ))
+            number, _ = self.define(level, F.when(_col(both) & _double_text_ok(v.s), _double_of_text(v.s)))
+            self.fail_when(_and(both, number.isNull()))  # the text does not read as a double
+            tag = _case([(both, _tag("double"))], v.tag)
+            out.append(self.keep(Val(v.kinds | {"double"}, v.nullable, tag, l=v.l, d=F.coalesce(number, v.d), s=v.s, b=v.b), level + 1))
         return out[0], out[1]
 
     def between(self, node: ast.Between) -> Any:

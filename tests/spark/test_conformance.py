@@ -38,7 +38,7 @@ def test_selector_tables_on_spark(evaluate_on_spark):
     msgs = [None] * len(messages)
     for c in cases:
         msgs[messages[_message_key(c)]] = c.message()
-    results = evaluate_on_spark(asts, msgs, batch=120)
+    results = evaluate_on_spark(asts, msgs)
     wrong = []
     for c in cases:
         got = results[selectors[(c.dialect, c.selector)]][messages[_message_key(c)]]
