@@ -101,3 +101,26 @@ def test_invalid_property_filter_is_refused(daemon):
         assert "amqp:invalid-field" in text and "content-type takes a symbol value" in text
     finally:
         c.close()
+
+
+@pytest.mark.node
+def test_rhea_property_filters(daemon):
+    """rhea (an independent AMQP 1.0 implementation) attaches with both property filters."""
+    import json
+
+    from proxy_clients import run_js
+
+    queue = daemon.forms[1].format(f"fxr{uuid.uuid4().hex[:8]}")
+    batch = [{"body": f"m{i}", "subject": ("eu." if i % 2 else "us.") + str(i),
+              "application_properties": {"total": i * 10}} for i in range(10)]
+    assert run_js("send.js", str(daemon.port), queue, json.dumps(batch)) == [{"accepted": 10, "other": []}]
+    lines = run_js("receive.js", str(daemon.port), queue, 'props:{"subject": "&p:eu."}', "5", "8000")
+    assert lines[0]["attached"]["filter_keys"] == ["props"]
+    assert "AMQP_FILTEX_PROP_V1_0" in lines[0]["attached"]["capabilities"]
+    assert sorted(x["message"]["body"] for x in lines if "message" in x) == ["m1", "m3", "m5", "m7", "m9"]
+    lines = run_js("receive.js", str(daemon.port), queue, 'app:{"total": 40}', "1", "8000")
+    assert lines[0]["attached"]["filter_keys"] == ["app"]
+    assert [x["message"]["body"] for x in lines if "message" in x] == ["m4"]
+    # the rest (us. subjects but m4) is still in the queue: nothing was consumed for not matching
+    lines = run_js("receive.js", str(daemon.port), queue, "-", "4", "8000")
+    assert sorted(x["message"]["body"] for x in lines if "message" in x) == ["m0", "m2", "m6", "m8"]
