@@ -51,7 +51,7 @@ _AMQP_KIND = {
 
 _INTEGER_TEXT = r"\A[+-]?[0-9]+\z"
 # What Java's Double.parseDouble accepts after trimming (no hexadecimal floats), as the core reads it.
-_DOUBLE_TEXT = r"\A[+-]?(NaN|Infinity|([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)[fFdD]?\z"
+_DOUBLE_TEXT = r"\A[+-]?(NaN|Infinity|([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?[fFdD]?)\z"  # Double.valueOf: no suffix after NaN or Infinity
 _JAVA_TRIM = r"\A[\x{0}-\x{20}]+|[\x{0}-\x{20}]+\z"
 ROCKETMQ_FAILURE = False  # what the core answers when a rocketmq evaluation fails (not delivered)
 
