@@ -51,9 +51,16 @@ class EchoServer(Handler):
             link.flow(self.credit)
 
     def on_link_close(self, link: Link) -> None:
-        if link.context in self.senders and link in self.senders[link.context]:
-            self.senders[link.context].remove(link)
+        self._drop(link)
         super().on_link_close(link)
+
+    def _drop(self, link: Link) -> None:
+        """A sending link goes: what it sent unsettled goes back to the front of its queue."""
+        if link in self.senders.get(link.context, ()):
+            self.senders[link.context].remove(link)
+            unsettled = [d.context for d in link.unsettled.values()]
+            self.queues[link.context].extendleft(reversed(unsettled))
+            self._deliver(link.context)
 
     def on_message(self, delivery: Delivery, data: memoryview) -> None:
         address = delivery.link.context
@@ -73,12 +80,16 @@ class EchoServer(Handler):
 
     def on_disconnected(self, connection: Connection, error: Any) -> None:
         self.disconnected.append(error)
+        for session in connection.sessions:
+            for link in list(session.links):
+                self._drop(link)
 
     def _deliver(self, address: str) -> None:
         queue = self.queues[address]
         for link in self.senders.get(address, ()):
             while queue and link.credit > 0:
-                link.send(queue.popleft())
+                data = queue.popleft()
+                link.send(data).context = data
         for link in self.senders.get(address, ()):
             if link.drain_mode and link.credit > 0:
                 link.drained()
