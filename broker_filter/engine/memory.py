@@ -16,11 +16,12 @@ from .endpoints import Connection, Engine
 class _Pipe:
     """The `io` of a connection in memory."""
 
-    __slots__ = ("closed", "eof_sent")
+    __slots__ = ("closed", "eof_sent", "backlog")
 
     def __init__(self) -> None:
         self.closed = False
         self.eof_sent = False
+        self.backlog = bytearray()  # output the other side's transport has not taken yet
 
     def transport_closed(self) -> None:
         self.closed = True
@@ -47,14 +48,19 @@ def pump(engine: Engine, a: Connection, b: Connection, other: Engine | None = No
 def _move(source: Connection, target: Connection) -> int:
     if source.ptr is None:
         return 0
+    backlog = source.io.backlog
     out = source.engine.take_output(source)
-    if out is None:  # the source's output is closed: the target's input ends
-        if not source.io.eof_sent:
+    if out is None:  # the source's output is closed: the target's input ends after the backlog
+        if not backlog and not source.io.eof_sent:
             source.io.eof_sent = True
             target.engine.close_input(target)
             return 1
+    elif len(out):
+        backlog += out
+    if not backlog or target.ptr is None:
         return 0
-    if not len(out) or target.ptr is None:
+    taken = target.engine.push(target, bytes(backlog))
+    if taken <= 0:
         return 0
-    target.engine.push(target, bytes(out))
-    return len(out)
+    del backlog[:taken]
+    return taken

@@ -2,7 +2,7 @@
 
     python amqp_client.py URL send ADDRESS COUNT | receive ADDRESS COUNT | idle SECONDS
         [--user U --password P] [--mechs "PLAIN"] [--ca ca.pem] [--cert c.pem --key c.key]
-        [--heartbeat SECONDS] [--release]
+        [--heartbeat SECONDS] [--release] [--wait SECONDS]
 
 Prints one JSON line: {"ok": true, ...} or {"ok": false, "error": "<condition or exception text>"}.
 """
@@ -27,12 +27,13 @@ def main() -> int:
     parser.add_argument("--key")
     parser.add_argument("--heartbeat", type=float)
     parser.add_argument("--release", action="store_true")
+    parser.add_argument("--wait", type=float, default=15.0, help="seconds to wait for each message")
     options = parser.parse_args()
 
     from proton import Message, SSLDomain
     from proton.utils import BlockingConnection
 
-    kwargs: dict = {"timeout": 15}
+    kwargs: dict = {"timeout": max(15.0, options.wait)}
     if options.user is not None:
         kwargs.update(user=options.user, password=options.password)
     if options.mechs:
@@ -60,7 +61,7 @@ def main() -> int:
             receiver = connection.create_receiver(address, credit=min(count, 100))
             bodies = []
             for _ in range(count):
-                bodies.append(receiver.receive(timeout=15).body)
+                bodies.append(receiver.receive(timeout=options.wait).body)
                 if options.release:
                     receiver.release()
                 else:

@@ -223,3 +223,46 @@ def test_closing_frees_every_object():
     engine.process()
     assert not engine.links and not engine.sessions and not engine.connections
     assert rec.disconnected and echo.disconnected
+
+
+def _rss_kib() -> int:
+    from pathlib import Path
+
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_memory_comes_back_after_rounds_of_a_thousand_links():
+    import gc
+
+    engine, client, server, session, rec, echo = connect()
+    filter_map = {t.symbol("jms-selector"): t.Described(SELECTOR, "half = 1")}
+
+    def one_round() -> None:
+        links = []
+        for i in range(1000):
+            link = session.receiver(f"r{i}", source=Terminus(address="/topic/t", filter=filter_map))
+            link.open()
+            link.flow(10)
+            links.append(link)
+        pump(engine, client, server)
+        assert len(engine.links) == 2000
+        for link in links:
+            link.close()
+        pump(engine, client, server)
+        echo.opened_links.clear()
+        echo.senders.clear()
+        echo.sources.clear()
+        assert not engine.links
+
+    one_round()  # the first round warms proton's and Python's allocators
+    gc.collect()
+    before = _rss_kib()
+    sizes = []
+    for _ in range(3):
+        one_round()
+        gc.collect()
+        sizes.append(_rss_kib())
+    assert max(sizes) <= before * 1.10, (before, sizes)
