@@ -6,6 +6,8 @@ import socket
 import ssl
 import time
 
+import pytest
+
 from broker_filter.engine.loop import Limits
 from broker_filter.engine.streams import ServerSasl
 from broker_filter.security import UserDatabase, hash_password
@@ -181,19 +183,28 @@ def test_an_oversized_frame_is_refused_not_buffered(loop_thread):
     assert run_client(url, "send", "q", "1")["ok"]
 
 
-def test_a_client_role_connection_through_the_loop(loop_thread):
-    """The engine's client role against its own server role, with SASL PLAIN."""
+@pytest.mark.parametrize("mechanism, tls", [("PLAIN", False), ("ANONYMOUS", True), ("PLAIN", True)])
+def test_a_client_role_connection_through_the_loop(loop_thread, pki, mechanism, tls):
+    """The engine's client role (SASL by proton, TLS on memory BIOs) against its own server role."""
     from broker_filter.engine import SaslClient, Terminus
 
     from .apps import Recorder
 
     users = UserDatabase({"carol": hash_password("pw", algorithm="pbkdf2-sha256")})
-    echo, listener, url = serve(loop_thread, sasl=ServerSasl(("PLAIN",), verify=users.authenticate))
+    server_tls = client_tls = None
+    if tls:
+        server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server_tls.load_cert_chain(str(pki / "server.pem"), str(pki / "server.key"))
+        client_tls = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    echo, listener, url = serve(loop_thread, tls=server_tls,
+                                sasl=ServerSasl(("PLAIN", "ANONYMOUS"), verify=users.authenticate))
     client_handler = Recorder()
+    sasl = SaslClient("PLAIN", "carol", "pw") if mechanism == "PLAIN" else SaslClient("ANONYMOUS")
 
     def open_client():
         loop = loop_thread.loop
-        conn = loop.connect("127.0.0.1", listener.port, client_handler, sasl=SaslClient("PLAIN", "carol", "pw"))
+        conn = loop.connect("127.0.0.1", listener.port, client_handler, sasl=sasl, tls=client_tls,
+                            server_hostname="localhost")
         conn.open(hostname="localhost")
         session = conn.session()
         session.open()
@@ -212,10 +223,29 @@ def test_a_client_role_connection_through_the_loop(loop_thread):
     while len(client_handler.messages) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert client_handler.messages == [b"\x00Sw\xa1\x03abc"] * 3
+    identity = loop_thread.call(lambda: [c.identity for c in loop_thread.loop.connections.values() if c.server])
+    assert [(i.user, i.mechanism, i.tls) for i in identity] == [
+        ("carol" if mechanism == "PLAIN" else "anonymous", mechanism, tls)]
     loop_thread.call(lambda: conn.close())
     while not client_handler.disconnected and time.monotonic() < deadline:
         time.sleep(0.05)
     assert client_handler.disconnected == [None]
+
+
+def test_a_client_role_connection_with_wrong_credentials_hears_why(loop_thread):
+    from broker_filter.engine import SaslClient
+
+    from .apps import Recorder
+
+    users = UserDatabase({"carol": hash_password("pw", algorithm="pbkdf2-sha256")})
+    echo, listener, url = serve(loop_thread, sasl=ServerSasl(("PLAIN",), verify=users.authenticate))
+    handler = Recorder()
+    loop_thread.call(lambda: loop_thread.loop.connect("127.0.0.1", listener.port, handler,
+                                                      sasl=SaslClient("PLAIN", "carol", "nope")).open())
+    deadline = time.monotonic() + 10
+    while not handler.disconnected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert handler.disconnected and handler.disconnected[0].name == "amqp:unauthorized-access"
 
 
 def test_a_client_role_connection_that_cannot_connect_reports_why(loop_thread):
