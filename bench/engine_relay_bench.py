@@ -29,7 +29,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
