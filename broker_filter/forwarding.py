@@ -4,9 +4,10 @@ Theory of operation
 -------------------
 A `Feed` is one upstream consumer.  It serves one or more `Outlet`s (client receiving links):
 
-* subscription feed (topic, exchange binding, multicast, client capability `topic`): exactly one
-  outlet; the upstream keeps a copy per consumer, so a message the outlet's filter does not select is
-  settled upstream as `accepted` (consumed for this subscription only).
+* subscription feed (topic, exchange binding, multicast, client capability `topic`): one outlet,
+  or the links of one named shared subscription; the upstream keeps a copy per subscription, so a
+  message no outlet's filter selects is settled upstream as `accepted` (consumed for this
+  subscription only).  Which links share a feed is decided in `broker_filter.proxy.sharing`.
 * queue feed: every client link on the same queue (and the same pushed-down filters) shares the feed,
   like consumers with selectors on a broker queue.  Each message goes to one outlet whose filter
   selects it and which has credit, round robin.  A message no outlet can take now is *held*
@@ -159,8 +160,6 @@ class Feed:
 
     # ------------------------------------------------------------------ outlets
     def add_outlet(self, outlet: Outlet) -> None:
-        if self.subscription and self.outlets:
-            raise ValueError("a subscription feed serves one outlet")
         self.outlets.append(outlet)
         self._reads = self._reads | outlet.filter.reads
         self._budget = self.recycle_budget
@@ -210,7 +209,12 @@ class Feed:
             self._top_up()
             return
         if not self._offer(delivery, message, frozenset()):
-            self._hold(_Held(delivery, message, reads))
+            if self.subscription and not any(self._selects(o, message) for o in outlets):
+                # A shared subscription's copy that none of its links selects.
+                self.stats.filtered += 1
+                self.io.settle_upstream(delivery, ACCEPTED)
+            else:
+                self._hold(_Held(delivery, message, reads))
         self._top_up()
 
     def on_client_outcome(self, outlet: Outlet, tag: Any, outcome: Outcome) -> None:
@@ -271,6 +275,12 @@ class Feed:
             self._send(o, delivery)
             return True
         return False
+
+    @staticmethod
+    def _selects(o: Outlet, message: Any) -> bool:
+        if message is _BAD:
+            return not o.filter.reads
+        return o.filter.evaluate(message, o.receiver) is True
 
     def _send(self, o: Outlet, delivery: Any) -> None:
         tag = self.io.send(o, delivery)

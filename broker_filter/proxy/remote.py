@@ -31,6 +31,7 @@ from proton import symbol as psymbol
 
 from .. import amqptypes as t
 from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
+from .sharing import address_form_routing
 from .upstream import (
     ConsumerHandler,
     ConsumerInfo,
@@ -274,6 +275,9 @@ class RemoteUpstream(Handler):
         if kind in ("direct", "topic", "headers"):
             return bool(self.remote_capabilities & BINDING_CAPS)
         return False
+
+    def routing_type(self, address: str | None, capabilities: tuple[str, ...] = ()) -> str | None:
+        return address_form_routing(address)
 
     def open_consumer(self, spec: ConsumerSpec, handler: ConsumerHandler) -> RemoteConsumer:
         consumer = RemoteConsumer(self, spec, handler)
