@@ -47,8 +47,6 @@ REMOTE_UNINIT, REMOTE_ACTIVE, REMOTE_CLOSED = lib.PN_REMOTE_UNINIT, lib.PN_REMOT
 
 ACCEPTED, REJECTED, RELEASED, MODIFIED, RECEIVED = (
     lib.PN_ACCEPTED, lib.PN_REJECTED, lib.PN_RELEASED, lib.PN_MODIFIED, lib.PN_RECEIVED)
-OUTCOME_NAMES = {ACCEPTED: "accepted", REJECTED: "rejected", RELEASED: "released", MODIFIED: "modified",
-                 RECEIVED: "received", 0: "none"}
 
 EXPIRY_POLICIES = {
     lib.PN_EXPIRE_WITH_LINK: "link-detach",
@@ -239,24 +237,39 @@ class Handler:
 
 
 class _Endpoint:
+    """What connections, sessions and links share: state, open, close with a condition."""
+
     __slots__ = ()
     ptr: Any
+    _state_of: Callable[[Any], int]
+    _open_of: Callable[[Any], None]
+    _close_of: Callable[[Any], None]
+    _condition_of: Callable[[Any], Any]
 
     @property
     def local_state(self) -> int:
-        return self._state() & (LOCAL_UNINIT | LOCAL_ACTIVE | LOCAL_CLOSED) if self.ptr is not None else LOCAL_CLOSED
+        return self._state_of(self.ptr) & (LOCAL_UNINIT | LOCAL_ACTIVE | LOCAL_CLOSED) if self.ptr is not None \
+            else LOCAL_CLOSED
 
     @property
     def remote_state(self) -> int:
-        return self._state() & (REMOTE_UNINIT | REMOTE_ACTIVE | REMOTE_CLOSED) if self.ptr is not None \
+        return self._state_of(self.ptr) & (REMOTE_UNINIT | REMOTE_ACTIVE | REMOTE_CLOSED) if self.ptr is not None \
             else REMOTE_CLOSED
 
     @property
     def remote_closed(self) -> bool:
         return self.remote_state == REMOTE_CLOSED
 
-    def _state(self) -> int:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def open(self) -> None:
+        if self.ptr is not None:
+            self._open_of(self.ptr)
+
+    def close(self, condition: Condition | tuple | None = None) -> None:
+        """Close (with an error condition: a name such as amqp:not-found and a description)."""
+        if self.ptr is None or self.local_state == LOCAL_CLOSED:
+            return
+        _set_condition(self._condition_of(self.ptr), condition)
+        self._close_of(self.ptr)
 
 
 class Connection(_Endpoint):
@@ -280,10 +293,11 @@ class Connection(_Endpoint):
         self.ptr = lib.pn_connection()
         self.transport = lib.pn_transport()
 
-    def _state(self) -> int:
-        return lib.pn_connection_state(self.ptr)
+    _state_of = lib.pn_connection_state
+    _close_of = lib.pn_connection_close
+    _condition_of = lib.pn_connection_condition
 
-    def open(self, *, container_id: str | None = None, hostname: str | None = None,
+    def open(self, *, container_id: str | None = None, hostname: str | None = None,  # type: ignore[override]
              properties: dict | None = None, offered_capabilities: Any = None) -> None:
         if self.ptr is None:
             return
@@ -295,12 +309,6 @@ class Connection(_Endpoint):
         if offered_capabilities:
             write_data(lib.pn_connection_offered_capabilities(self.ptr), _symbol_array(offered_capabilities))
         lib.pn_connection_open(self.ptr)
-
-    def close(self, condition: Condition | tuple | None = None) -> None:
-        if self.ptr is None or self.local_state == LOCAL_CLOSED:
-            return
-        _set_condition(lib.pn_connection_condition(self.ptr), condition)
-        lib.pn_connection_close(self.ptr)
 
     def session(self, incoming_capacity: int = 0) -> Session:
         """A new local session (call `open()` on it)."""
@@ -350,18 +358,10 @@ class Session(_Endpoint):
         self.links: set[Link] = set()
         self.context: Any = None
 
-    def _state(self) -> int:
-        return lib.pn_session_state(self.ptr)
-
-    def open(self) -> None:
-        if self.ptr is not None:
-            lib.pn_session_open(self.ptr)
-
-    def close(self, condition: Condition | tuple | None = None) -> None:
-        if self.ptr is None or self.local_state == LOCAL_CLOSED:
-            return
-        _set_condition(lib.pn_session_condition(self.ptr), condition)
-        lib.pn_session_close(self.ptr)
+    _state_of = lib.pn_session_state
+    _open_of = lib.pn_session_open
+    _close_of = lib.pn_session_close
+    _condition_of = lib.pn_session_condition
 
     def sender(self, name: str, *, target: Terminus | None = None, source: Terminus | None = None,
                settled: bool = False, handler: Handler | None = None, properties: dict | None = None) -> Sender:
@@ -403,8 +403,10 @@ class Link(_Endpoint):
         self.context: Any = None
         self.name = _text(lib.pn_link_name(pointer)) or ""
 
-    def _state(self) -> int:
-        return lib.pn_link_state(self.ptr)
+    _state_of = lib.pn_link_state
+    _open_of = lib.pn_link_open
+    _close_of = lib.pn_link_close
+    _condition_of = lib.pn_link_condition
 
     @property
     def remote_source(self) -> Terminus:
@@ -432,16 +434,6 @@ class Link(_Endpoint):
 
     def set_target(self, terminus: Terminus) -> None:
         write_terminus(lib.pn_link_target(self.ptr), terminus)
-
-    def open(self) -> None:
-        if self.ptr is not None:
-            lib.pn_link_open(self.ptr)
-
-    def close(self, condition: Condition | tuple | None = None) -> None:
-        if self.ptr is None or self.local_state == LOCAL_CLOSED:
-            return
-        _set_condition(lib.pn_link_condition(self.ptr), condition)
-        lib.pn_link_close(self.ptr)
 
     def detach(self, condition: Condition | tuple | None = None) -> None:
         if self.ptr is None or self.local_state == LOCAL_CLOSED:

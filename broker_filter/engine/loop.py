@@ -215,7 +215,7 @@ class _Channel:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
-            self.fail(Condition("amqp:connection:forced", f"connection to {self.peer} failed: {e.strerror or e}"))
+            self._lost(e)
             return
         if size == 0:
             self._eof()
@@ -382,7 +382,7 @@ class _Channel:
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as e:
-            self.fail(Condition("amqp:connection:forced", f"connection to {self.peer} failed: {e.strerror or e}"))
+            self._lost(e)
             return
         if sent < len(data):
             self.out += data[sent:]
@@ -395,7 +395,7 @@ class _Channel:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
-                self.fail(Condition("amqp:connection:forced", f"connection to {self.peer} failed: {e.strerror or e}"))
+                self._lost(e)
                 return
             del self.out[:sent]
         if not self.out:
@@ -416,6 +416,9 @@ class _Channel:
             self.listener.refuse("handshake-timeout")
         log.info("closing a connection that did not open AMQP in time", extra={"fields": {"peer": self.peer}})
         self.fail(Condition("amqp:resource-limit-exceeded", "no AMQP open within the handshake time-out"))
+
+    def _lost(self, error: OSError) -> None:
+        self.fail(Condition("amqp:connection:forced", f"connection to {self.peer} failed: {error.strerror or error}"))
 
     def fail(self, error: Condition) -> None:
         """Drop the socket now; the connection's handler hears `error`."""
