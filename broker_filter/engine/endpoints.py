@@ -198,6 +198,9 @@ class Handler:
     """What a connection's events call.  The defaults answer the peer as proton's handshaker does
     (open what it opens, close what it closes) and refuse links."""
 
+    def on_accepted(self, connection: Connection) -> None:
+        """A listener accepted `connection` (before any byte was read)."""
+
     def on_connection_open(self, connection: Connection) -> None:
         if connection.local_state == LOCAL_UNINIT:
             connection.open()
@@ -639,6 +642,10 @@ class Engine:
         self.dirty: set[Connection] = set()  # connections whose transport has output to encode
         self._timers: list[Timer] = []
         self._to_free: list[Any] = []
+        # connection pointer -> a second handler that gets every raw event of that connection
+        # (`observe(event, handler)`), before the engine's own dispatch; see `container.py`
+        self.observers: dict[Any, Any] = {}
+        self.observe: Callable[[Any, Any], None] | None = None
         self._buffer = bytearray(64 * 1024)
         self._cbuffer = ffi.from_buffer(self._buffer)
         self._view = memoryview(self._buffer)
@@ -790,12 +797,17 @@ class Engine:
         collector = self.collector
         dispatch = self._dispatch
         peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        observers = self.observers
         count = 0
         while True:
             event = peek(collector)
             if event == NULL:
                 break
             count += 1
+            if observers:
+                observer = observers.get(lib.pn_event_connection(event))
+                if observer is not None:
+                    self.observe(event, observer)  # type: ignore[misc]
             method = dispatch.get(event_type(event))
             if method is not None:
                 method(event)
@@ -938,6 +950,8 @@ class Engine:
     # freeing
 
     def _free_if_done(self, endpoint: Session | Link) -> None:
+        if getattr(endpoint.connection.handler, "keeps_endpoints", False):
+            return  # proton wrappers hold them (container.py); proton frees them with the connection
         if endpoint.ptr is not None and endpoint.local_state == LOCAL_CLOSED and endpoint.remote_closed:
             self._to_free.append(endpoint)
 
@@ -986,6 +1000,7 @@ class Engine:
                 session.ptr = None
             connection.sessions.clear()
             self.connections.pop(connection.ptr, None)
+            self.observers.pop(connection.ptr, None)
             self.dirty.discard(connection)
             pointer, transport = connection.ptr, connection.transport
             connection.ptr = None

@@ -64,7 +64,7 @@ class Listener:
     """A listening socket of the loop: `port`, `active` connections, `refused` counts by reason."""
 
     def __init__(self, loop: EventLoop, sock: socket.socket, handler: Handler, *, sasl: ServerSasl | None,
-                 tls: ssl.SSLContext | None, limits: Limits, on_refused: Callable[[str], None] | None):
+                 tls: ssl.SSLContext | None, limits: Limits, on_refused: Callable[[str, str], None] | None):
         self.loop = loop
         self.sock = sock
         self.port = sock.getsockname()[1]
@@ -78,10 +78,11 @@ class Listener:
         self.refused: collections.Counter[str] = collections.Counter()
         self._paused = False
 
-    def refuse(self, reason: str) -> None:
+    def refuse(self, reason: str, mechanism: str = "") -> None:
+        """Count a refused connection (`on_refused(reason, SASL mechanism)` hears of it)."""
         self.refused[reason] += 1
         if self.on_refused is not None:
-            self.on_refused(reason)
+            self.on_refused(reason, mechanism)
 
     def on_ready(self, mask: int) -> None:
         loop = self.loop
@@ -317,7 +318,7 @@ class _Channel:
             log.info("client authentication refused", extra={"fields": {
                 "peer": self.peer, "mechanism": outcome.mechanism, "user": outcome.user, "reason": outcome.reason}})
             if self.listener is not None:
-                self.listener.refuse("unauthorized")
+                self.listener.refuse("unauthorized", outcome.mechanism)
             self.sasl = None
             self.close_when_flushed = True
             self.reading = False
@@ -471,6 +472,7 @@ class EventLoop(Engine):
         self._stopping = False
         self._executor: ThreadPoolExecutor | None = None
         self.thread: threading.Thread | None = None
+        self.after_turn: Callable[[], None] | None = None  # runs once the turn's events are handled
 
     # --------------------------------------------------------------------------------------------
     # thread-safe entry points
@@ -500,7 +502,7 @@ class EventLoop(Engine):
 
     def listen(self, host: str, port: int, handler: Handler, *, sasl: ServerSasl | None = None,
                tls: ssl.SSLContext | None = None, limits: Limits = Limits(),
-               on_refused: Callable[[str], None] | None = None, reuse_port: bool = False) -> Listener:
+               on_refused: Callable[[str, str], None] | None = None, reuse_port: bool = False) -> Listener:
         """Serve AMQP on host:port (0: any free port).  `sasl` None: clients speak AMQP without
         SASL; `tls`: an `ssl.SSLContext` for the server side."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -526,6 +528,7 @@ class EventLoop(Engine):
             conn.identity = Identity("anonymous", "", None, tls is not None, channel.peer)
         if limits.handshake_timeout:
             channel.handshake_timer = self.call_later(limits.handshake_timeout, channel.handshake_expired)
+        listener.handler.on_accepted(conn)
 
     def connect(self, host: str, port: int, handler: Handler, *, sasl: SaslClient | None = None,
                 tls: ssl.SSLContext | None = None, server_hostname: str | None = None,
@@ -599,16 +602,25 @@ class EventLoop(Engine):
             callback(*args)
         self.run_timers()
         self._settle()
+        after_turn = self.after_turn
+        if after_turn is not None:
+            for _ in range(16):  # what it does may make events; handle them, then ask it again
+                after_turn()
+                if not self._settle():
+                    break
 
-    def _settle(self) -> None:
+    def _settle(self) -> int:
+        """Dispatch events and write output until quiet (bounded); how many events there were."""
+        events = 0
         for _ in range(4):
-            self.process()
+            events += self.process()
             if not self.dirty:
-                return
+                break
             dirty, self.dirty = self.dirty, set()
             for conn in dirty:
                 if conn.io is not None:
                     conn.io.flush()
+        return events
 
     def close(self) -> None:
         """Close every listener and socket, then free proton's memory (on the loop's thread, after
