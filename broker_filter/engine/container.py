@@ -230,7 +230,8 @@ class EngineContainer:
         loop.after_turn = self._quiesced
         try:
             loop.run()
-            for _ in range(20):  # let the close frames of what was closed on the way out leave
+            self._proton.clear()  # stopped: as with the Container, handlers hear nothing more
+            for _ in range(20):  # but the close frames of what was closed on the way out leave
                 if not any(channel.conn.ptr is not None for channel in loop.channels):
                     break
                 loop.run_once(0.05)

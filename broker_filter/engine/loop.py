@@ -46,6 +46,7 @@ log = logging.getLogger("broker_filter.engine")
 EVENT_READ, EVENT_WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _READ_SIZE = 64 * 1024
 _ACCEPT_BATCH = 64
+_OUTPUT_HIGH = 1 << 20  # bytes waiting for the socket beyond which the transport is not asked for more
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
@@ -352,6 +353,8 @@ class _Channel:
             return
         if self.inbuf:
             self._push_backlog()
+        if len(self.out) >= _OUTPUT_HIGH:
+            return  # the socket is behind: proton keeps the rest until `_write` catches up
         out = self.loop.take_output(conn)
         if out is None:
             if not self.head_closed:
@@ -362,6 +365,9 @@ class _Channel:
             return
         if len(out):
             self._send_plain(out)
+            # proton encodes as much as its output buffer holds: ask again (next round or turn)
+            # until it has nothing more, or a large message would wait for the next event.
+            self.loop.dirty.add(conn)
 
     def _send_plain(self, data: Any) -> None:
         if self.tls is not None:
@@ -399,6 +405,8 @@ class _Channel:
                 self._lost(e)
                 return
             del self.out[:sent]
+            if len(self.out) < _OUTPUT_HIGH and self.conn.ptr is not None:
+                self.loop.dirty.add(self.conn)
         if not self.out:
             if self.close_when_flushed:
                 self.close()

@@ -2,7 +2,8 @@
 
     python amqp_client.py URL send ADDRESS COUNT | receive ADDRESS COUNT | idle SECONDS
         [--user U --password P] [--mechs "PLAIN"] [--ca ca.pem] [--cert c.pem --key c.key]
-        [--heartbeat SECONDS] [--release] [--wait SECONDS]
+        [--heartbeat SECONDS] [--release] [--wait SECONDS] [--selector TEXT] [--size BYTES]
+    (binary bodies are reported as their SHA-256)
 
 Prints one JSON line: {"ok": true, ...} or {"ok": false, "error": "<condition or exception text>"}.
 """
@@ -10,6 +11,7 @@ Prints one JSON line: {"ok": true, ...} or {"ok": false, "error": "<condition or
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 
@@ -28,9 +30,12 @@ def main() -> int:
     parser.add_argument("--heartbeat", type=float)
     parser.add_argument("--release", action="store_true")
     parser.add_argument("--wait", type=float, default=15.0, help="seconds to wait for each message")
+    parser.add_argument("--selector", help="receive: a JMS selector on the source")
+    parser.add_argument("--size", type=int, help="send: binary bodies of this many bytes")
     options = parser.parse_args()
 
     from proton import Message, SSLDomain
+    from proton.reactor import Selector
     from proton.utils import BlockingConnection
 
     kwargs: dict = {"timeout": max(15.0, options.wait)}
@@ -54,19 +59,24 @@ def main() -> int:
             address, count = options.args[0], int(options.args[1])
             sender = connection.create_sender(address)
             for i in range(count):
-                sender.send(Message(body=f"m{i}", properties={"i": i}))
+                body = bytes(range(256)) * (options.size // 256) if options.size else f"m{i}"
+                sender.send(Message(body=body, properties={"i": i, "half": i % 2}))
             result["sent"] = count
         elif options.mode == "receive":
             address, count = options.args[0], int(options.args[1])
-            receiver = connection.create_receiver(address, credit=min(count, 100))
+            selector = Selector(options.selector) if options.selector else None
+            receiver = connection.create_receiver(address, credit=min(count, 100), options=selector)
             bodies = []
             for _ in range(count):
-                bodies.append(receiver.receive(timeout=options.wait).body)
+                message = receiver.receive(timeout=options.wait)
+                body = message.body  # a binary body is a memoryview into `message`: keep both alive
+                bodies.append(body if isinstance(body, str) else hashlib.sha256(bytes(body)).hexdigest())
                 if options.release:
                     receiver.release()
                 else:
                     receiver.accept()
             result["bodies"] = bodies
+            receiver.close()  # detach before closing: a topic subscription must not outlive us
         else:
             try:  # run the connection (heartbeats both ways) without traffic
                 connection.wait(lambda: False, timeout=float(options.args[0]))

@@ -29,6 +29,15 @@ def test_send_and_receive_through_the_loop(loop_thread):
     assert got["ok"] and got["bodies"] == [f"m{i}" for i in range(50)]
 
 
+def test_large_messages_cross_both_ways_unchanged(loop_thread):
+    import hashlib
+
+    echo, listener, url = serve(loop_thread, sasl=ServerSasl(("ANONYMOUS",)))
+    assert run_client(url, "send", "big", "3", "--size", str(1 << 20)) == {"ok": True, "sent": 3}
+    got = run_client(url, "receive", "big", "3")
+    assert got["ok"] and got["bodies"] == [hashlib.sha256(bytes(range(256)) * 4096).hexdigest()] * 3
+
+
 def test_released_messages_come_back_with_the_modified_flags(loop_thread):
     seen = []
 
