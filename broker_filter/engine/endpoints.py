@@ -742,6 +742,9 @@ class Engine:
             return
         if error is not None and connection.error is None:
             connection.error = error
+            # on the transport too, where proton's own handlers look (proton then reports a
+            # transport error, as for a failure it detects itself)
+            _set_condition(lib.pn_transport_condition(connection.transport), error)
         lib.pn_transport_close_tail(connection.transport)
         lib.pn_transport_close_head(connection.transport)
         self.dirty.add(connection)
