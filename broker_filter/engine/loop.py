@@ -46,6 +46,7 @@ log = logging.getLogger("broker_filter.engine")
 EVENT_READ, EVENT_WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _READ_SIZE = 64 * 1024
 _ACCEPT_BATCH = 64
+_CLOSE_WAIT = 5.0  # seconds a closed connection waits for the peer's close before its socket goes
 _OUTPUT_HIGH = 1 << 20  # bytes waiting for the socket beyond which the transport is not asked for more
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
@@ -349,7 +350,7 @@ class _Channel:
     def flush(self) -> None:
         """One pending/peek/pop of the transport, sent (through TLS) without blocking."""
         conn = self.conn
-        if self.closed or self.connecting or self.sasl is not None or conn.ptr is None:
+        if self.closed or self.connecting or self.sasl is not None or conn.ptr is None or self.head_closed:
             return
         if self.inbuf:
             self._push_backlog()
@@ -358,10 +359,10 @@ class _Channel:
         out = self.loop.take_output(conn)
         if out is None:
             if not self.head_closed:
+                # Our last frame is out; the peer's close (or its end of stream) closes the transport
+                # and then this socket (`transport_closed`).  A peer that never answers is dropped.
                 self.head_closed = True
-                self.close_when_flushed = True
-                if not self.out:
-                    self.close()
+                self.loop.call_later(_CLOSE_WAIT, self.close)
             return
         if len(out):
             self._send_plain(out)
