@@ -103,7 +103,10 @@ class TlsStream:
 
 
 def _reason(error: ssl.SSLError) -> str:
-    return getattr(error, "reason", None) or str(error)
+    """OpenSSL's reason in words ("certificate verify failed: unable to get local issuer certificate")."""
+    reason = (getattr(error, "reason", None) or "").lower().replace("_", " ") or str(error)
+    detail = getattr(error, "verify_message", None)
+    return f"{reason}: {detail}" if detail else reason
 
 
 Verify = Callable[[str, str], "bool | Awaitable[bool]"]
