@@ -29,7 +29,7 @@ from .. import amqptypes as t
 from ..listener import IDENTITY_ATTRIBUTE, server_ssl_context
 from ..security import UserDatabase
 from ._cproton import ffi, lib
-from .endpoints import Connection, Handler, SaslClient
+from .endpoints import Connection, Handler, SaslClient, read_data
 from .loop import EVENT_READ, EventLoop, Limits
 from .streams import ServerSasl, Verify
 
@@ -148,6 +148,7 @@ class EngineContainer:
         self.client_tls = client_tls
         self.handler = _Handlers()
         self._proton: dict[Any, Any] = {}  # connection pointer -> its proton handler
+        self._refused: set[Any] = set()  # links refused before their handler saw them
         self.loop.observers = self._proton
         self.loop.observe = self._dispatch
 
@@ -201,10 +202,19 @@ class EngineContainer:
     def _dispatch(self, event: Any, handler: Any) -> None:
         from proton import Event
 
+        kind = lib.pn_event_type(event)
+        if self._refused:
+            pointer = lib.pn_event_link(event)
+            if pointer != NULL and pointer in self._refused:
+                if kind == lib.PN_LINK_FINAL:
+                    self._refused.discard(pointer)
+                return  # a link refused here is none of the handler's business
+        if kind == lib.PN_LINK_REMOTE_OPEN and self._refuse_unreadable_filter(lib.pn_event_link(event)):
+            return
         wrapped = Event.wrap(event)
         if wrapped is None:
             return
-        if lib.pn_event_type(event) == lib.PN_CONNECTION_REMOTE_OPEN:
+        if kind == lib.PN_CONNECTION_REMOTE_OPEN:
             connection = self.loop.connections.get(lib.pn_event_connection(event))
             if connection is not None and connection.identity is not None:
                 setattr(wrapped.connection, IDENTITY_ATTRIBUTE, connection.identity)
@@ -212,6 +222,26 @@ class EngineContainer:
             wrapped.dispatch(handler)
         except Exception:  # noqa: BLE001 - as the daemon's boundaries do: log, keep the loop
             log.exception("handling %s failed", wrapped.type)
+
+    def _refuse_unreadable_filter(self, pointer: Any) -> bool:
+        """A receiving link whose source filter proton could not decode (a map whose size and count
+        disagree) would reach proton's wrappers as no filter at all, and its consumer would get
+        every message: refuse it here with amqp:decode-error, as the wire contract refuses (an
+        attach with a null source, then a detach with closed=true)."""
+        if not lib.pn_link_is_sender(pointer):
+            return False
+        _, error = read_data(lib.pn_terminus_filter(lib.pn_link_remote_source(pointer)))
+        if error is None:
+            return False
+        self._refused.add(pointer)
+        lib.pn_terminus_set_type(lib.pn_link_source(pointer), lib.PN_UNSPECIFIED)
+        lib.pn_link_open(pointer)
+        condition = lib.pn_link_condition(pointer)
+        lib.pn_condition_set_name(condition, b"amqp:decode-error")
+        lib.pn_condition_set_description(condition, f"the source filter cannot be read: {error}".encode())
+        lib.pn_link_close(pointer)
+        log.info("refused a link with an unreadable source filter", extra={"fields": {"reason": error}})
+        return True
 
     # timers, selectables, running --------------------------------------------------------------
 

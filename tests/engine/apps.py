@@ -101,6 +101,7 @@ class Recorder(Handler):
     def __init__(self, accept: bool = True):
         self.accept = accept
         self.opened: list[Link] = []
+        self.sources: list[Any] = []  # each link's remote source as it attached
         self.closed: list[tuple[Link, Any]] = []
         self.messages: list[bytes] = []
         self.deliveries: list[Delivery] = []
@@ -114,6 +115,7 @@ class Recorder(Handler):
 
     def on_link_open(self, link: Link) -> None:
         self.opened.append(link)
+        self.sources.append(link.remote_source)
 
     def on_link_close(self, link: Link) -> None:
         self.closed.append((link.name, link.remote_condition))
