@@ -54,6 +54,7 @@ FILTER_CAPABILITIES = (
     "APACHE.ORG:LOGIC_FILTERS",
     "APACHE.ORG:SELECTOR",
     "APACHE.ORG:NO_LOCAL",
+    "AMQP_FILTEX_PROP_V1_0",
 )
 _OFFERED = [psymbol(c) for c in FILTER_CAPABILITIES]
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
@@ -547,7 +548,7 @@ class ProxyServer(Handler):
         spec = ConsumerSpec(
             address=up_address,
             filters=pushed,
-            capabilities=caps,
+            capabilities=sharing.upstream_capabilities(caps, route.routing_type if route is not None else ""),
             distribution_mode="copy" if src.distribution_mode == Terminus.DIST_MODE_COPY else None,
             durable=src.durability,
             expiry_policy=_EXPIRY.get(src.expiry_policy),
@@ -660,6 +661,11 @@ class ProxyServer(Handler):
         route = self._route(address)
         if route is not None:
             address = route.upstream
+        try:
+            caps = tuple(str(c) for c in (_as_list(data_value(link.remote_target.capabilities))))
+        except CodecError:
+            caps = ()
+        caps = sharing.upstream_capabilities(caps, route.routing_type if route is not None else "")
         if not self.upstream_up:
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
             return
@@ -668,7 +674,7 @@ class ProxyServer(Handler):
         if self.max_message_size:
             link.max_message_size = self.max_message_size  # advertised in the attach reply
         conn.links.add(link)
-        inlet.publisher = self.upstream.open_publisher(address, inlet)
+        inlet.publisher = self.upstream.open_publisher(address, inlet, caps)
 
     @property
     def max_message_size(self) -> int:

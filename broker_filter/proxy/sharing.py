@@ -86,6 +86,16 @@ def address_form_routing(address: str | None) -> str | None:
     return None
 
 
+def upstream_capabilities(capabilities: Iterable[str], rule_routing_type: str = "") -> tuple[str, ...]:
+    """The terminus capabilities to give the upstream: the client's, with an address rule's routing
+    type stated as `topic` / `queue` (so an AMQ-style upstream routes the address the same way)."""
+    caps = tuple(str(c) for c in capabilities or ())
+    if not rule_routing_type:
+        return caps
+    wanted = "topic" if rule_routing_type == MULTICAST else "queue"
+    return tuple(c for c in caps if c not in ("topic", "queue")) + (wanted,)
+
+
 def decide(*, address: str | None, capabilities: Iterable[str] = (), copy: bool = False,
            rule_routing_type: str = "", upstream: Any = None) -> Decision:
     """Queue or subscription semantics for a client receiving link (see the table above).

@@ -255,7 +255,9 @@ class Upstream(Protocol):
 
     def open_consumer(self, spec: ConsumerSpec, handler: ConsumerHandler) -> Consumer: ...
 
-    def open_publisher(self, address: str | None, handler: PublisherHandler) -> Publisher: ...
+    def open_publisher(self, address: str | None, handler: PublisherHandler,
+                       capabilities: Sequence[str] = ()) -> Publisher:
+        """`capabilities`: the target capabilities asked for (`topic` / `queue` state a routing type)."""
 
 
 def pushable(upstream: Upstream, entries: Sequence[Any]) -> tuple[Any, ...]:
