@@ -74,3 +74,18 @@ def client_result(process: subprocess.Popen, timeout: float = 40) -> dict:
     lines = out.strip().splitlines()
     assert lines, f"client printed nothing; stderr: {err[-2000:]}"
     return json.loads(lines[-1])
+
+
+def closed_at_once(port: int, count: int) -> int:
+    """Connect `count` times; how many connections the server closed without sending a byte."""
+    import socket
+
+    closed = 0
+    for _ in range(count):
+        with socket.create_connection(("127.0.0.1", port)) as extra:
+            extra.settimeout(10)
+            try:
+                closed += extra.recv(10) == b""
+            except ConnectionResetError:
+                closed += 1
+    return closed

@@ -23,7 +23,7 @@ from broker_filter.engine.loop import Limits
 from broker_filter.engine.streams import ServerSasl
 
 from .apps import EchoServer
-from .conftest import client_result, start_client
+from .conftest import client_result, closed_at_once, start_client
 
 JS = Path(__file__).resolve().parents[1] / "js"
 AMQP_CONNECTIONS, IDLE_SOCKETS = (int(n) for n in os.environ.get("BROKER_FILTER_ENGINE_SCALE", "500,200").split(","))
@@ -85,15 +85,7 @@ def test_thousands_of_connections_and_idle_sockets_stay_up_refuse_beyond_the_lim
         assert loop_thread.call(lambda: listener.active) == limit
         rss_full = _rss_kib()
 
-        refused = 0
-        for _ in range(EXTRA):  # the listener is full: each is closed at once without a byte
-            with socket.create_connection(("127.0.0.1", listener.port)) as extra:
-                extra.settimeout(10)
-                try:
-                    refused += extra.recv(10) == b""
-                except ConnectionResetError:
-                    refused += 1
-        assert refused == EXTRA
+        assert closed_at_once(listener.port, EXTRA) == EXTRA  # the listener is full
         assert loop_thread.call(lambda: listener.refused["limit"]) == EXTRA
 
         idle.pop().close()  # room for one: a sender, served while every other slot is taken
