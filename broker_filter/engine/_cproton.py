@@ -49,7 +49,7 @@ pn_terminus_get_type pn_terminus_set_type pn_terminus_properties
 pn_condition_is_set pn_condition_get_name pn_condition_get_description pn_condition_set_name
 pn_condition_set_description
 pn_data_encoded_size pn_data_encode pn_data_decode pn_data_clear pn_data_rewind pn_data_error pn_error_code
-pn_event_type pn_event_connection pn_event_session pn_event_link pn_event_delivery pn_event_transport
+pn_event_type pn_event_type_name pn_event_connection pn_event_session pn_event_link pn_event_delivery pn_event_transport
 pn_incref pn_decref
 """.split()
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from ..codec import CodecError, decode, encode
 from ._cproton import ffi, lib
 
 NULL = ffi.NULL
+log = logging.getLogger("broker_filter.engine")
 
 LOCAL_UNINIT, LOCAL_ACTIVE, LOCAL_CLOSED = lib.PN_LOCAL_UNINIT, lib.PN_LOCAL_ACTIVE, lib.PN_LOCAL_CLOSED
 REMOTE_UNINIT, REMOTE_ACTIVE, REMOTE_CLOSED = lib.PN_REMOTE_UNINIT, lib.PN_REMOTE_ACTIVE, lib.PN_REMOTE_CLOSED
@@ -775,7 +777,10 @@ class Engine:
             timer = heapq.heappop(timers)
             if not timer.cancelled:
                 timer.cancelled = True
-                timer.callback()
+                try:
+                    timer.callback()
+                except Exception:  # noqa: BLE001 - one failing timer must not stop the loop
+                    log.exception("timer callback %r failed", timer.callback)
                 ran += 1
         return ran
 
@@ -813,11 +818,28 @@ class Engine:
                     self.observe(event, observer)  # type: ignore[misc]
             method = dispatch.get(event_type(event))
             if method is not None:
-                method(event)
+                try:
+                    method(event)
+                except Exception:  # noqa: BLE001 - one failing handler must not stop the loop
+                    self._handler_failed(event)
             pop(collector)
         if self._to_free:
             self._free_pending()
         return count
+
+    def _handler_failed(self, event: Any) -> None:
+        """A handler raised: log it, close the link concerned (else its connection) with
+        amqp:internal-error; everything else goes on."""
+        kind = _text(lib.pn_event_type_name(lib.pn_event_type(event))) or "event"
+        log.exception("handling %s failed", kind)
+        condition = Condition("amqp:internal-error", f"handling {kind} failed")
+        link = self.links.get(lib.pn_event_link(event))
+        if link is not None:
+            link.close(condition)
+            return
+        connection = self.connections.get(lib.pn_event_connection(event))
+        if connection is not None:
+            connection.close(condition)
 
     def _on_transport(self, event: Any) -> None:
         connection = self.connections.get(lib.pn_event_connection(event))

@@ -604,11 +604,20 @@ class EventLoop(Engine):
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - self.clock()))
         for key, mask in self.selector.select(wait):
-            key.data(mask)
+            try:
+                key.data(mask)
+            except Exception:  # noqa: BLE001 - one broken connection must not stop the loop
+                log.exception("handling socket readiness failed")
+                owner = getattr(key.data, "__self__", None)
+                if isinstance(owner, _Channel):
+                    owner.fail(Condition("amqp:internal-error", "the connection's input could not be handled"))
         calls = self._calls
         for _ in range(len(calls)):
             callback, args = calls.popleft()
-            callback(*args)
+            try:
+                callback(*args)
+            except Exception:  # noqa: BLE001 - one failing callback must not stop the loop
+                log.exception("callback %r failed", callback)
         self.run_timers()
         self._settle()
         after_turn = self.after_turn

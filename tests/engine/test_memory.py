@@ -266,3 +266,27 @@ def test_memory_comes_back_after_rounds_of_a_thousand_links():
         gc.collect()
         sizes.append(_rss_kib())
     assert max(sizes) <= before * 1.10, (before, sizes)
+
+
+def test_a_failing_handler_closes_its_link_with_internal_error_and_nothing_else(caplog):
+    class Broken(Recorder):
+        def on_message(self, delivery, data):
+            raise RuntimeError("a bug in the handler")
+
+    engine, client, server, session, rec, echo = connect(client_handler=Broken())
+    closed = []
+    echo.on_link_close = lambda link: (closed.append((link.name, link.remote_condition)),
+                                       EchoServer.on_link_close(echo, link))
+    sender = session.sender("s", target=Terminus(address="q"))
+    broken = session.receiver("broken", source=Terminus(address="q"))
+    fine = session.receiver("fine", source=Terminus(address="other"))
+    for link in (sender, broken, fine):
+        link.open()
+    pump(engine, client, server)
+    sender.send(body("x"))
+    broken.flow(1)
+    with caplog.at_level("ERROR", logger="broker_filter.engine"):
+        pump(engine, client, server)
+    assert closed == [("broken", Condition("amqp:internal-error", "handling PN_DELIVERY failed"))]
+    assert "a bug in the handler" in caplog.text
+    assert fine.ptr is not None and client.ptr is not None and sender.credit > 0

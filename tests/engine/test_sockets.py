@@ -275,3 +275,40 @@ def test_many_clients_at_once(loop_thread):
     assert all(client_result(p)["ok"] for p in senders)
     receivers = [start_client(url, "receive", f"many{i}", "20") for i in range(8)]
     assert all(client_result(p)["bodies"] == [f"m{j}" for j in range(20)] for p in receivers)
+
+
+def test_garbage_from_clients_closes_only_their_connections(loop_thread, pki):
+    import random
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(pki / "server.pem"), str(pki / "server.key"))
+    users = UserDatabase({"dan": hash_password("pw", algorithm="pbkdf2-sha256")})
+    echo, plain, url = serve(loop_thread, sasl=ServerSasl(("PLAIN", "ANONYMOUS"), verify=users.authenticate))
+    _, tls, _ = serve(loop_thread, tls=context, sasl=ServerSasl(("ANONYMOUS",)))
+    _, raw, _ = serve(loop_thread)  # AMQP without SASL: the bytes go to proton at once
+    rng = random.Random(7)
+    sasl_init_huge = b"AMQP\x03\x01\x00\x00" + (1 << 20).to_bytes(4, "big") + b"\x02\x01\x00\x00" + b"\0" * 1024
+    cases = [
+        (plain.port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
+        (plain.port, sasl_init_huge),
+        (plain.port, b"AMQP\x03\x01\x00\x00" + bytes(rng.randrange(256) for _ in range(300))),
+        (tls.port, bytes(rng.randrange(256) for _ in range(500))),
+        (raw.port, b"AMQP\x00\x01\x00\x00" + bytes(rng.randrange(256) for _ in range(300))),
+        (raw.port, b"AMQP\x00\x01\x00\x00\x00\x00\x00\x08\x02\x00\x00\x00" * 3),  # empty frames, then silence
+    ]
+    for port, data in cases:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            s.settimeout(10)
+            try:
+                while s.recv(65536):
+                    pass
+            except ConnectionResetError:
+                pass
+    deadline = time.monotonic() + 10
+    while loop_thread.call(lambda: len(loop_thread.loop.connections)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loop_thread.call(lambda: len(loop_thread.loop.connections)) == 0  # every one closed and freed
+    assert loop_thread.thread.is_alive()
+    assert run_client(url, "send", "after-garbage", "2", "--user", "dan", "--password", "pw", "--mechs", "PLAIN")["ok"]
