@@ -137,6 +137,17 @@ class Listener:
         self.loop.listeners.discard(self)
 
 
+class _Unborn:
+    """The connection of an accepted socket that has not sent a byte yet."""
+
+    ptr = None
+    identity = None
+    remote_state = REMOTE_UNINIT
+
+
+_UNBORN = _Unborn()
+
+
 class _Channel:
     """A socket and the connection it carries: TLS, the server's SASL stage, buffering, limits."""
 
@@ -144,12 +155,14 @@ class _Channel:
                  "out", "mask", "connecting", "closed", "head_closed", "reading", "verifying", "peer",
                  "max_input", "handshake_timer", "close_when_flushed", "__weakref__")
 
-    def __init__(self, loop: EventLoop, sock: socket.socket, conn: Connection, *, tls: TlsStream | None,
+    def __init__(self, loop: EventLoop, sock: socket.socket, conn: Connection | None, *, tls: TlsStream | None,
                  sasl_config: ServerSasl | None, listener: Listener | None, max_input: int, peer: str,
                  connecting: bool = False):
         self.loop = loop
         self.sock = sock
-        self.conn = conn
+        # An accepted socket gets its proton connection with its first byte: a socket that never
+        # sends one costs no transport buffers.
+        self.conn: Any = _UNBORN if conn is None else conn
         self.tls = tls
         self.sasl: Any = None
         self.credentials: list = []
@@ -167,7 +180,8 @@ class _Channel:
         self.handshake_timer: Timer | None = None
         self.close_when_flushed = False
         self.mask = EVENT_WRITE if connecting else EVENT_READ
-        conn.io = self
+        if conn is not None:
+            conn.io = self
         loop.channels.add(self)
         loop.selector.register(sock, self.mask, self.on_ready)
         if sasl_config is not None and tls is None:
@@ -223,6 +237,8 @@ class _Channel:
         if size == 0:
             self._eof()
             return
+        if self.conn is _UNBORN:
+            self._birth()
         if self.tls is None and self.sasl is None:
             self._feed(loop._crbuffer, size)
             return
@@ -417,10 +433,23 @@ class _Channel:
     # --------------------------------------------------------------------------------------------
     # ending
 
+    def _birth(self) -> None:
+        """The first byte arrived on an accepted socket: its proton connection."""
+        listener = self.listener
+        assert listener is not None
+        limits = listener.limits
+        conn = self.loop.connection(listener.handler, server=True, idle_timeout=limits.idle_timeout,
+                                    max_frame=limits.max_frame, name=self.peer)
+        conn.io = self
+        self.conn = conn
+        if listener.sasl is None:
+            conn.identity = Identity("anonymous", "", None, self.tls is not None, self.peer)
+        listener.handler.on_accepted(conn)
+
     def handshake_expired(self) -> None:
         self.handshake_timer = None
         conn = self.conn
-        if self.closed or conn.ptr is None or conn.remote_state != REMOTE_UNINIT:
+        if self.closed or (conn is not _UNBORN and (conn.ptr is None or conn.remote_state != REMOTE_UNINIT)):
             return
         if self.listener is not None:
             self.listener.refuse("handshake-timeout")
@@ -527,17 +556,12 @@ class EventLoop(Engine):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         host, port = sock.getpeername()[:2]
         limits = listener.limits
-        conn = self.connection(listener.handler, server=True, idle_timeout=limits.idle_timeout,
-                               max_frame=limits.max_frame, name=f"{host}:{port}")
         tls = TlsStream(listener.tls, server_side=True) if listener.tls is not None else None
         listener.active += 1
-        channel = _Channel(self, sock, conn, tls=tls, sasl_config=listener.sasl, listener=listener,
+        channel = _Channel(self, sock, None, tls=tls, sasl_config=listener.sasl, listener=listener,
                            max_input=limits.max_input, peer=f"{host}:{port}")
-        if listener.sasl is None:
-            conn.identity = Identity("anonymous", "", None, tls is not None, channel.peer)
         if limits.handshake_timeout:
             channel.handshake_timer = self.call_later(limits.handshake_timeout, channel.handshake_expired)
-        listener.handler.on_accepted(conn)
 
     def connect(self, host: str, port: int, handler: Handler, *, sasl: SaslClient | None = None,
                 tls: ssl.SSLContext | None = None, server_hostname: str | None = None,
