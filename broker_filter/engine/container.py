@@ -52,26 +52,12 @@ def client_ssl_context(tls: Any) -> ssl.SSLContext:
 
 class _Bridge(Handler):
     """The engine handler of a bridged connection: the engine's own defaults stay out of the way
-    (the proton handler answers opens and closes) and endpoints are not freed under its wrappers."""
-
-    keeps_endpoints = True
+    (the proton handler answers opens and closes, and frees its sessions and links)."""
 
     def on_connection_open(self, connection: Connection) -> None:
         pass
 
     def on_connection_close(self, connection: Connection) -> None:
-        pass
-
-    def on_session_open(self, session: Any) -> None:
-        pass
-
-    def on_session_close(self, session: Any) -> None:
-        pass
-
-    def on_link_open(self, link: Any) -> None:
-        pass
-
-    def on_link_close(self, link: Any) -> None:
         pass
 
 

@@ -62,6 +62,13 @@ DISTRIBUTION_MODES = {lib.PN_DIST_MODE_UNSPECIFIED: None, lib.PN_DIST_MODE_COPY:
 _DISTRIBUTION_CODES = {name: code for code, name in DISTRIBUTION_MODES.items()}
 
 
+# What the engine itself needs to see of a connection whose events an observer handles.
+_CONNECTION_LEVEL = frozenset({
+    lib.PN_CONNECTION_REMOTE_OPEN, lib.PN_CONNECTION_LOCAL_OPEN, lib.PN_CONNECTION_REMOTE_CLOSE,
+    lib.PN_TRANSPORT, lib.PN_TRANSPORT_ERROR, lib.PN_TRANSPORT_CLOSED,
+})
+
+
 class Condition(NamedTuple):
     """An AMQP error condition: `name` (a symbol such as amqp:not-found) and a description."""
 
@@ -644,8 +651,9 @@ class Engine:
         self.dirty: set[Connection] = set()  # connections whose transport has output to encode
         self._timers: list[Timer] = []
         self._to_free: list[Any] = []
-        # connection pointer -> a second handler that gets every raw event of that connection
-        # (`observe(event, handler)`), before the engine's own dispatch; see `container.py`
+        # connection pointer -> a handler that gets every raw event of that connection
+        # (`observe(event, handler)`); the engine then keeps only the connection-level ones (ticks,
+        # output, closing) and leaves sessions, links and deliveries to it; see `container.py`
         self.observers: dict[Any, Any] = {}
         self.observe: Callable[[Any, Any], None] | None = None
         self._buffer = bytearray(64 * 1024)
@@ -812,11 +820,15 @@ class Engine:
             if event == NULL:
                 break
             count += 1
+            kind = event_type(event)
             if observers:
                 observer = observers.get(lib.pn_event_connection(event))
                 if observer is not None:
                     self.observe(event, observer)  # type: ignore[misc]
-            method = dispatch.get(event_type(event))
+                    if kind not in _CONNECTION_LEVEL:
+                        pop(collector)
+                        continue  # its sessions, links and deliveries are the observer's alone
+            method = dispatch.get(kind)
             if method is not None:
                 try:
                     method(event)
@@ -975,8 +987,6 @@ class Engine:
     # freeing
 
     def _free_if_done(self, endpoint: Session | Link) -> None:
-        if getattr(endpoint.connection.handler, "keeps_endpoints", False):
-            return  # proton wrappers hold them (container.py); proton frees them with the connection
         if endpoint.ptr is not None and endpoint.local_state == LOCAL_CLOSED and endpoint.remote_closed:
             self._to_free.append(endpoint)
 
