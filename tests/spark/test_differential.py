@@ -139,6 +139,9 @@ def idents(dialect: str) -> st.SearchStrategy:
 
 def numeric_values(dialect: str) -> st.SearchStrategy:
     leaf = idents(dialect) | literals(("int", "long", "double"))
+    signs = st.builds(ast.Unary, st.sampled_from(["-", "+"]), leaf)
+    if dialect == "rocketmq":  # no binary arithmetic in RocketMQ's grammar
+        return leaf | signs
     return st.recursive(
         leaf,
         lambda inner: st.one_of(
@@ -149,10 +152,19 @@ def numeric_values(dialect: str) -> st.SearchStrategy:
     )
 
 
+def concatenations(dialect: str) -> st.SearchStrategy:
+    """`+` with a string (literal or property) on the left: Java string concatenation."""
+    left = literals(("string",)) | idents(dialect)
+    right = numeric_values(dialect) | literals(("string", "boolean")) | idents(dialect)
+    return st.builds(ast.Binary, st.just("+"), left, right)
+
+
 def conditions(dialect: str) -> st.SearchStrategy:
     num = numeric_values(dialect)
     ident = idents(dialect)
     any_value = num | literals(("string", "boolean"))
+    if dialect != "rocketmq":
+        any_value = any_value | concatenations(dialect)
     predicates = [
         st.builds(ast.Binary, st.sampled_from(["=", "<>"]), any_value, any_value),
         st.builds(ast.Binary, st.sampled_from(["<", "<=", ">", ">="]), num, num),
