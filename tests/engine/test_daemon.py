@@ -14,15 +14,14 @@ import pytest
 from .conftest import client_result, closed_at_once, run_client, start_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
-from proxy_harness import Proxy, amqp10_ready  # noqa: E402
+from proxy_harness import Proxy  # noqa: E402
 
 pytestmark = pytest.mark.rabbitmq
 
 IDLE = 1100
 
 
-def test_the_daemon_on_the_engine_serves_a_filtered_consumer_past_a_thousand_idle_sockets():
-    amqp10_ready(30)  # RabbitMQ on 127.0.0.1:5672 (tests/proxy/conftest.py starts one for its tests)
+def test_the_daemon_on_the_engine_serves_a_filtered_consumer_past_a_thousand_idle_sockets(rabbitmq):
     limit = IDLE + 1  # the idle sockets and the consumer
     proxy = Proxy("--io", "engine", "--set", f"limits.connections={limit}")
     idle: list[socket.socket] = []
