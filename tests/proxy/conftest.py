@@ -92,12 +92,23 @@ def rabbitmq(rabbitmq_broker):
     return rabbitmq_broker.url
 
 
-@pytest.fixture(scope="module")
-def proxy(rabbitmq):
-    p = Proxy()
+def _serve(upstream: str):
+    p = Proxy(upstream=upstream)
     yield p
     p.stop()
     assert "Traceback" not in p.log(), p.log()
+
+
+@pytest.fixture(scope="module")
+def proxy(rabbitmq):
+    """A daemon in front of the RabbitMQ node of this run."""
+    yield from _serve(rabbitmq)
+
+
+@pytest.fixture(scope="module")
+def proxy4(rabbitmq4):
+    """A daemon in front of RabbitMQ 4.0, for what only RabbitMQ 4 has (v2 addresses)."""
+    yield from _serve(rabbitmq4.url)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from proton.reactor import Selector
 from proton.utils import LinkDetached
 
 from proxy_clients import bind_queue, connect, declare_queue, receive, receive_all, take
-from proxy_harness import Proxy
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -92,14 +91,6 @@ def test_quick_link_churn_every_attach_is_answered(proxy, address):
             r.close()
     finally:
         c.close()
-
-
-@pytest.fixture(scope="module")
-def proxy4(rabbitmq4):
-    p = Proxy(upstream=rabbitmq4.url)
-    yield p
-    p.stop()
-    assert "Traceback" not in p.log(), p.log()
 
 
 @pytest.mark.rabbitmq4

@@ -137,14 +137,6 @@ def rabbitmq_daemon(rabbitmq):
     assert "Traceback" not in p.log(), p.log()
 
 
-@pytest.fixture(scope="module")
-def rabbitmq4_daemon(rabbitmq4):
-    p = Proxy(upstream=rabbitmq4.url)
-    yield p
-    p.stop()
-    assert "Traceback" not in p.log(), p.log()
-
-
 def run_cell(url: str, form: Form, pair: tuple, broker_url: str | None = None) -> None:
     name = f"s{uuid.uuid4().hex[:10]}"
     if form.prepare is not None:
@@ -209,8 +201,8 @@ def test_rabbitmq(rabbitmq_daemon, form, pair):
 @pytest.mark.rabbitmq4
 @pytest.mark.parametrize("pair", list(RECEIVER_PAIRS.values()), ids=list(RECEIVER_PAIRS))
 @pytest.mark.parametrize("form", RABBITMQ4_FORMS, ids=[f.name for f in RABBITMQ4_FORMS])
-def test_rabbitmq4_v2(rabbitmq4_daemon, rabbitmq4, form, pair):
-    run_cell(rabbitmq4_daemon.url, form, pair, broker_url=rabbitmq4.url)
+def test_rabbitmq4_v2(proxy4, rabbitmq4, form, pair):
+    run_cell(proxy4.url, form, pair, broker_url=rabbitmq4.url)
 
 
 def test_embedded_500_connections_two_subscribers_each(embedded_daemon):
