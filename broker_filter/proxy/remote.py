@@ -58,6 +58,9 @@ log = logging.getLogger("broker_filter.proxy.upstream")
 BEGIN_HOLD = 2.0  # longest wait of a new session for ended ones to be answered (see the module docstring)
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
+# Property filter expressions are pushed down only to an upstream whose open frame offers them (another
+# broker-filter): RabbitMQ 4 echoes them on classic and quorum queues and applies them only on streams.
+FILTEX_PROP_CAPS = frozenset({"AMQP_FILTEX_PROP_V1_0"})
 
 
 def _caps(data) -> tuple[str, ...]:
@@ -282,6 +285,8 @@ class RemoteUpstream(Handler):
             return bool(self.remote_capabilities & SELECTOR_CAPS)
         if kind in ("direct", "topic", "headers"):
             return bool(self.remote_capabilities & BINDING_CAPS)
+        if kind in ("properties", "application-properties"):
+            return bool(self.remote_capabilities & FILTEX_PROP_CAPS)
         return False
 
     def routing_type(self, address: str | None, capabilities: tuple[str, ...] = ()) -> str | None:

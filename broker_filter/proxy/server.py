@@ -54,6 +54,7 @@ FILTER_CAPABILITIES = (
     "APACHE.ORG:LOGIC_FILTERS",
     "APACHE.ORG:SELECTOR",
     "APACHE.ORG:NO_LOCAL",
+    "AMQP_FILTEX_PROP_V1_0",
 )
 _OFFERED = [psymbol(c) for c in FILTER_CAPABILITIES]
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")

@@ -143,3 +143,20 @@ def bind_queue(url: str, queue: str, exchange: str, key: str) -> str:
     """Bind a queue to an exchange with a binding key on RabbitMQ 4."""
     return _management(url, "POST", "/bindings",
                        {"source": exchange, "destination_queue": queue, "binding_key": key, "arguments": {}})
+
+
+def run_js(script: str, *args: str, timeout: float = 30) -> list[dict]:
+    """Run a rhea client of tests/js (node and rhea come from scripts/setup.sh); its JSON lines."""
+    import json
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    js = Path(__file__).resolve().parents[1] / "js"
+    node = shutil.which("node")
+    if node is None or not (js / "node_modules" / "rhea").is_dir():
+        pytest.fail("node and rhea are required (scripts/setup.sh installs them)")
+    p = subprocess.run([node, str(js / script), *args], capture_output=True, text=True, timeout=timeout)
+    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
