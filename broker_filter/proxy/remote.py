@@ -7,11 +7,12 @@ session, which must take down only the endpoint concerned.  A new session never 
 the proxy ended still waits for the broker's `end`: proton reuses the lowest free channel number
 as soon as its own `end` is out, and RabbitMQ 4 hands a `begin` arriving on a channel whose
 session is still ending to that session, which never answers it (the link would hang).  Such
-sessions wait (at most `BEGIN_HOLD` seconds) and begin when the ends are in.  Deliveries are received as raw bytes and settled with the client's outcome; nothing is
-settled upstream on the proxy's own initiative except what the forwarding rules decide.  When the
-connection drops, every consumer and publisher is reported closed with a transient
-`amqp:connection:forced` error (the broker returns their unsettled messages to the queues) and the
-upstream reconnects with exponential backoff (0.1 s doubling to `max_backoff`).
+sessions wait (at most `BEGIN_HOLD` seconds) and begin when the ends are in.  Deliveries are
+received as raw bytes and settled with the client's outcome; nothing is settled upstream on the
+proxy's own initiative except what the forwarding rules decide.  When the connection drops, every
+consumer and publisher is reported closed with a transient `amqp:connection:forced` error (the
+broker returns their unsettled messages to the queues) and the upstream reconnects with exponential
+backoff (0.1 s doubling to `max_backoff`).
 
 What the remote evaluates (push-down) is decided from its open frame, never from an attach echo
 (RabbitMQ 3.10 echoes a selector and still delivers everything): selectors only if it offers
