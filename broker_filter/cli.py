@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "archive",
     "backtest",
     "replay",
+    "ingest",
     "hash_password",
 ]
 

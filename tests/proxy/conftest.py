@@ -1,15 +1,15 @@
 """Real parts for the proxy tests: RabbitMQ nodes and `broker-filter serve` subprocesses.
 
 Every test on the `rabbitmq` fixture runs twice, against RabbitMQ 3.10 (the system's node on
-127.0.0.1:5672) and RabbitMQ 4.0 (from its chroot on 127.0.0.1:5682, marked `rabbitmq4`).  A node
-already listening is reused; one started here is stopped when the session ends.  Without the 4.0
-chroot the 4.0 runs fail, unless BROKER_FILTER_RABBITMQ4=0 says it is not wanted: then they are
-skipped."""
+127.0.0.1:5672, tests/conftest.py's `rabbitmq3`) and RabbitMQ 4.0 (from its chroot on
+127.0.0.1:5682, marked `rabbitmq4`).  A node already listening is reused; one started here is
+stopped when the session ends, unless BROKER_FILTER_KEEP_RABBITMQ is set (as on a machine where
+other test sessions share the nodes).  Without the 4.0 chroot the 4.0 runs fail, unless
+BROKER_FILTER_RABBITMQ4=0 says it is not wanted: then they are skipped."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -21,29 +21,7 @@ import pytest
 # test folder on the path; the names are unique so no other folder shadows them).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proxy_harness  # noqa: E402
-from proxy_harness import (  # noqa: E402
-    RABBIT_ENV, RABBITMQ3, RABBITMQ4, RABBITMQ4_ROOT, ROOT, RUNNING, Proxy, amqp10_ready, port_open, wait_port,
-)
-
-
-@pytest.fixture(scope="session")
-def rabbitmq3():
-    """The system's RabbitMQ 3.10 with AMQP 1.0 on 127.0.0.1:5672."""
-    started = False
-    if not port_open(RABBITMQ3.port):
-        if shutil.which("rabbitmq-server") is None:
-            pytest.fail("rabbitmq-server is not installed (scripts/setup.sh installs it)")
-        env = {**os.environ, **RABBIT_ENV}
-        subprocess.run(["rabbitmq-plugins", "enable", "--offline", "rabbitmq_amqp1_0"], env=env,
-                       capture_output=True, timeout=60)
-        subprocess.run(["rabbitmq-server", "-detached"], env=env, check=True, timeout=60)
-        started = True
-        wait_port(RABBITMQ3.port, 60)
-    amqp10_ready(60, RABBITMQ3)
-    yield RABBITMQ3
-    if started:
-        RABBITMQ3.ctl("stop", timeout=60)
-        subprocess.run(["epmd", "-kill"], capture_output=True, timeout=30)
+from proxy_harness import RABBITMQ3, RABBITMQ4, RABBITMQ4_ROOT, ROOT, RUNNING, Proxy, amqp10_ready, port_open  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +49,7 @@ def rabbitmq4():
                         f"{props.get('version')}, not RabbitMQ 4")
         yield RABBITMQ4
     finally:
-        if started:
+        if started and not os.environ.get("BROKER_FILTER_KEEP_RABBITMQ"):
             out = subprocess.run([*control, "stop"], capture_output=True, text=True, timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
 
