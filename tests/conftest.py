@@ -34,15 +34,15 @@ def spark():
 
 
 @pytest.fixture(scope="session")
-def rabbitmq():
-    """A RabbitMQ node with AMQP 1.0 on 127.0.0.1:5672 (started here unless one already listens, and
-    then stopped at the end of the session unless BROKER_FILTER_KEEP_RABBITMQ is set, as on a machine
-    where other test sessions share the node); its connection URL."""
+def rabbitmq3():
+    """The system's RabbitMQ 3.10 with AMQP 1.0 on 127.0.0.1:5672 (started here unless one already
+    listens, and then stopped at the end of the session unless BROKER_FILTER_KEEP_RABBITMQ is set, as
+    on a machine where other test sessions share the node)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent / "proxy"))
-    from proxy_harness import RABBIT_ENV, UPSTREAM, amqp10_ready, port_open, rabbitmqctl, wait_port
+    from proxy_harness import RABBIT_ENV, RABBITMQ3, amqp10_ready, port_open, wait_port
 
     started = False
-    if not port_open(5672):
+    if not port_open(RABBITMQ3.port):
         if shutil.which("rabbitmq-server") is None:
             pytest.fail("rabbitmq-server is not installed (scripts/setup.sh installs it)")
         env = {**os.environ, **RABBIT_ENV}
@@ -50,12 +50,18 @@ def rabbitmq():
                        capture_output=True, timeout=60)
         subprocess.run(["rabbitmq-server", "-detached"], env=env, check=True, timeout=60)
         started = True
-        wait_port(5672, 60)
-    amqp10_ready(60)
-    yield UPSTREAM
+        wait_port(RABBITMQ3.port, 60)
+    amqp10_ready(60, RABBITMQ3)
+    yield RABBITMQ3
     if started and not os.environ.get("BROKER_FILTER_KEEP_RABBITMQ"):
-        rabbitmqctl("stop", timeout=60)
+        RABBITMQ3.ctl("stop", timeout=60)
         subprocess.run(["epmd", "-kill"], capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq(rabbitmq3):
+    """The RabbitMQ node's connection URL (tests/proxy runs its tests against RabbitMQ 3.10 and 4.0)."""
+    return rabbitmq3.url
 
 
 @pytest.fixture(scope="module")
