@@ -227,7 +227,8 @@ def test_bindings_and_property_filters_are_indexed():
     index.register("headers", headers_any)
     assert index.match(_message("news.uk")) == ["topic", "direct"]
     assert index.match(_message("sport", b=t.int32(2))) == ["headers"]
-    assert index.match(_message("sport", b=2)) == []  # headers: same AMQP type only (long is not int)
+    assert index.match(_message("sport", b=2)) == ["headers"]  # headers: integers by value (long 2 = int 2)
+    assert index.match(_message("sport", b=2.0)) == []  # ... but never a floating value
     assert index.candidates(_message("sport")) == []
     for k, pattern in enumerate(("news.uk", "*.uk", "#.uk", "news.*")):  # several trie nodes: registration order
         index.register(k, fs("apache.org:legacy-amqp-topic-binding:string", pattern))
