@@ -9,11 +9,14 @@ clock or a thread, so every rule here is tested without a network.
 Addresses follow the AMQ model (`addresses`): an address has routing types; anycast routes each
 message to one of its anycast queues (round robin; normally the one queue named like the address),
 multicast to every subscription queue of the address plus every wildcard subscription whose pattern
-matches (`wildcards`).  Addresses and queues are created on first use when `auto_create` is on.
+matches (`wildcards`: the trie maps each pattern to its address, whose queues are the pattern's
+subscriptions).  Addresses and queues are created on first use when `auto_create` is on.
 
 Filters: on a queue (anycast) a consumer's filter picks messages out of the shared queue without
 taking the others (`queue`); on a subscription (multicast) the filter is the subscription queue's
 own filter, applied when a message is routed, so a subscription only ever holds what it selects.
+Each address keeps a `SubscriptionIndex` of its multicast queues' filters, so a publish evaluates
+only the filters that may select the message (`broker_filter.filters.index`).
 No-local is a filter like any other: the receiver identity is handed to `Filter.evaluate`.
 
 Limits are per address and count each published message once (queues share it by reference) with
@@ -138,7 +141,7 @@ class Broker:
             addr.index.register(queue, queue.filter)
         if routing_type == MULTICAST and is_wildcard(address, self.config.delimiter):
             queue.binding = address
-            self._wildcards.add(address, name, queue)
+            self._wildcards.add(address, address, addr)  # the pattern's address: its queues and their index
         return queue
 
     def delete_queue(self, queue: Queue) -> None:
@@ -151,8 +154,8 @@ class Broker:
         queue.address.anycast.pop(queue.name, None)
         if queue.address.multicast.pop(queue.name, None) is not None:
             queue.address.index.unregister(queue)
-        if queue.binding is not None:
-            self._wildcards.remove(queue.binding, queue.name)
+        if queue.binding is not None and not queue.address.multicast:  # the pattern's last subscription
+            self._wildcards.remove(queue.binding, queue.binding)
         self._dirty.pop(queue, None)
         addr = queue.address
         if queue.temporary and queue.routing_type == ANYCAST and not addr.anycast and not addr.multicast:
@@ -240,16 +243,15 @@ class Broker:
         return addr, queues, routing in ("", MULTICAST) and MULTICAST in addr.routing_types
 
     def _add_wildcards(self, addr: Address, queues: list[Queue], stored: Stored | None) -> None:
-        """Append the wildcard subscriptions matching `addr` not yet in `queues` (those that accept
-        `stored`, when given)."""
-        wild = self._wildcards.match(addr.name)
-        if not wild:
-            return
-        seen = {id(q) for q in queues}
-        for q in wild:
-            if id(q) not in seen and (stored is None or q.accepts(stored)):
-                seen.add(id(q))
-                queues.append(q)
+        """Append the wildcard subscriptions whose pattern matches `addr` (those that select `stored`,
+        through each pattern address's index, when given)."""
+        for pattern in self._wildcards.match(addr.name):
+            if pattern is addr or not pattern.multicast:
+                continue  # a publish to the pattern's own name already has its queues
+            if stored is None:
+                queues.extend(pattern.multicast.values())
+            else:
+                queues.extend(pattern.index.match(stored.message, check=lambda q: q.accepts(stored)))
 
     def publish(self, address: str, payload: Any, *, size: int | None = None, message: Any = None,
                 capabilities: Iterable[str] = (), origin: str | None = None) -> int:

@@ -51,7 +51,7 @@ def test_subscriptions_receive_exactly_what_their_filter_selects(filter_list, me
     for broker in brokers():
         consumers = {}
         for i, f in enumerate(filter_list):
-            address = "orders" if i % 4 else "orders.#"  # every fourth is a wildcard subscription
+            address = "orders" if i % 4 else ("orders.#", "*", "#")[i % 3]  # every fourth: a wildcard subscription
             consumers[i] = broker.subscribe(address, filter=f, receiver="me" if i % 3 == 0 else None)
         runs.append((broker, consumers))
 
@@ -91,6 +91,24 @@ def test_ten_thousand_subscriptions_evaluate_only_candidates():
     stats = index.stats()
     assert stats["filters"] == 10_001 and stats["evaluations_per_message"] == 2.0
     assert broker.stats()["addresses"]["orders"]["subscription_index"] == stats
+
+
+def test_wildcard_subscriptions_are_indexed_per_pattern():
+    broker = Broker(BrokerConfig(default_routing_type="multicast"))
+    filters = {}
+    for i in range(1000):
+        f = FnFilter(lambda m, r, i=i: (m.application_properties or {}).get("customer") == f"c{i}")
+        f.terms = (("jms", "customer", f"c{i}"),)  # as a compiled `customer = 'c<i>'` offers
+        filters[i] = f
+        broker.subscribe(("orders.#", "#")[i % 2], filter=f)
+    plain = broker.subscribe("orders.eu", filter=FnFilter(lambda m, r: True))
+    assert broker.publish("orders.eu", b"", message=T._message_of(customer="c7")) == 2
+    assert sum(f.calls for f in filters.values()) == 1 and len(plain.queue) == 1
+    assert broker.publish("orders.eu", b"", message=T._message_of(customer="c8")) == 2
+    for c in [c for q in list(broker.queues.values()) if q.address.name == "#" for c in q.consumers]:
+        broker.close_consumer(c)  # the pattern's last subscription takes the pattern with it
+    assert broker.publish("orders.eu", b"", message=T._message_of(customer="c7")) == 1  # c7 was on `#`
+    assert list(broker._wildcards.patterns()) == ["orders.#"]
 
 
 def test_index_off_evaluates_every_subscription():
