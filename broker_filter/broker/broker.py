@@ -119,8 +119,7 @@ class Broker:
             routing_types = (routing_types,)
         addr = self.addresses.get(name)
         if addr is None:
-            index = SubscriptionIndex(indexed=self.config.subscription_index, cache_size=self.config.index_cache_size,
-                                      delimiter=self.config.delimiter)
+            index = SubscriptionIndex(indexed=self.config.subscription_index, cache_size=self.config.index_cache_size)
             addr = self.addresses[name] = Address(name, routing_types, self._limits_for(name), index)
         else:
             addr.routing_types.update(routing_types)

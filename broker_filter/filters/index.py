@@ -231,13 +231,13 @@ class SubscriptionIndex:
     `indexed=False` evaluates every filter (the reference behaviour); `cache_size=0` turns the
     candidate cache off."""
 
-    def __init__(self, *, indexed: bool = True, cache_size: int = 1024, delimiter: str = "."):
+    def __init__(self, *, indexed: bool = True, cache_size: int = 1024):
         self.indexed = indexed
         self.cache_size = cache_size
         self._regs: dict[Hashable, _Registration] = {}
         self._always: dict[Hashable, _Registration] = {}
         self._tables: dict[tuple[str, str], dict[Hashable, dict[Hashable, _Registration]]] = {}
-        self._trie = WildcardTrie(delimiter, cache_size=cache_size)
+        self._trie = WildcardTrie(".", cache_size=cache_size)  # topic bindings split on `.`, whatever the broker's delimiter
         self._topics = 0
         self._cache: OrderedDict[tuple, tuple[_Registration, ...]] = OrderedDict()
         self._seq = 0

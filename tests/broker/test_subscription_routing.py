@@ -111,6 +111,15 @@ def test_wildcard_subscriptions_are_indexed_per_pattern():
     assert list(broker._wildcards.patterns()) == ["orders.#"]
 
 
+def test_topic_bindings_split_on_dots_whatever_the_address_delimiter():
+    broker = Broker(BrokerConfig(default_routing_type="multicast", delimiter="/"))
+    topic = T._fs(topic="orders.*")
+    c = broker.subscribe("orders", filter=topic)
+    assert broker.publish("orders", b"", message=T._message_of(subject="orders.eu")) == 1
+    assert broker.publish("orders", b"", message=T._message_of(subject="orders/eu")) == 0
+    assert len(c.queue) == 1
+
+
 def test_index_off_evaluates_every_subscription():
     broker = Broker(BrokerConfig(default_routing_type="multicast", subscription_index=False))
     filters = [FnFilter(lambda m, r, i=i: (m.application_properties or {}).get("customer") == f"c{i}") for i in range(50)]
