@@ -214,3 +214,28 @@ def set_message_annotation(data: bytes, key: Any, value: Any) -> bytes:
         else:
             break
     return data[:insert_at] + encode_section(MESSAGE_ANNOTATIONS, {key: value}) + data[insert_at:]
+
+
+def redelivery_bytes(data: bytes, delivery_count: int | None = None, *, failed: int = 0) -> bytes:
+    """`data` with its header saying first-acquirer = false and delivery-count = `delivery_count`
+    (None: the count the header already has, plus `failed`); a header is added if there is none and
+    every other section keeps its bytes.  What a broker sends when it delivers a message again; the
+    stored message is not changed.  Bytes that cannot be parsed are returned unchanged."""
+    try:
+        sections = scan(data)
+        fields: list = []
+        start = end = 0
+        if sections and sections[0][0] == HEADER:
+            _, start, vpos, end = sections[0]
+            value, _ = decode(data, vpos)
+            if not isinstance(value, list):
+                return data
+            fields = list(value)
+    except (CodecError, IndexError, ValueError):
+        return data
+    fields += [None] * (5 - len(fields))
+    if delivery_count is None:
+        delivery_count = (fields[4] if isinstance(fields[4], int) else 0) + failed
+    fields[3] = False
+    fields[4] = t.uint(min(delivery_count, 0xFFFFFFFF))
+    return data[:start] + encode_section(HEADER, fields) + data[end:]
