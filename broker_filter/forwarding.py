@@ -259,10 +259,13 @@ class Feed:
         self.pump()
 
     def poke(self) -> None:
-        """A message was published to this queue through the proxy: search once more if a link waits."""
-        if self.recycle and not self.pass_open and not self.stopping:
+        """A message was published to this queue through the proxy: the search goes on at least until
+        a copy moved after it comes round (a new pass: the end of the current one may lie before it)."""
+        if self.recycle and not self.stopping:
+            was_open = self.pass_open
             self._open_pass()
-            self.pump()
+            if not was_open:
+                self.pump()
 
     def _filters_changed(self) -> None:
         self._reads = frozenset().union(*(o.filter.reads for o in self.outlets))
@@ -430,7 +433,7 @@ class Feed:
         if not self._searching():
             self._hold(c)
             return
-        if self._wanted(c) and len(self.held) + self.moving < self.window:
+        if self._wanted(c):
             self._hold(c)  # some outlet selects it and will take it with its next credit
             return
         if not self._move(c):
@@ -440,12 +443,10 @@ class Feed:
         return any(o.name not in c.excluded and self._selects(o, c) for o in self.outlets)
 
     def _move_held(self) -> None:
-        """While searching: move held messages that block it (not yet offered to every filter here;
-        those some outlet selects only when the window is full)."""
+        """While searching: move the held messages no outlet here selects."""
         keep: deque[Custody] = deque()
-        full = len(self.held) + self.moving >= self.window
         for c in self.held:
-            if (c.message is _BAD or c.refused == self.pass_no or (self._wanted(c) and not full)
+            if (c.message is _BAD or c.refused == self.pass_no or self._wanted(c)
                     or not self._searching() or not self._move(c)):
                 keep.append(c)
         self.held = keep
