@@ -188,6 +188,7 @@ class Feed:
         window: int = 100,
         max_credit: int = 1000,
         recycle: bool = False,
+        custody: bool = True,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         token: str = "",
@@ -201,6 +202,9 @@ class Feed:
         self.window = window
         self.max_credit = max_credit
         self.recycle = recycle and not subscription
+        # Keep what clients give back (an upstream that redelivers in place itself, with the
+        # history in the header, gets it back instead: the embedded broker).
+        self.custody = custody and not subscription
         self.outlets: list[Outlet] = []
         self.held: deque[Custody] = deque()
         self.upstream_credit = 0
@@ -245,7 +249,7 @@ class Feed:
         outlet.in_flight.clear()
         outlet.credit = 0
         outlet.waiting_since = None
-        if self.subscription:
+        if not self.custody:
             for c in returned:
                 self.io.settle_upstream(c.delivery, DELIVERY_FAILED)
         else:
@@ -304,7 +308,8 @@ class Feed:
         c = outlet.in_flight.pop(tag, None)
         if c is None:
             return
-        if self.subscription or outcome.kind in ("accepted", "rejected"):
+        keep = outcome.kind == "modified" and outcome.undeliverable_here and not self.subscription
+        if outcome.kind in ("accepted", "rejected") or not (self.custody or keep):
             self.io.settle_upstream(c.delivery, outcome)
             self.pump()
             return

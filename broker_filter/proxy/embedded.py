@@ -181,6 +181,9 @@ class EmbeddedUpstream:
     """Upstream backed by an in-process `Broker`."""
 
     name = "embedded"
+    # A message given back goes out again with its history in the header (the proxy's feeds hand
+    # released, modified and a detached link's deliveries back here instead of keeping them).
+    redelivers_in_place = True
 
     def __init__(self, broker: Broker | None = None, config: BrokerConfig | None = None):
         self.broker = broker or Broker(config or BrokerConfig(), decode=_decode)

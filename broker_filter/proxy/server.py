@@ -122,6 +122,7 @@ class FeedBinding:
         self.spec = spec
         self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
                          recycle=server.recycle and not subscription, token=server.feed_token(),
+                         custody=not getattr(server.upstream, "redelivers_in_place", False),
                          log=log.warning)
         self.pending: list[Outlet] = []  # attached by clients, waiting for the upstream consumer
         self.ready = False

@@ -8,7 +8,8 @@ import time
 import urllib.request
 
 from proton import Message
-from proton.reactor import Filter
+from proton.handlers import MessagingHandler
+from proton.reactor import Container, Filter
 from proton.utils import BlockingConnection
 
 
@@ -89,3 +90,74 @@ def value(text: str, name: str, **labels) -> float:
             if not want or re.match(re.escape(name) + r"\{" + re.escape(want) + r"[,}]", line):
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+class _Publish(MessagingHandler):
+    def __init__(self, url: str, address: str, messages: list):
+        super().__init__(auto_settle=True)
+        self.url, self.address, self.messages = url, address, messages
+        self.sent = self.confirmed = 0
+
+    def on_start(self, event):
+        conn = event.container.connect(self.url)
+        event.container.create_sender(conn, self.address)
+
+    def on_sendable(self, event):
+        sender = event.sender
+        while sender.credit and self.sent < len(self.messages):
+            sender.send(self.messages[self.sent])
+            self.sent += 1
+
+    def on_accepted(self, event):
+        self.confirmed += 1
+        if self.confirmed == len(self.messages):
+            event.connection.close()
+
+    def on_rejected(self, event):
+        raise AssertionError(f"the broker rejected a message: {event.delivery.remote.condition}")
+
+
+def publish_many(url: str, address: str, messages: list, timeout: float = 120.0) -> None:
+    """Publish every message (pipelined, as fast as the broker grants credit) and wait until the
+    broker accepted all of them."""
+    handler = _Publish(url, address, messages)
+    c = Container(handler)
+    c.timeout = timeout
+    c.run()
+    assert handler.confirmed == len(messages), (handler.confirmed, len(messages))
+
+
+class _Drain(MessagingHandler):
+    def __init__(self, url: str, address: str, idle: float, credit: int):
+        super().__init__(prefetch=credit, auto_accept=True)
+        self.url, self.address, self.idle = url, address, idle
+        self.bodies: list = []
+        self._timer = None
+
+    def on_start(self, event):
+        self.container = event.container
+        conn = event.container.connect(self.url)
+        event.container.create_receiver(conn, self.address)
+        self._arm()
+
+    def _arm(self):
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.container.schedule(self.idle, self)
+
+    def on_timer_task(self, event):
+        self.container.stop()
+
+    def on_message(self, event):
+        self.bodies.append(event.message.body)
+        if len(self.bodies) % 100 == 0:
+            self._arm()
+        elif len(self.bodies) % 100 == 1:
+            self._arm()
+
+
+def drain(url: str, address: str, idle: float = 2.0, credit: int = 1000) -> list:
+    """Every message left at `address` (accepted, so it is consumed), until none came for `idle` s."""
+    handler = _Drain(url, address, idle, credit)
+    Container(handler).run()
+    return handler.bodies
