@@ -27,19 +27,24 @@ max_credit) + window, so the proxy never holds more than that many messages per 
 returned deliveries come on top: at most its credit); with no client credit it pulls nothing.
 
 The search (queue feeds with `recycle`).  A message that no outlet can take blocks the ones behind
-it on a broker that cannot filter.  The feed moves it to the queue's tail (the I/O layer publishes
-the copy and the feed accepts the original once the broker accepted the copy), many at a time, while
-a *pass* is open and an outlet waits with credit.  Each copy carries the message annotation
-`x-opt-broker-filter-offered`: the identities of the filters it was offered to (the union with the
-ones already there, so several daemons on one queue add to the same mark).  A message whose mark
-already holds every filter of the feed has come round unchanged: it ends the pass and is held, never
-moved again.  A pass opens when an outlet attaches (a new link or a new filter), when the feed pulls
-a message not yet offered to all its filters, and when `poke` says a message was published to the
-queue through this proxy.  So each non-matching message is moved at most once per change of the
-queue's set of filters, a selective link finds a match at any depth, and a queue nobody matches is
-not cycled: the work stops after one pass.  A message published by someone else behind messages
-every filter was already offered waits for the next pass.  A message a link selects but cannot take
-(no credit) is held while there is room and moved only to make room.
+it on a broker that cannot filter.  While an outlet waits with credit, the feed moves every message
+no outlet selects to the queue's tail (the I/O layer publishes the copy; the feed accepts the
+original once the broker accepted the copy), many at a time.  Each copy carries the message
+annotation `x-opt-broker-filter-offered`, a map: filter identity -> [feed token, first offer time]
+for every filter it was offered to (merged with what is there, so several daemons add to one mark),
+and "" -> [the pass that moved it, time].  The search stops by knowing, not by a counter:
+
+* a pass ends when a copy it moved comes round (everything ahead of that copy has been offered);
+* a pass starts when the set of filters changes (a new filter attaches), when the feed pulls a
+  message not yet offered to every filter it knows, when `poke` says a client published to the
+  queue through the proxy, and when a mark shows a filter another daemon serves on the queue;
+* once the pass is over, a message already offered to every filter is held, never moved again.
+
+So each non-matching message is moved at most once per pass, a selective outlet finds a match at
+any depth, and a queue nobody matches is not cycled.  Other daemons' filters count while their
+marks are younger than `foreign_ttl` (first-offer times: moving a message again is no sign of
+life), so two daemons in front of one queue pass each other's messages on and then go quiet.
+A message some outlet selects is never moved: it waits for that outlet's credit.
 
 Stopping (`stop`): no move starts, nothing more is pulled or sent; moves in flight finish (the I/O
 layer waits for `moving` to reach 0, bounded by its grace) and their originals are accepted; then
@@ -193,6 +198,8 @@ class Feed:
         wall: Callable[[], float] = time.time,
         token: str = "",
         foreign_ttl: float = 10.0,
+        look_again: float = 10.0,
+        look_again_max: float = 600.0,
         log: Callable[[str], None] | None = None,
     ):
         if window < 1 or max_credit < 1:
@@ -222,8 +229,13 @@ class Feed:
         # Filters of other consumers of the queue (other daemons), learnt from the marks they wrote:
         # identity -> when last written.  Forgotten `foreign_ttl` seconds after the last sign of life.
         self._foreign: dict[str, float] = {}
-        self._learnt = False
         self.foreign_ttl = foreign_ttl
+        # After a pass that found nothing, with links still waiting: look again after `look_again`
+        # seconds, doubling up to `look_again_max` (see `tick`).
+        self.look_again = look_again
+        self.look_again_max = look_again_max
+        self._next_look: float | None = None
+        self._look_delay = look_again
         self._log = log
 
     # ------------------------------------------------------------------ outlets
@@ -278,13 +290,13 @@ class Feed:
     # ------------------------------------------------------------------ upstream events
     def on_upstream_delivery(self, delivery: Any) -> None:
         self.upstream_credit = max(0, self.upstream_credit - 1)
+        before = self.pass_no
         c = self._custody(delivery)
         if self.subscription:
             self._subscription_delivery(c)
         elif not self._offer(c, frozenset()):
             self._place(c)
-        if self._learnt:
-            self._learnt = False
+        if self.pass_no != before:  # a new pass: what is held goes round too
             self.pump()
             return
         self._top_up()
@@ -417,6 +429,26 @@ class Feed:
     def _open_pass(self) -> None:
         self.pass_no += 1
         self.pass_open = True
+        self._next_look = None
+        self._look_delay = self.look_again
+
+    def tick(self) -> None:
+        """Called by the I/O layer now and then (about once a second).  A pass that is over while
+        links still wait: look again after a while (10 s, then twice as long each time, at most
+        10 minutes; any other reason for a pass starts the delays over).  That is how a daemon finds
+        a daemon it has not seen yet on the same queue (the other one's messages may be behind what
+        this one holds) and a match published directly behind a finished pass."""
+        if not self.recycle or self.pass_open or self.stopping or not any(o.credit > 0 for o in self.outlets):
+            self._next_look = None
+            return
+        now = self._clock()
+        if self._next_look is None:
+            self._next_look = now + self._look_delay
+        elif now >= self._next_look:
+            delay = min(self._look_delay * 2, self.look_again_max)
+            self._open_pass()
+            self._look_delay = delay
+            self.pump()
 
     def _pass_tag(self) -> str:
         return f"{self.token}#{self.pass_no}"
@@ -433,26 +465,24 @@ class Feed:
                 # has been offered.  The pass is over.
                 self.pass_open = False
                 self.stats.passes += 1
-        elif not self._done(c) and any(o.credit > 0 for o in self.outlets):
-            self._open_pass()  # a message not yet offered to every filter: there may be more behind
-        if not self._searching():
-            self._hold(c)
-            return
-        if self._wanted(c):
-            self._hold(c)  # some outlet selects it and will take it with its next credit
-            return
-        if not self._move(c):
-            self._hold(c)
+        elif not self._identities.issubset(c.mark) and any(o.credit > 0 for o in self.outlets):
+            self._open_pass()  # not yet offered to a filter here: there may be more behind it
+        if not self._searching() or self._wanted(c) or not self._movable(c) or not self._move(c):
+            self._hold(c)  # (an outlet that selects it takes it with its next credit)
+
+    def _movable(self, c: Custody) -> bool:
+        """During a pass everything is moved (to go round the queue); after it only what a filter of
+        another daemon was not offered yet."""
+        return c.message is not _BAD and c.refused != self.pass_no and (self.pass_open or not self._done(c))
 
     def _wanted(self, c: Custody) -> bool:
         return any(o.name not in c.excluded and self._selects(o, c) for o in self.outlets)
 
     def _move_held(self) -> None:
-        """While searching: move the held messages no outlet here selects."""
+        """While searching: move the held messages no outlet here selects (see `_movable`)."""
         keep: deque[Custody] = deque()
         for c in self.held:
-            if (c.message is _BAD or c.refused == self.pass_no or self._wanted(c)
-                    or not self._searching() or not self._move(c)):
+            if not self._searching() or self._wanted(c) or not self._movable(c) or not self._move(c):
                 keep.append(c)
         self.held = keep
         self._count_held()
@@ -483,7 +513,7 @@ class Feed:
                 c.refused = self.pass_no
                 self.held.appendleft(c)
                 self._count_held()
-            self.pump()
+            self._top_up()  # room to pull more (nothing held became deliverable)
 
         self.moving += 1
         self.stats.moving = self.moving
@@ -517,6 +547,13 @@ class Feed:
             self.stats.starved = 0
             return
         held = len(self.held) + self.moving
+        if (held >= self.window and self.recycle and not self.pass_open and self.held
+                and self._live_foreign()):
+            # Walled in by messages every filter was offered, while another daemon on the queue
+            # offers messages to its filters: what it moved may lie behind them.  Go round again.
+            self._open_pass()
+            self._move_held()
+            held = len(self.held) + self.moving
         if not self.subscription and held >= self.window:
             # Blocked: everything the proxy may hold is held, and clients with credit wait.
             if self.stats.starved == 0:
@@ -558,7 +595,6 @@ class Feed:
                     # another daemon serves a filter this one did not know: one more pass, and the
                     # messages held here that it was not offered must reach it
                     self._open_pass()
-                    self._learnt = True
                 if seen > self._foreign.get(identity, 0.0):
                     self._foreign[identity] = seen
 

@@ -314,6 +314,17 @@ class ProxyServer(Handler):
         for b in list(self.feeds.values()):
             b.feed.stop()
 
+    def _tick(self) -> None:
+        """Once a second: queue feeds whose search is over look again after a while (forwarding)."""
+        try:
+            for b in list(self.feeds.values()):
+                if not b.closed and b.feed.recycle:
+                    b.feed.tick()
+        except Exception:
+            log.exception("search tick failed")
+        if not self.stopping:
+            self.upstream.loop.call_later(1.0, self._tick)
+
     def moves_in_flight(self) -> int:
         return sum(b.feed.moving for b in list(self.feeds.values())) + sum(b.feed.moving for b in self.draining)
 
@@ -366,6 +377,8 @@ class ProxyServer(Handler):
     def on_upstream_up(self, upstream) -> None:
         if self.metrics is not None and self._was_up:
             self.metrics.upstream_reconnects.inc()
+        if not self._was_up:
+            self.upstream.loop.call_later(1.0, self._tick)
         self._was_up = True
         self.upstream_up = True
         self._recyclers.clear()
@@ -768,7 +781,7 @@ class ProxyServer(Handler):
             rec.publisher = self.upstream.open_publisher(address, rec)
         if not rec.ready or rec.publisher.credit <= 0:
             return False
-        rec.publisher.send(data, lambda outcome: done(outcome.kind == "accepted"))
+        rec.send(data, done)
         return True
 
     def poke(self, address: str) -> None:
@@ -837,12 +850,28 @@ class ProxyServer(Handler):
 
 
 class _Recycler:
+    """The publisher of moved copies to one address.  A move whose publisher goes before the broker
+    settled it counts as not done (its original is held again)."""
+
     def __init__(self, server: ProxyServer, address: str):
         self.server = server
         self.address = address
         self.publisher = None
         self.ready = False
         self.closed = False
+        self.pending: dict[int, Callable[[bool], None]] = {}
+        self._ids = itertools.count(1)
+
+    def send(self, data: bytes, done: Callable[[bool], None]) -> None:
+        n = next(self._ids)
+        self.pending[n] = done
+
+        def settled(outcome: Outcome) -> None:
+            cb = self.pending.pop(n, None)
+            if cb is not None:
+                cb(outcome.kind == "accepted")
+
+        self.publisher.send(data, settled)
 
     def on_publisher_ready(self, publisher) -> None:
         self.ready = True
@@ -854,6 +883,9 @@ class _Recycler:
 
     def on_publisher_closed(self, publisher, error) -> None:
         self.closed = True
+        pending, self.pending = self.pending, {}
+        for done in pending.values():
+            done(False)
 
 
 _REFUSAL_REASONS = {

@@ -142,13 +142,13 @@ def test_two_daemons_on_one_queue_serve_each_others_links(upstream):
 
 def test_embedded_broker_gives_a_killed_consumers_messages_to_the_other_at_once():
     proxy = Proxy(upstream=None)
-    q = "custody-embedded"
+    q = f"custody-{uuid.uuid4().hex[:8]}"
     c = connect(proxy.url)
     try:
         s = c.create_sender(q)
         for i in range(100):
             s.send(Message(body=i, properties={"half": i % 2}))
-        other = c.create_receiver(q, credit=0, options=Selector("half = 1"))  # attached, no credit yet
+        other = c.create_receiver(q, name="other", credit=0, options=Selector("half = 1"))  # attached, no credit
         child, held = start_killed_client(proxy.url, q, "half = 1", 50)
         assert held == set(range(1, 100, 2))
         other.flow(100)
@@ -159,7 +159,7 @@ def test_embedded_broker_gives_a_killed_consumers_messages_to_the_other_at_once(
         assert time.monotonic() - start <= 2.0
         assert sorted(m.body for m in got) == sorted(held)
         assert all(not m.first_acquirer and m.delivery_count == 1 for m in got)
-        rest = receive(c.create_receiver(q, credit=100), idle=1.0)
+        rest = receive(c.create_receiver(q, name="rest", credit=100), idle=1.0)
         assert sorted(m.body for m in rest) == list(range(0, 100, 2))
     finally:
         c.close()

@@ -190,6 +190,8 @@ class SimQueue:
     def step(self) -> bool:
         if self.wall is not None:
             self.wall[0] += 0.001
+            for c in self.consumers:
+                c.feed.tick()
         if self.pending and not self.lazy:
             self.pending.popleft()()
             return True
@@ -301,8 +303,8 @@ def test_two_daemons_on_one_queue_each_get_their_matches(seed):
     colors = ["red", "blue", None]
     ms = [msg(colors[i % 3], i) for i in range(900)]
     sim = SimQueue(ms, seed=seed, wall=wall)
-    one = SimConsumer(sim, window=20, token="one", wall=lambda: wall[0])
-    two = SimConsumer(sim, window=20, token="two", wall=lambda: wall[0])
+    one = SimConsumer(sim, window=20, token="one", wall=lambda: wall[0], clock=lambda: wall[0])
+    two = SimConsumer(sim, window=20, token="two", wall=lambda: wall[0], clock=lambda: wall[0])
     red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
     one.feed.add_outlet(red)
     two.feed.add_outlet(blue)
