@@ -104,7 +104,7 @@ def main() -> None:
         finally:
             daemon.stop()
         assert found["received"] == 1, found
-        left = drain(args.upstream, proxied_q, idle=3.0)
+        left = drain(args.upstream, proxied_q, idle=3.0, key=lambda m: m.properties["i"])
         row = {
             "depth": depth,
             "direct_drain_s": direct["last_ms"] / 1000,
@@ -112,7 +112,8 @@ def main() -> None:
             "ratio": found["first_ms"] / direct["last_ms"],
             "daemon_peak_rss_mb": round(rss, 1),
             "left_after_sigterm": len(left),
-            "duplicates": len(left) - len({m for m in left}) if all(isinstance(b, bytes) for b in left) else None,
+            "duplicates": len(left) - len(set(left)),
+            "lost": depth - len(set(left)),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -120,7 +121,7 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['depth']:,} | {r['direct_drain_s']:.2f} s | {r['first_match_s']:.2f} s | {r['ratio']:.2f}x "
-              f"| {r['daemon_peak_rss_mb']} MB | {r['left_after_sigterm']:,} |")
+              f"| {r['daemon_peak_rss_mb']} MB | {r['left_after_sigterm']:,} ({r['duplicates']} duplicates) |")
 
 
 if __name__ == "__main__":

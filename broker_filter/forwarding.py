@@ -63,6 +63,7 @@ from typing import Any, Callable, Protocol
 
 from .amqptypes import symbol
 from .codec import CodecError, decode_message, redelivery_bytes, set_message_annotation
+from .codec.sections import MESSAGE_ANNOTATIONS, encode_section
 
 # On a moved copy: the identities (see `filter_identity`) of the filters it was offered to.
 OFFERED_ANNOTATION = symbol("x-opt-broker-filter-offered")
@@ -229,6 +230,8 @@ class Feed:
         # Filters of other consumers of the queue (other daemons), learnt from the marks they wrote:
         # identity -> when last written.  Forgotten `foreign_ttl` seconds after the last sign of life.
         self._foreign: dict[str, float] = {}
+        self._nobody = False  # the last `_offer` found that no outlet selects the message
+        self._sections: dict[tuple, bytes] = {}  # mark -> its encoded message-annotations section
         self.foreign_ttl = foreign_ttl
         # After a pass that found nothing, with links still waiting: look again after `look_again`
         # seconds, doubling up to `look_again_max` (see `tick`).
@@ -400,17 +403,24 @@ class Feed:
         return o.filter.evaluate(c.message, o.receiver) is True
 
     def _offer(self, c: Custody, excluded: frozenset) -> bool:
+        self._nobody = False
         if self.stopping:
             return False
         outlets = self.outlets
         n = len(outlets)
+        evaluated = 0
         for i in range(n):
             o = outlets[(self._rr + i) % n]
-            if o.credit <= 0 or o.name in excluded or not self._selects(o, c):
+            if o.credit <= 0 or o.name in excluded:
+                continue
+            evaluated += 1
+            if not self._selects(o, c):
                 continue
             self._rr = (self._rr + i + 1) % n
             self._send(o, c)
             return True
+        # every outlet said no: `_wanted` need not ask them again
+        self._nobody = evaluated == n and not c.excluded
         return False
 
     def _send(self, o: Outlet, c: Custody) -> None:
@@ -467,7 +477,8 @@ class Feed:
                 self.stats.passes += 1
         elif not self._identities.issubset(c.mark) and any(o.credit > 0 for o in self.outlets):
             self._open_pass()  # not yet offered to a filter here: there may be more behind it
-        if not self._searching() or self._wanted(c) or not self._movable(c) or not self._move(c):
+        wanted = not self._nobody and self._wanted(c)
+        if not self._searching() or wanted or not self._movable(c) or not self._move(c):
             self._hold(c)  # (an outlet that selects it takes it with its next credit)
 
     def _movable(self, c: Custody) -> bool:
@@ -488,15 +499,21 @@ class Feed:
         self._count_held()
 
     def _move(self, c: Custody) -> bool:
-        ms = int(self._wall() * 1000)
+        ms = int(self._wall()) * 1000  # whole seconds: most copies of a pass share one mark
         stamp = [self.token, ms]
         mark = dict(c.mark)
         for identity in self._identities:
             # the time of the first offer: moving it again is no sign of life for the others
             mark.setdefault(identity, stamp)
         mark[""] = [self._pass_tag(), ms]  # which pass moved it last
+        key = tuple(sorted((k, v[0], v[1]) for k, v in mark.items()))
+        section = self._sections.get(key)
+        if section is None:
+            if len(self._sections) >= 64:
+                self._sections.clear()
+            section = self._sections[key] = encode_section(MESSAGE_ANNOTATIONS, {OFFERED_ANNOTATION: mark})
         try:
-            data = set_message_annotation(c.data(), OFFERED_ANNOTATION, mark)
+            data = set_message_annotation(c.data(), OFFERED_ANNOTATION, mark, section)
         except CodecError:
             c.message = _BAD  # cannot carry a mark: never moved
             return False

@@ -199,8 +199,10 @@ def _trim(fields: list) -> list:
 _BEFORE_MA = (HEADER, DELIVERY_ANNOTATIONS)
 
 
-def set_message_annotation(data: bytes, key: Any, value: Any) -> bytes:
-    """`data` with message annotation key = value (replacing any), every other section unchanged."""
+def set_message_annotation(data: bytes, key: Any, value: Any, encoded: bytes | None = None) -> bytes:
+    """`data` with message annotation key = value (replacing any), every other section unchanged.
+    `encoded`: the bytes of a message-annotations section holding just key = value, spliced in as
+    they are when `data` has no message annotations yet (a caller's cache)."""
     sections = scan(data)
     insert_at = 0
     for code, start, vpos, end in sections:
@@ -213,7 +215,8 @@ def set_message_annotation(data: bytes, key: Any, value: Any) -> bytes:
             insert_at = end
         else:
             break
-    return data[:insert_at] + encode_section(MESSAGE_ANNOTATIONS, {key: value}) + data[insert_at:]
+    section = encoded if encoded is not None else encode_section(MESSAGE_ANNOTATIONS, {key: value})
+    return data[:insert_at] + section + data[insert_at:]
 
 
 def redelivery_bytes(data: bytes, delivery_count: int | None = None, *, failed: int = 0) -> bytes:

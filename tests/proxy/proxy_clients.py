@@ -128,9 +128,9 @@ def publish_many(url: str, address: str, messages: list, timeout: float = 120.0)
 
 
 class _Drain(MessagingHandler):
-    def __init__(self, url: str, address: str, idle: float, credit: int):
+    def __init__(self, url: str, address: str, idle: float, credit: int, key):
         super().__init__(prefetch=credit, auto_accept=True)
-        self.url, self.address, self.idle = url, address, idle
+        self.url, self.address, self.idle, self.key = url, address, idle, key
         self.bodies: list = []
         self._timer = None
 
@@ -149,15 +149,16 @@ class _Drain(MessagingHandler):
         self.container.stop()
 
     def on_message(self, event):
-        self.bodies.append(event.message.body)
+        self.bodies.append(self.key(event.message))
         if len(self.bodies) % 100 == 0:
             self._arm()
         elif len(self.bodies) % 100 == 1:
             self._arm()
 
 
-def drain(url: str, address: str, idle: float = 2.0, credit: int = 1000) -> list:
-    """Every message left at `address` (accepted, so it is consumed), until none came for `idle` s."""
-    handler = _Drain(url, address, idle, credit)
+def drain(url: str, address: str, idle: float = 2.0, credit: int = 1000, key=lambda m: m.body) -> list:
+    """key(message) of every message left at `address` (accepted, so consumed), until none came for
+    `idle` seconds."""
+    handler = _Drain(url, address, idle, credit, key)
     Container(handler).run()
     return handler.bodies
