@@ -490,7 +490,8 @@ def reference_table() -> str:
     metrics.refuse_attach("limit")
     metrics.refuse_connection("limit")
     metrics.authentication_failed("PLAIN")
-    metrics.publish(Snapshot(links={"consumer": 1}, held={"a": 1}, credit={"a": 1}, stalled={"a": True}))
+    metrics.publish(Snapshot(links={"consumer": 1}, held={"a": 1}, credit={"a": 1}, stalled={"a": True},
+                             moving={"a": 1}, passes={"a": 1}, waited={"a": 1.0}))
     lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for family in metrics.registry.collect():
         name = {"counter": f"{family.name}_total", "info": f"{family.name}_info"}.get(family.type, family.name)

@@ -22,7 +22,7 @@ import pytest
 from proton import Message
 from proton.reactor import Selector
 
-from proxy_clients import connect, drain, publish_many, receive
+from proxy_clients import connect, drain, free_port, publish_many, receive, scrape, value
 from proxy_harness import UPSTREAM, Proxy
 
 pytestmark = pytest.mark.rabbitmq
@@ -96,13 +96,19 @@ def test_a_match_behind_any_depth_is_found_and_a_graceful_stop_duplicates_nothin
     q = fresh_queue()
     publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)]
                  + [Message(body=depth, properties={"half": 1})])
-    proxy = Proxy("--set", f"limits.upstream_window={window}", upstream=upstream)
+    mport = free_port()
+    proxy = Proxy("--metrics", f"127.0.0.1:{mport}", "--set", f"limits.upstream_window={window}", upstream=upstream)
     c = connect(proxy.url)
     try:
         r = c.create_receiver(q, credit=10, options=Selector("half = 1"))
         got = receive(r, count=1, idle=120, limit=180)
         assert [m.body for m in got] == [depth]
-        c.close()  # the last link leaves while moves may be in flight
+        time.sleep(2.5)  # the exporter shows the state of a second ago
+        text = scrape(mport)
+        assert value(text, "broker_filter_search_passes", address=q) >= 1  # the copies came round
+        assert value(text, "broker_filter_link_wait_seconds", address=q) >= 1.0  # credit 9, nothing more
+        assert value(text, "broker_filter_moves_in_flight", address=q) == 0  # the search is over
+        c.close()  # the last link leaves
     finally:
         proxy.stop()  # SIGTERM
     rest = drain(upstream, q)
@@ -164,4 +170,25 @@ def test_embedded_broker_gives_a_killed_consumers_messages_to_the_other_at_once(
     finally:
         c.close()
         proxy.stop()
+    assert "Traceback" not in proxy.log()
+
+
+def test_the_last_link_leaving_and_sigterm_mid_search_duplicate_nothing(upstream):
+    q = fresh_queue()
+    depth = 20000
+    publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)])
+    mport = free_port()
+    proxy = Proxy("--metrics", f"127.0.0.1:{mport}", "--set", "limits.upstream_window=500", upstream=upstream)
+    c = connect(proxy.url)
+    try:
+        c.create_receiver(q, credit=10, options=Selector("half = 1"))
+        deadline = time.monotonic() + 30
+        while value(scrape(mport), "broker_filter_moves_in_flight", address=q) == 0:
+            assert time.monotonic() < deadline, "the search never started"
+            time.sleep(0.2)
+        c.close()  # the last link leaves with moves in flight
+    finally:
+        proxy.stop()  # and SIGTERM at once
+    rest = drain(upstream, q)
+    assert len(rest) == depth and sorted(rest) == list(range(depth))  # no loss, no duplicate
     assert "Traceback" not in proxy.log()
