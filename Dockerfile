@@ -3,9 +3,13 @@
 # Configuration: /etc/broker-filter/broker-filter.toml (mount your own), overridden by BROKER_FILTER_*
 # environment variables.  Ports: 5672 (AMQP), 9464 (/metrics, /healthz, /readyz).
 
+# The same two scripts build and install the package in tests/ops/test_install.py.
+# EXTRAS: optional features to include, e.g. `docker build --build-arg EXTRAS=journal .`
+
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+ARG EXTRAS=""
 # python-qpid-proton is published as source: it compiles against OpenSSL here.
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -14,15 +18,19 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY broker_filter ./broker_filter
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+COPY scripts/build-wheels.sh scripts/install-wheels.sh ./scripts/
+ENV PIP_NO_CACHE_DIR=1
+RUN sh scripts/build-wheels.sh /src /wheels "${EXTRAS}"
 
 FROM ${PYTHON_IMAGE}
+ARG EXTRAS=""
 RUN groupadd --system --gid 10001 broker-filter \
     && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home \
        --shell /usr/sbin/nologin broker-filter
 COPY --from=build /wheels /wheels
-# hadolint ignore=DL3013
-RUN pip install --no-cache-dir --no-index /wheels/*.whl && rm -rf /wheels
+COPY --from=build /src/scripts/install-wheels.sh /usr/local/lib/broker-filter/install-wheels.sh
+RUN PIP_NO_CACHE_DIR=1 sh /usr/local/lib/broker-filter/install-wheels.sh /wheels "${EXTRAS}" \
+    && rm -rf /wheels /usr/local/lib/broker-filter
 COPY config/broker-filter.toml /etc/broker-filter/broker-filter.toml
 COPY docker/healthcheck.py /usr/local/bin/broker-filter-healthcheck
 ENV BROKER_FILTER_CONFIG=/etc/broker-filter/broker-filter.toml \

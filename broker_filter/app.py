@@ -17,8 +17,7 @@ from typing import Any
 
 from proton.reactor import Container
 
-from .journal import Journal
-from .proxy.journaling import JournalingUpstream
+from .listener import proton_client_ssl_domain
 from .proxy.loop import ProtonLoop
 from .proxy.remote import RemoteUpstream
 from .proxy.server import ProxyServer
@@ -47,30 +46,12 @@ def build_upstream(config: Any) -> Any:
             urls,
             pushdown_kinds=kinds,
             backoff=lambda attempt: rc.delay(attempt, random.random()),
-            ssl_domain=upstream_ssl_domain(up.tls) if any(u.startswith("amqps:") for u in urls) else None,
+            ssl_domain=proton_client_ssl_domain(up.tls) if any(u.startswith("amqps:") for u in urls) else None,
             heartbeat=up.heartbeat or None,
         )
     from .proxy.embedded import EmbeddedUpstream
 
     return EmbeddedUpstream.from_config(config.embedded)
-
-
-def upstream_ssl_domain(tls: Any) -> Any:
-    """The proton client SSLDomain for amqps:// upstreams, from `[upstream.tls]`."""
-    from proton import SSLDomain
-
-    domain = SSLDomain(SSLDomain.MODE_CLIENT)
-    if tls.ca_file:
-        domain.set_trusted_ca_db(tls.ca_file)
-    if tls.cert_file:
-        domain.set_credentials(tls.cert_file, tls.key_file or None, tls.key_password or None)
-    mode = {
-        "peer-name": SSLDomain.VERIFY_PEER_NAME,
-        "peer": SSLDomain.VERIFY_PEER,
-        "none": SSLDomain.ANONYMOUS_PEER,
-    }[tls.verify]
-    domain.set_peer_authentication(mode, tls.ca_file or None)
-    return domain
 
 
 class App:
@@ -80,7 +61,11 @@ class App:
         self.container = Container()
         self.container.container_id = self.instance
         self.loop = ProtonLoop(self.container)
-        self.journal = Journal.from_config(config.journal)  # None unless [journal] enabled
+        self.journal = None
+        if config.journal.enabled:  # pyarrow (the [journal] extra) is imported only then
+            from .journal import Journal
+
+            self.journal = Journal.from_config(config.journal)
         self.upstream = self._journaled(build_upstream(config))
         self.metrics = None
         self.health = None
@@ -243,7 +228,11 @@ class App:
 
     def _journaled(self, upstream: Any) -> Any:
         """The upstream, journaling accepted client publishes when [journal] is enabled."""
-        return upstream if self.journal is None else JournalingUpstream(upstream, self.journal)
+        if self.journal is None:
+            return upstream
+        from .proxy.journaling import JournalingUpstream
+
+        return JournalingUpstream(upstream, self.journal)
 
     def close(self) -> None:
         try:

@@ -8,6 +8,9 @@ import argparse
 import importlib
 import sys
 
+# Optional dependencies and the extra that brings each (commands import them when they run).
+EXTRA_OF = {"pyarrow": "spark", "pyspark": "spark", "py4j": "spark", "tqdm": "spark"}
+
 # Order is the order of `broker-filter --help`.
 COMMAND_MODULES = [
     "serve",
@@ -16,6 +19,7 @@ COMMAND_MODULES = [
     "archive",
     "backtest",
     "replay",
+    "ingest",
     "hash_password",
 ]
 
@@ -48,6 +52,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").split(".")[0]
+        extra = EXTRA_OF.get(missing)
+        if extra is None:
+            raise
+        print(f"broker-filter {args.command}: needs the [{extra}] extra (pip install 'broker-filter[{extra}]'): "
+              f"{missing} is not installed", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # Output closed early (e.g. piped into `head`): not an error of ours.
         sys.stderr.close()

@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
+import importlib.util
 import ipaddress
 import json
 import os
@@ -248,7 +250,7 @@ class AddressRule:
     upstream: str = "{address}"  # `{address}` is replaced by the client's address
 
     def matches(self, address: str) -> bool:
-        return _wildcard_match(self.pattern.split("."), address.split("."))
+        return _pattern_matcher(self.pattern)(address)
 
     def rewrite(self, address: str) -> str:
         return self.upstream.replace("{address}", address)
@@ -392,7 +394,7 @@ class Embedded:
 
 @dataclass(frozen=True)
 class Journal:
-    enabled: bool = setting(False, "append messages seen on `addresses` to Parquet files", kind="bool")
+    enabled: bool = setting(False, "append messages seen on `addresses` to Parquet files (needs the `journal` extra)", kind="bool")
     directory: str = setting("", "directory of the journal's Parquet files", kind="str")
     addresses: tuple[str, ...] = setting((), "addresses journaled (AMQ wildcards allowed); empty: all", kind="list")
     roll_bytes: int = setting(64 * 1024 * 1024, "roll a file after this many bytes", kind="int", minimum=1)
@@ -473,26 +475,12 @@ def split_hostport(text: str) -> tuple[str, int]:
     return host, port
 
 
-def _wildcard_match(pattern: list[str], words: list[str]) -> bool:
-    """AMQ wildcard matching: `*` is exactly one word, `#` zero or more (backtracking, no greedy misses)."""
-    memo: dict[tuple[int, int], bool] = {}
+@functools.lru_cache(maxsize=1024)
+def _pattern_matcher(pattern: str) -> Callable[[str], bool]:
+    """The AMQ wildcard rule of the filter core (`*` one word, `#` zero or more), per pattern."""
+    from .filters.wildcards import wildcard_matcher
 
-    def match(i: int, j: int) -> bool:
-        key = (i, j)
-        if key in memo:
-            return memo[key]
-        if i == len(pattern):
-            result = j == len(words)
-        elif pattern[i] == "#":
-            result = match(i + 1, j) or (j < len(words) and match(i, j + 1))
-        elif j == len(words):
-            result = False
-        else:
-            result = (pattern[i] == "*" or pattern[i] == words[j]) and match(i + 1, j + 1)
-        memo[key] = result
-        return result
-
-    return match(0, 0)
+    return wildcard_matcher(pattern)
 
 
 def _thaw(value: Any) -> Any:
@@ -809,6 +797,8 @@ def _check(config: Config) -> None:
         raise ConfigError("upstream.reconnect.max_delay", "must be >= upstream.reconnect.initial_delay")
     if config.journal.enabled and not config.journal.directory:
         raise ConfigError("journal.directory", "is required when journal.enabled = true")
+    if config.journal.enabled:
+        _check_extra("journal.enabled", "journal", "pyarrow")
     for name, virtual in config.virtual_addresses.items():
         if not name:
             raise ConfigError("virtual_addresses", "names must not be empty")
@@ -828,6 +818,13 @@ def _check(config: Config) -> None:
         if not compiled.entries:
             raise ConfigError(f"virtual_addresses.{name}.{what}", "applies no filter")
         object.__setattr__(virtual, "compiled", compiled)
+
+
+def _check_extra(key: str, extra: str, module: str) -> None:
+    """The setting needs `module`, which the package's `[extra]` brings (found without importing it)."""
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(key, f"needs the [{extra}] extra (pip install 'broker-filter[{extra}]'): "
+                               f"{module} is not installed")
 
 
 def _check_file(key: str, path: str) -> None:

@@ -5,9 +5,10 @@ Theory of operation
 -------------------
 A `Feed` is one upstream consumer.  It serves one or more `Outlet`s (client receiving links):
 
-* subscription feed (topic, exchange binding, multicast, client capability `topic`): exactly one
-  outlet; the upstream keeps a copy per consumer, so a message the outlet's filter does not select is
-  settled upstream as `accepted` (consumed for this subscription only).
+* subscription feed (topic, exchange binding, multicast, client capability `topic`): one outlet,
+  or the links of one named shared subscription; the upstream keeps a copy per subscription, so a
+  message no outlet's filter selects is settled upstream as `accepted` (consumed for this
+  subscription only).  Which links share a feed is decided in `broker_filter.proxy.sharing`.
 * queue feed: every client link on the same queue (and the same pushed-down filters) shares the feed,
   like consumers with selectors on a broker queue.  Each message goes to one outlet whose filter
   selects it and which has credit, round robin.  A message no outlet can take now is *held*
@@ -243,8 +244,6 @@ class Feed:
 
     # ------------------------------------------------------------------ outlets
     def add_outlet(self, outlet: Outlet) -> None:
-        if self.subscription and self.outlets:
-            raise ValueError("a subscription feed serves one outlet")
         self.outlets.append(outlet)
         before = self._identities
         self._filters_changed()
@@ -305,17 +304,13 @@ class Feed:
         self._top_up()
 
     def _subscription_delivery(self, c: Custody) -> None:
-        if not self.outlets:
-            self._hold(c)
+        # With credit left after the last pump, nothing held is for an outlet with credit: order holds.
+        if self._offer(c, frozenset()):
             return
-        o = self.outlets[0]
-        if self._selects(o, c):
-            # With credit left after the last pump, nothing held is for this outlet: order holds.
-            if o.credit > 0 and not self.stopping:
-                self._send(o, c)
-            else:
-                self._hold(c)
+        if not self.outlets or any(self._selects(o, c) for o in self.outlets):
+            self._hold(c)
         else:
+            # A copy of this subscription's (or shared subscription's) that none of its links selects.
             self.stats.filtered += 1
             self.io.settle_upstream(c.delivery, ACCEPTED)
 

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 
 from . import codec
 from .archive import ArchiveError, JournalWriter
-from .broker.wildcards import WildcardTrie
+from .filters.wildcards import WildcardTrie
 
 log = logging.getLogger("broker_filter.journal")
 

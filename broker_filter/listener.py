@@ -94,14 +94,14 @@ def proton_server_ssl_domain(tls: Any) -> Any:
 
 
 def proton_client_ssl_domain(tls: Any) -> Any:
-    """A proton `SSLDomain` for `[upstream.tls]` (amqps:// upstream URLs)."""
+    """The proton `SSLDomain` for `[upstream.tls]`: amqps:// upstream connections and pass-through logins."""
     from proton import SSLDomain
 
     domain = SSLDomain(SSLDomain.MODE_CLIENT)
     if tls.ca_file:
         domain.set_trusted_ca_db(tls.ca_file)
-    if tls.cert_file:
-        domain.set_credentials(tls.cert_file, tls.key_file, tls.key_password or None)
+    if tls.cert_file:  # no key_file: the key is in cert_file
+        domain.set_credentials(tls.cert_file, tls.key_file or None, tls.key_password or None)
     mode = {"peer-name": SSLDomain.VERIFY_PEER_NAME, "peer": SSLDomain.VERIFY_PEER, "none": SSLDomain.ANONYMOUS_PEER}
     domain.set_peer_authentication(mode[tls.verify], tls.ca_file or None)
     return domain

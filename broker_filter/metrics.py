@@ -21,19 +21,19 @@ reachable.
 
 from __future__ import annotations
 
-import gzip
-import http.server
 import logging
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Info, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.exposition import ThreadingWSGIServer
 
 log = logging.getLogger("broker_filter.metrics")
 
@@ -52,8 +52,6 @@ REFUSAL_REASONS = frozenset(
     }
 )
 CONNECTION_REFUSALS = frozenset({"limit", "unauthorized", "tls", "shutdown"})
-# Filter evaluation takes microseconds; buckets from 1 µs to 10 ms.
-FILTER_SECONDS_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 1e-2)
 
 
 def bounded(value: str, allowed: frozenset[str]) -> str:
@@ -169,12 +167,6 @@ class Metrics:
             "broker_filter_outcomes",
             "Client outcomes applied to upstream deliveries, by address and outcome",
             ["address", "outcome"],
-            registry=r,
-        )
-        self.filter_seconds = Histogram(
-            "broker_filter_filter_evaluation_seconds",
-            "Time to evaluate one link's filter on one message",
-            buckets=FILTER_SECONDS_BUCKETS,
             registry=r,
         )
         self.attach_refused = Counter(
@@ -350,80 +342,58 @@ class Health:
 # HTTP exporter
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _ExporterServer
-    server_version = "broker-filter"
-    sys_version = ""
+_TEXT = [("Content-Type", "text/plain; charset=utf-8")]
+PROBES = {"/healthz": "alive", "/livez": "alive", "/readyz": "ready"}
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        self._respond(with_body=True)
 
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._respond(with_body=False)
+def make_app(registry: CollectorRegistry, health: Health) -> Callable:
+    """The exporter as a WSGI application: `/metrics` is prometheus_client's own `make_wsgi_app`
+    (content negotiation, gzip, `name[]` filters), `/healthz` (`/livez`) and `/readyz` answer 200 or
+    503 with the reason; HEAD answers like GET without a body; nothing is cached."""
+    metrics_app = make_wsgi_app(registry)
 
-    def _respond(self, with_body: bool) -> None:
-        url = urlsplit(self.path)
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        path, head = environ.get("PATH_INFO", ""), environ["REQUEST_METHOD"] == "HEAD"
+
+        def respond(status: str, headers: list, exc_info: Any = None) -> Any:
+            return start_response(status, [*headers, ("Cache-Control", "no-store")], exc_info)
+
         try:
-            if url.path == "/metrics":
-                status, headers, body = self._metrics(url.query)
-            elif url.path in ("/healthz", "/livez"):
-                status, headers, body = self._probe(self.server.health.alive())
-            elif url.path == "/readyz":
-                status, headers, body = self._probe(self.server.health.ready())
+            if path == "/metrics":
+                body = metrics_app({**environ, "REQUEST_METHOD": "GET"} if head else environ, respond)
+            elif path in PROBES:
+                ok, reason = getattr(health, PROBES[path])()
+                respond("200 OK" if ok else "503 Service Unavailable", _TEXT)
+                body = [f"{reason}\n".encode()]
             else:
-                status, headers, body = 404, [("Content-Type", "text/plain; charset=utf-8")], b"not found\n"
+                respond("404 Not Found", _TEXT)
+                body = [b"not found\n"]
         except Exception:  # noqa: BLE001 - the exporter must keep serving
-            log.exception("metrics endpoint %s failed", url.path)
-            status, headers, body = 500, [("Content-Type", "text/plain; charset=utf-8")], b"internal error\n"
-        self.send_response(status)
-        for name, value in headers:
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        if with_body:
-            self.wfile.write(body)
+            log.exception("metrics endpoint %s failed", path)
+            respond("500 Internal Server Error", _TEXT, sys.exc_info())
+            body = [b"internal error\n"]
+        return [] if head else body
 
-    def _metrics(self, query: str) -> tuple[int, list[tuple[str, str]], bytes]:
-        registry = self.server.registry
-        names = parse_qs(query).get("name[]")
-        if names:
-            registry = registry.restricted_registry(names)
-        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-        body = encoder(registry)
-        headers = [("Content-Type", content_type)]
-        if gzip_accepted(self.headers.get("Accept-Encoding", "")):
-            body = gzip.compress(body)
-            headers.append(("Content-Encoding", "gzip"))
-        return 200, headers, body
+    return app
 
-    @staticmethod
-    def _probe(result: tuple[bool, str]) -> tuple[int, list[tuple[str, str]], bytes]:
-        ok, reason = result
-        return (200 if ok else 503), [("Content-Type", "text/plain; charset=utf-8")], f"{reason}\n".encode()
 
+class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
         log.debug("http %s - %s", self.address_string(), format % args)
 
 
-class _ExporterServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
+class _ExporterServer(ThreadingWSGIServer):
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], registry: CollectorRegistry, health: Health):
-        import socket
 
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        self.registry = registry
-        self.health = health
-        super().__init__(address, _Handler)
+class _ExporterServer6(_ExporterServer):
+    address_family = socket.AF_INET6
 
 
 class Exporter:
     """The HTTP exporter running on its own thread; `close()` stops it (idempotent)."""
 
-    def __init__(self, server: _ExporterServer):
+    def __init__(self, server: ThreadingWSGIServer):
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="broker-filter-metrics", daemon=True
@@ -462,7 +432,8 @@ class Exporter:
 def serve_http(metrics: Metrics, health: Health, host: str, port: int) -> Exporter:
     """Start the exporter on host:port (port 0: any free port, see `Exporter.port`).  OSError if the
     address cannot be bound."""
-    server = _ExporterServer((host, port), metrics.registry, health)
+    server_class = _ExporterServer6 if ":" in host else _ExporterServer
+    server = make_server(host, port, make_app(metrics.registry, health), server_class, _QuietHandler)
     exporter = Exporter(server)
     log.info("metrics and health endpoints on %s (/metrics, /healthz, /readyz)", exporter.url)
     return exporter

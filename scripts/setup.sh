@@ -36,7 +36,7 @@ if [ "$runtime_only" = 1 ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -e .
   exit 0
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,spark]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,spark,journal]'
 if [ "$runtime_only" = 0 ]; then
   rabbitmq-plugins enable --offline rabbitmq_amqp1_0 >/dev/null
   if [ ! -d tests/js/node_modules/rhea ]; then

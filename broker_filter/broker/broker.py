@@ -170,6 +170,25 @@ class Broker:
             addr.routing_types.add(routing)
         return addr, routing or ""
 
+    def consumer_routing(self, address: str | None, capabilities: Iterable[str] = ()) -> str | None:
+        """The routing type a consumer attaching now to `address` would get, without creating
+        anything: ANYCAST for a queue (an FQQN, `anycast://`, capability `queue`, an anycast
+        address), MULTICAST for a subscription of its own; None if the name is not usable."""
+        if address is None:
+            return None
+        try:
+            node = parse_node(address, capabilities)
+        except AddressError:
+            return None
+        if node.queue is not None:
+            return ANYCAST  # one named queue: its consumers compete, whatever the address routes
+        if node.routing_type is not None:
+            return node.routing_type
+        addr = self.addresses.get(node.address)
+        if addr is None:
+            return self.config.default_routing_type
+        return ANYCAST if ANYCAST in addr.routing_types else MULTICAST
+
     def _named_queue(self, addr: Any, name: str, routing: str) -> Queue:
         """The queue an FQQN `address::name` names (declared if auto-create allows)."""
         queue = self.queues.get(name)

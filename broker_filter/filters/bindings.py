@@ -4,9 +4,8 @@ Theory of operation:
 * direct: the binding key equals `properties.subject` exactly; no subject never matches.
 * topic: subject and key are `.`-separated words; `""` is zero words and empty words count (`a..b` is
   three words).  `*` matches exactly one word, `#` zero or more, both only as whole words (`a#b` is a
-  literal word).  Matching simulates the pattern as an NFA over the words (a set of pattern positions,
-  `#` looping on itself), so it is O(words x pattern) with no backtracking blow-up and no greedy
-  mistakes (`#.a.b` matches `a.x.a.b`).  A message without a subject matches only the key `#`.
+  literal word); the rule and its NFA matcher are `wildcards.wildcard_matcher`, shared with the AMQ
+  address wildcards.  A message without a subject matches only the key `#`.
 * headers: `x-match` is `all` (default), `any`, `all-with-x` or `any-with-x`; in the plain modes other
   `x-` keys are ignored.  A pair matches when the application properties hold the key with an
   identical value of the same AMQP type; a null binding value tests presence only.  `all` over no
@@ -16,11 +15,12 @@ Binding filters answer TRUE or FALSE, never UNKNOWN.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from ..amqptypes import amqp_type, same_amqp_value
 from .base import Filter
 from .errors import FilterError
+from .wildcards import wildcard_matcher
 
 X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
 
@@ -42,55 +42,11 @@ def direct_binding(key: Any) -> Filter:
     return Filter(fn, frozenset({"properties"}), f"subject = {key!r}")
 
 
-def topic_matcher(pattern: str) -> Callable[[str], bool]:
-    """A matcher of subjects against a RabbitMQ topic binding key."""
-    words = _words(pattern)
-    if "#" not in words and "*" not in words:
-        return lambda subject: _words(subject) == words
-    if words == ["#"]:
-        return lambda subject: True
-    n = len(words)
-
-    def closure(states: set[int]) -> set[int]:
-        # '#' may match zero words: a state at '#' also stands at the next position.
-        out, stack = set(states), list(states)
-        while stack:
-            i = stack.pop()
-            if i < n and words[i] == "#" and i + 1 not in out:
-                out.add(i + 1)
-                stack.append(i + 1)
-        return out
-
-    start = frozenset(closure({0}))
-
-    def match(subject: str) -> bool:
-        states = start
-        for w in _words(subject):
-            nxt: set[int] = set()
-            for i in states:
-                if i < n:
-                    p = words[i]
-                    if p == "#":
-                        nxt.add(i)
-                    elif p == "*" or p == w:
-                        nxt.add(i + 1)
-            if not nxt:
-                return False
-            states = closure(nxt)
-        return n in states
-
-    return match
-
-
-def _words(text: str) -> list[str]:
-    return [] if text == "" else text.split(".")
-
-
 def topic_binding(key: Any) -> Filter:
     if not isinstance(key, str):
         raise FilterError(f"a topic binding key is a string, not {_kind(key)}")
     key = str(key)
-    match = topic_matcher(key)
+    match = wildcard_matcher(key)
     only_hash = key == "#"
 
     def fn(m: Any, r: Any = None) -> bool:

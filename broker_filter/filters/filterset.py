@@ -23,6 +23,7 @@ from ..amqptypes import Described
 from .base import ORIGIN_ANNOTATION, Filter, FilterEntry, FilterSet, IgnoredEntry, kleene_and
 from .bindings import direct_binding, headers_binding, topic_binding
 from .errors import FilterError, LimitError, SelectorError
+from .filtex import application_properties_filter, properties_filter
 from .parser import DEFAULT_LIMITS, Limits
 from .selector import compile_selector
 
@@ -38,6 +39,9 @@ DESCRIPTORS: tuple[tuple[str, str, int, tuple[str, ...]], ...] = (
     ("apache.org:or-filter:list", "or", CODE_PREFIX | 5, ()),
     ("apache.org:and-filter:list", "and", CODE_PREFIX | 6, ()),
     ("apache.org:not-filter:list", "not", CODE_PREFIX | 7, ()),
+    # OASIS AMQP Filter Expressions (filtex)
+    ("amqp:properties-filter", "properties", 0x173, ()),
+    ("amqp:application-properties-filter", "application-properties", 0x174, ()),
 )
 XQUERY_SYMBOL = "apache.org:xquery-filter:string"
 
@@ -148,6 +152,10 @@ class _Compiler:
             return name, kind, headers_binding(value), None
         if kind == "no-local":
             return name, kind, _no_local(), None
+        if kind == "properties":
+            return name, kind, properties_filter(value), None
+        if kind == "application-properties":
+            return name, kind, application_properties_filter(value), None
         # logical filters
         items = value
         if kind == "not" and not isinstance(items, (list, tuple)):

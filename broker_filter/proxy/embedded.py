@@ -220,6 +220,9 @@ class EmbeddedUpstream:
     def can_evaluate(self, entry: Any) -> bool:
         return getattr(entry, "kind", None) in PUSHABLE_KINDS
 
+    def routing_type(self, address: str | None, capabilities: tuple[str, ...] = ()) -> str | None:
+        return self.broker.consumer_routing(address, capabilities)
+
     def open_consumer(self, spec: ConsumerSpec, handler: ConsumerHandler) -> EmbeddedConsumer:
         consumer = EmbeddedConsumer(self, spec, handler)
         self._consumers.add(consumer)

@@ -30,7 +30,9 @@ from proton import Disposition, Endpoint, Handler, Terminus
 from proton import symbol as psymbol
 
 from .. import amqptypes as t
+from ..security import redact_url
 from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
+from .sharing import address_form_routing
 from .upstream import (
     ConsumerHandler,
     ConsumerInfo,
@@ -47,15 +49,9 @@ log = logging.getLogger("broker_filter.proxy.upstream")
 
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return parts._replace(netloc=netloc).geturl()
+# Property filter expressions are pushed down only to an upstream whose open frame offers them (another
+# broker-filter): RabbitMQ 4 echoes them on classic and quorum queues and applies them only on streams.
+FILTEX_PROP_CAPS = frozenset({"AMQP_FILTEX_PROP_V1_0"})
 
 
 def _caps(data) -> tuple[str, ...]:
@@ -219,7 +215,7 @@ class RemoteUpstream(Handler):
         for u in urls:
             parts = urlsplit(u)
             if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
-                raise ValueError(f"upstream URL must be amqp://[user:pass@]host[:port] or amqps://…, not {redact(u)!r}")
+                raise ValueError(f"upstream URL must be amqp://[user:pass@]host[:port] or amqps://…, not {redact_url(u)!r}")
             port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
             self._targets.append((
                 f"{parts.scheme}://{parts.hostname}:{port}",
@@ -228,7 +224,7 @@ class RemoteUpstream(Handler):
                 parts.scheme == "amqps",
             ))
         self.url = urls[0]
-        self.name = ", ".join(redact(u) for u in urls)
+        self.name = ", ".join(redact_url(u) for u in urls)
         self.ssl_domain = ssl_domain
         self._backoff_fn = backoff
         self._attempt = 0
@@ -273,7 +269,12 @@ class RemoteUpstream(Handler):
             return bool(self.remote_capabilities & SELECTOR_CAPS)
         if kind in ("direct", "topic", "headers"):
             return bool(self.remote_capabilities & BINDING_CAPS)
+        if kind in ("properties", "application-properties"):
+            return bool(self.remote_capabilities & FILTEX_PROP_CAPS)
         return False
+
+    def routing_type(self, address: str | None, capabilities: tuple[str, ...] = ()) -> str | None:
+        return address_form_routing(address)
 
     def open_consumer(self, spec: ConsumerSpec, handler: ConsumerHandler) -> RemoteConsumer:
         consumer = RemoteConsumer(self, spec, handler)
@@ -285,9 +286,7 @@ class RemoteUpstream(Handler):
         link.source.address = spec.address
         if spec.filters:
             put_value(link.source.filter, {_key(e.key): e.value for e in spec.filters})
-        caps = [c for c in spec.capabilities if c in ("topic", "queue")]
-        if caps:
-            put_value(link.source.capabilities, t.Array("symbol", [t.symbol(c) for c in caps]))
+        _put_routing_capabilities(link.source, spec.capabilities)
         if spec.distribution_mode == "copy":
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
         elif spec.distribution_mode == "move":
@@ -298,7 +297,8 @@ class RemoteUpstream(Handler):
         self._attach(consumer, name, link)
         return consumer
 
-    def open_publisher(self, address: str | None, handler: PublisherHandler) -> RemotePublisher:
+    def open_publisher(self, address: str | None, handler: PublisherHandler,
+                       capabilities: tuple[str, ...] = ()) -> RemotePublisher:
         publisher = RemotePublisher(self, address, handler)
         name = f"publisher-{next(self._names)}"
         session = self._session_for(publisher)
@@ -306,6 +306,7 @@ class RemoteUpstream(Handler):
             return publisher
         link = session.sender(name)
         link.target.address = address
+        _put_routing_capabilities(link.target, capabilities)
         link.source.address = None
         self._attach(publisher, name, link)
         return publisher
@@ -533,6 +534,13 @@ class RemoteUpstream(Handler):
             dlv.settle()
             if cb is not None and not ep.closed:
                 cb(outcome if outcome is not None else Outcome("accepted"))
+
+
+def _put_routing_capabilities(terminus: Any, capabilities: Any) -> None:
+    """Pass on the routing capabilities (`topic`, `queue`) a client or an address rule asked for."""
+    caps = [c for c in capabilities or () if c in ("topic", "queue")]
+    if caps:
+        put_value(terminus.capabilities, t.Array("symbol", [t.symbol(c) for c in caps]))
 
 
 def getattr_or_none(obj: Any, name: str) -> Any:

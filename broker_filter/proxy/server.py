@@ -3,9 +3,11 @@
 Theory of operation
 -------------------
 Every client receiving link becomes an `Outlet` on a `Feed` (see `broker_filter.forwarding`), and
-every feed is one upstream consumer.  Subscription sources get a feed of their own; links on the same
-queue (and the same pushed-down filters) share one feed.  The attach reply is sent only once the
-upstream consumer is attached, so an upstream refusal reaches the client as an attach refusal.
+every feed is one upstream consumer.  Which links share a feed is one rule, in
+`broker_filter.proxy.sharing`: subscription sources get a feed of their own (a named shared
+subscription one per name); links on the same queue (and the same pushed-down filters) share one.
+The attach reply is sent only once the upstream consumer is attached, so an upstream refusal
+reaches the client as an attach refusal.
 
 Every client sending link becomes an `Inlet` with one upstream publisher to the same address.  The
 client gets credit only as far as the upstream gives credit, and an accepted delivery
@@ -25,6 +27,7 @@ not settled were returned to the queue by the broker and are delivered again (at
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -39,6 +42,7 @@ from .. import amqptypes as t
 from ..codec import CodecError, set_message_annotation
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from ..forwarding import Feed, FeedStats, Outcome, Outlet
+from . import sharing
 from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
 from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
 
@@ -50,9 +54,9 @@ FILTER_CAPABILITIES = (
     "APACHE.ORG:LOGIC_FILTERS",
     "APACHE.ORG:SELECTOR",
     "APACHE.ORG:NO_LOCAL",
+    "AMQP_FILTEX_PROP_V1_0",
 )
 _OFFERED = [psymbol(c) for c in FILTER_CAPABILITIES]
-_SUBSCRIPTION_PREFIXES = ("/topic/", "/exchange/")
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
 
 
@@ -68,16 +72,6 @@ def boundary(fn: Callable) -> Callable:
             self._fail(event)
 
     return wrapper
-
-
-def is_subscription(address: str | None, capabilities: tuple[str, ...], distribution_mode: int,
-                    multicast_prefixes: tuple[str, ...] = ()) -> bool:
-    """Whether a source gives each consumer its own copy (non-matches may then be consumed)."""
-    if distribution_mode == Terminus.DIST_MODE_COPY or "topic" in capabilities:
-        return True
-    if address is None:
-        return False
-    return address.startswith(_SUBSCRIPTION_PREFIXES) or any(address.startswith(p) for p in multicast_prefixes)
 
 
 def push_down(upstream: Upstream, address: str | None, fs: FilterSet, dialect: str) -> tuple[str | None, tuple, FilterSet]:
@@ -172,7 +166,14 @@ class FeedBinding:
             if info.subscription is False and self.feed.subscription:
                 # The upstream says this source is shared: never consume a non-match on it.
                 self.feed.subscription = False
+                self.feed.custody = not getattr(self.server.upstream, "redelivers_in_place", False)
             pending, self.pending = self.pending, []
+            if info.subscription is True and not self.feed.subscription and self.key[0] == "queue":
+                # A subscription taken for a queue (sharing.decide had no word for it): the first
+                # link keeps this consumer, the others get subscriptions of their own.
+                self.pending = pending[:1]
+                self.server.unshare(self, pending[1:])
+                pending, self.pending = self.pending, []
             for outlet in pending:
                 self.server.complete_outlet(self, outlet)
         except Exception:
@@ -270,7 +271,6 @@ class ProxyServer(Handler):
         window: int = 100,
         max_credit: int = 1000,
         recycle: bool = True,
-        multicast_prefixes: tuple[str, ...] = (),
         config: Any = None,
         metrics: Any = None,
     ):
@@ -283,7 +283,6 @@ class ProxyServer(Handler):
         self.window = window
         self.max_credit = max_credit
         self.recycle = recycle
-        self.multicast_prefixes = multicast_prefixes
         self.feeds: dict[Any, FeedBinding] = {}
         self.connections: dict[str, _Conn] = {}
         self._conn_ids = itertools.count(1)
@@ -581,10 +580,11 @@ class ProxyServer(Handler):
         except CodecError:
             caps = ()
         routed = route.upstream if route is not None else address
-        if route is not None and route.routing_type:
-            subscription = route.routing_type == "multicast"
-        else:
-            subscription = is_subscription(routed, caps, src.distribution_mode, self.multicast_prefixes)
+        decision = sharing.decide(address=routed, capabilities=caps,
+                                  copy=src.distribution_mode == Terminus.DIST_MODE_COPY,
+                                  rule_routing_type=route.routing_type if route is not None else "",
+                                  upstream=self.upstream)
+        subscription = decision.subscription
         up_address, pushed, local = push_down(self.upstream, routed, wanted, self.dialect)
         link.bf_fs = fs
         link.bf_subscription = subscription
@@ -597,7 +597,7 @@ class ProxyServer(Handler):
         spec = ConsumerSpec(
             address=up_address,
             filters=pushed,
-            capabilities=caps,
+            capabilities=sharing.upstream_capabilities(caps, route.routing_type if route is not None else ""),
             distribution_mode="copy" if src.distribution_mode == Terminus.DIST_MODE_COPY else None,
             durable=src.durability,
             expiry_policy=_EXPIRY.get(src.expiry_policy),
@@ -605,25 +605,47 @@ class ProxyServer(Handler):
             name=link.name,
             container_id=link.connection.remote_container,
         )
-        if subscription:
-            key = ("sub", next(self._sub_ids))
-        else:
-            key = ("queue", up_address, tuple((str(e.key), repr(e.value)) for e in pushed))
+        key = sharing.feed_key(decision, address=up_address, pushed=pushed, local=local,
+                               serial=next(self._sub_ids), link_name=link.name,
+                               container_id=spec.container_id, capabilities=caps,
+                               durable=bool(src.durability) or spec.expiry_policy == "never")
         binding = self.feeds.get(key)
         if binding is None or binding.closed:
-            binding = FeedBinding(self, key, spec, subscription)
-            if self.stopping:
-                binding.feed.stop()
-            self.feeds[key] = binding
-            binding.pending.append(outlet)
-            link.bf_binding = binding
-            binding.consumer = self.upstream.open_consumer(spec, binding)
+            self._open_feed(key, spec, subscription, outlet)
             return
         link.bf_binding = binding
         if binding.ready:
             self.complete_outlet(binding, outlet)
         else:
             binding.pending.append(outlet)
+
+    def _open_feed(self, key: Any, spec: ConsumerSpec, subscription: bool, outlet: Outlet) -> FeedBinding:
+        binding = FeedBinding(self, key, spec, subscription)
+        if self.stopping:
+            binding.feed.stop()
+        self.feeds[key] = binding
+        binding.pending.append(outlet)
+        outlet.io_ref.bf_binding = binding
+        binding.consumer = self.upstream.open_consumer(spec, binding)
+        return binding
+
+    def unshare(self, binding: FeedBinding, outlets: list[Outlet]) -> None:
+        """The upstream says `binding`'s source is a subscription the proxy took for a queue: no
+        link may join it any more, and the links that were waiting for it get feeds of their own."""
+        if self.feeds.get(binding.key) is binding:
+            del self.feeds[binding.key]
+        binding.key = ("subscription", next(self._sub_ids))
+        self.feeds[binding.key] = binding
+        binding.feed.subscription = True
+        binding.feed.recycle = False
+        binding.feed.custody = False
+        for outlet in binding.pending:
+            outlet.io_ref.bf_subscription = True
+        for outlet in outlets:
+            link = outlet.io_ref
+            link.bf_subscription = True
+            spec = dataclasses.replace(binding.spec, name=link.name)
+            self._open_feed(("subscription", next(self._sub_ids)), spec, True, outlet)
 
     def complete_outlet(self, binding: FeedBinding, outlet: Outlet) -> None:
         link = outlet.io_ref
@@ -692,6 +714,11 @@ class ProxyServer(Handler):
         route = self._route(address)
         if route is not None:
             address = route.upstream
+        try:
+            caps = tuple(str(c) for c in (_as_list(data_value(link.remote_target.capabilities))))
+        except CodecError:
+            caps = ()
+        caps = sharing.upstream_capabilities(caps, route.routing_type if route is not None else "")
         if not self.upstream_up:
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
             return
@@ -700,7 +727,7 @@ class ProxyServer(Handler):
         if self.max_message_size:
             link.max_message_size = self.max_message_size  # advertised in the attach reply
         conn.links.add(link)
-        inlet.publisher = self.upstream.open_publisher(address, inlet)
+        inlet.publisher = self.upstream.open_publisher(address, inlet, caps)
 
     @property
     def max_message_size(self) -> int:

@@ -248,9 +248,16 @@ class Upstream(Protocol):
     def can_evaluate(self, entry: Any) -> bool:
         """True if this upstream evaluates the applied filter entry (a `FilterEntry`) itself."""
 
+    def routing_type(self, address: str | None, capabilities: Sequence[str] = ()) -> str | None:
+        """What a consumer of `address` gets in this upstream's address model, known before it
+        attaches: "anycast" (a queue its consumers share), "multicast" (a subscription of its own),
+        or None when the address alone does not tell (see `broker_filter.proxy.sharing`)."""
+
     def open_consumer(self, spec: ConsumerSpec, handler: ConsumerHandler) -> Consumer: ...
 
-    def open_publisher(self, address: str | None, handler: PublisherHandler) -> Publisher: ...
+    def open_publisher(self, address: str | None, handler: PublisherHandler,
+                       capabilities: Sequence[str] = ()) -> Publisher:
+        """`capabilities`: the target capabilities asked for (`topic` / `queue` state a routing type)."""
 
 
 def pushable(upstream: Upstream, entries: Sequence[Any]) -> tuple[Any, ...]:

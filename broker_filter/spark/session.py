@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from pyarrow import Table
@@ -14,6 +15,9 @@ def get_session(master: str | None = "local[*]", app_name: str = "broker-filter"
     """A (possibly existing) SparkSession.  `master=None` leaves the master to spark-submit."""
     if master is None or master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers (the streaming data source, UDFs) run this interpreter, not the first
+        # `python3` on PATH, which may lack pyarrow or broker_filter.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)

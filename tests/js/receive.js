@@ -1,5 +1,6 @@
 // rhea receiver for the proxy tests.  Usage:
 //   node receive.js PORT ADDRESS SELECTOR|- COUNT TIMEOUT_MS
+// SELECTOR may also be props:{JSON} or app:{JSON} for the OASIS property filters.
 // Prints one JSON object per line: {"attached": {...}} or {"detached": {...}}, then {"message": {...}}
 // per message (accepted), then {"done": n}.  Exits 0 once COUNT messages arrived or TIMEOUT_MS passed.
 'use strict';
@@ -22,7 +23,16 @@ function finish(conn) {
 }
 
 const source = { address: address };
-if (selector !== '-') source.filter = rhea.filter.selector(selector);
+if (selector.startsWith('props:')) {
+  // OASIS properties filter (symbolic descriptor, symbol keys) from a JSON object of string values
+  const props = JSON.parse(selector.slice(6));
+  source.filter = { props: rhea.types.wrap_described(rhea.types.wrap_map(props, rhea.types.wrap_symbol), 'amqp:properties-filter') };
+} else if (selector.startsWith('app:')) {
+  // OASIS application-properties filter (numeric descriptor 0x174)
+  source.filter = { app: rhea.types.wrap_described(rhea.types.wrap_map(JSON.parse(selector.slice(4))), 0x174) };
+} else if (selector !== '-') {
+  source.filter = rhea.filter.selector(selector);
+}
 
 container.on('receiver_open', (ctx) => {
   const src = ctx.receiver.remote.attach.source;

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # opskit: shared helpers (import mode is importlib)
 
 
 @pytest.fixture(scope="session")

@@ -17,28 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from broker_filter.config import load
 from broker_filter.metrics import Health, Metrics, serve_http
-
-ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = ROOT / "Dockerfile"
+from opskit import DOCKERFILE, ROOT, instructions
 DOCKER = ROOT / "docker"
-
-
-def instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    out, pending = [], ""
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        line, pending = pending + line, ""
-        keyword, _, rest = line.partition(" ")
-        out.append((keyword.upper(), rest.strip()))
-    return out
 
 
 def final_stage() -> list[tuple[str, str]]:

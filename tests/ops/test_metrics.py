@@ -103,14 +103,20 @@ def test_refusals_reasons_are_bounded(metrics, exporter):
     assert samples["broker_filter_upstream_reconnects_total"] == {(): 1}
 
 
-def test_filter_evaluation_histogram(metrics, exporter):
-    for seconds in (2e-6, 3e-6, 2e-3):
-        metrics.filter_seconds.observe(seconds)
-    samples = scrape(exporter)
-    assert samples["broker_filter_filter_evaluation_seconds_count"][()] == 3
-    buckets = samples["broker_filter_filter_evaluation_seconds_bucket"]
-    assert buckets[(("le", "5e-06"),)] == 2
-    assert buckets[(("le", "+Inf"),)] == 3
+def test_head_and_a_failing_endpoint_leave_the_exporter_serving(metrics):
+    class BrokenHealth(Health):
+        def ready(self):
+            raise RuntimeError("probe bug")
+
+    with serve_http(metrics, BrokenHealth(metrics), "127.0.0.1", 0) as exporter:
+        assert fetch(exporter.url + "/readyz")[::2] == (500, b"internal error\n")
+        request = urllib.request.Request(exporter.url + "/metrics", method="HEAD")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert (response.status, response.read()) == (200, b"")
+            assert response.headers["Cache-Control"] == "no-store"
+        status, headers, body = fetch(exporter.url + "/metrics")
+        assert status == 200 and b"broker_filter_connections " in body
+        assert headers["Cache-Control"] == "no-store"
 
 
 def test_state_comes_from_the_published_snapshot(metrics, exporter):

@@ -89,6 +89,16 @@ def test_redaction():
     assert redact_text("to amqp://a:b@h and amqps://c:d@e/x") == "to amqp://a:***@h and amqps://c:***@e/x"
 
 
+def test_upstream_names_are_redacted_by_the_same_rule():
+    from broker_filter.proxy.remote import RemoteUpstream
+
+    urls = ["amqp://u:secret@[::1]:5672", "amqps://proxy:p%40ss@broker.example"]
+    assert RemoteUpstream(urls).name == ", ".join(redact_url(u) for u in urls)
+    assert RemoteUpstream(urls).name == "amqp://u:***@[::1]:5672, amqps://proxy:***@broker.example"
+    with pytest.raises(ValueError, match=r"not 'http://u:\*\*\*@h'"):
+        RemoteUpstream(["http://u:secret@h"])
+
+
 # -------------------------------------------------------------------------------------------------
 # SASL frames without a network
 

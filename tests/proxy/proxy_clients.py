@@ -162,3 +162,20 @@ def drain(url: str, address: str, idle: float = 2.0, credit: int = 1000, key=lam
     handler = _Drain(url, address, idle, credit, key)
     Container(handler).run()
     return handler.bodies
+
+
+def run_js(script: str, *args: str, timeout: float = 30) -> list[dict]:
+    """Run a rhea client of tests/js (node and rhea come from scripts/setup.sh); its JSON lines."""
+    import json
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    js = Path(__file__).resolve().parents[1] / "js"
+    node = shutil.which("node")
+    if node is None or not (js / "node_modules" / "rhea").is_dir():
+        pytest.fail("node and rhea are required (scripts/setup.sh installs them)")
+    p = subprocess.run([node, str(js / script), *args], capture_output=True, text=True, timeout=timeout)
+    return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]

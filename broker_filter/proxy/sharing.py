@@ -1,0 +1,147 @@
+"""Which client receiving links share one upstream consumer: the rule, in one place.
+
+Theory of operation
+-------------------
+A client receiving link is served by a feed (`broker_filter.forwarding.Feed`), and a feed is one
+upstream consumer.  Whether two links may share a feed follows from what the source *is* in the
+address model (AMQ's anycast and multicast; docs/proxy.md has the same table):
+
+* **queue semantics** (anycast): the upstream has one queue whose consumers compete.  Every client
+  link on the same queue with the same pushed-down filters shares one feed, which offers each message
+  to one link that selects it — what a broker does for consumers with selectors.  A message no link
+  selects must stay for others: it is never consumed for not matching.
+* **subscription semantics** (multicast): every receiver has a subscription of its own and gets every
+  message its filter selects.  A link never shares a feed with another link, whatever the filters, so
+  each gets its own upstream subscription and its own copy.
+* **named subscriptions** (JMS 2.0 shared subscriptions: capability `shared` on a subscription
+  source, named by the link name): the links of one subscription share one feed, because the
+  subscription is one queue shared by name.
+
+The first of these that speaks decides (`decide`):
+
+| what says so | queue | subscription |
+|---|---|---|
+| an `[[address_rules]]` entry | `routing_type = "anycast"` | `routing_type = "multicast"` |
+| the client's source distribution mode | | `copy` |
+| the client's source capabilities | `queue` | `topic` |
+| the upstream's address model (`Upstream.routing_type`) | anycast, FQQN `a::q`, RabbitMQ `/queue/`, `/amq/queue/`, `/queues/` | multicast, wildcard subscriptions, RabbitMQ `/topic/`, `/exchange/`, `/exchanges/` |
+| nothing | every other address | |
+
+Unknown means queue: treating a subscription as a queue splits messages between subscribers
+(visible, and corrected below), but treating a queue as a subscription would consume messages another
+consumer wants (a loss).  When the upstream's attach reply then says the source is a subscription
+(distribution mode `copy`), the proxy stops sharing that feed (`ProxyServer` re-keys it), and when it
+says a source the proxy took for a subscription is shared, non-matching messages are no longer
+consumed on it (`FeedBinding.on_consumer_ready`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ..broker.addresses import subscription_name
+
+QUEUE = "queue"
+SUBSCRIPTION = "subscription"
+ANYCAST = "anycast"
+MULTICAST = "multicast"
+
+# Address forms any AMQ-style or RabbitMQ upstream gives a meaning to (first match wins).
+ADDRESS_FORMS: tuple[tuple[str, str], ...] = (
+    ("anycast://", ANYCAST),
+    ("multicast://", MULTICAST),
+    ("/amq/queue/", ANYCAST),
+    ("/queue/", ANYCAST),
+    ("/queues/", ANYCAST),
+    ("/topic/", MULTICAST),
+    ("/exchange/", MULTICAST),
+    ("/exchanges/", MULTICAST),
+)
+FQQN_SEPARATOR = "::"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How a client link's source is served: `semantics` is QUEUE or SUBSCRIPTION; `reason` says what
+    decided it (for logs, the snapshot and tests)."""
+
+    semantics: str
+    reason: str
+
+    @property
+    def subscription(self) -> bool:
+        return self.semantics == SUBSCRIPTION
+
+
+def address_form_routing(address: str | None) -> str | None:
+    """The routing type an address's own form states (prefixes, an FQQN), or None."""
+    if not address:
+        return None
+    for prefix, routing in ADDRESS_FORMS:
+        if address.startswith(prefix):
+            return routing
+    if FQQN_SEPARATOR in address:
+        return ANYCAST
+    return None
+
+
+def upstream_capabilities(capabilities: Iterable[str], rule_routing_type: str = "") -> tuple[str, ...]:
+    """The terminus capabilities to give the upstream: the client's, with an address rule's routing
+    type stated as `topic` / `queue` (so an AMQ-style upstream routes the address the same way)."""
+    caps = tuple(str(c) for c in capabilities or ())
+    if not rule_routing_type:
+        return caps
+    wanted = "topic" if rule_routing_type == MULTICAST else "queue"
+    return tuple(c for c in caps if c not in ("topic", "queue")) + (wanted,)
+
+
+def decide(*, address: str | None, capabilities: Iterable[str] = (), copy: bool = False,
+           rule_routing_type: str = "", upstream: Any = None) -> Decision:
+    """Queue or subscription semantics for a client receiving link (see the table above).
+
+    address: the upstream address (after address rules); capabilities: the client's source
+    capabilities; copy: the client asked for distribution mode `copy`; rule_routing_type: the routing
+    type of the address rule that matched ("" for none); upstream: asked for its address model."""
+    if rule_routing_type:
+        kind = SUBSCRIPTION if rule_routing_type == MULTICAST else QUEUE
+        return Decision(kind, f"address rule ({rule_routing_type})")
+    if copy:
+        return Decision(SUBSCRIPTION, "distribution mode copy")
+    caps = {str(c) for c in capabilities or ()}
+    if "topic" in caps and "queue" not in caps:
+        return Decision(SUBSCRIPTION, "capability topic")
+    if "queue" in caps and "topic" not in caps:
+        return Decision(QUEUE, "capability queue")
+    routing = None
+    ask = getattr(upstream, "routing_type", None)
+    if ask is not None:
+        routing = ask(address, tuple(caps))
+    if routing == MULTICAST:
+        return Decision(SUBSCRIPTION, "upstream address model (multicast)")
+    if routing == ANYCAST:
+        return Decision(QUEUE, "upstream address model (anycast)")
+    return Decision(QUEUE, "unknown address (queue: nothing is consumed for not matching)")
+
+
+def feed_key(decision: Decision, *, address: str | None, pushed: Iterable[Any], local: Any, serial: int,
+             link_name: str | None = None, container_id: str | None = None,
+             capabilities: Iterable[str] = (), durable: bool = False) -> tuple:
+    """The key of the feed a link joins: links with equal keys share one upstream consumer.
+
+    Queues: the upstream address and the pushed-down filters (the upstream applies those, so only
+    links asking for the same upstream view can share it).  Subscriptions: a key of their own
+    (`serial` is unique per link), except a named shared subscription, whose links share by name
+    (and by their filters: a JMS subscription has one selector)."""
+    pushed_key = tuple((str(e.key), repr(e.value)) for e in pushed)
+    if not decision.subscription:
+        return ("queue", address, pushed_key)
+    named = subscription_name(link_name, container_id, capabilities, durable)
+    if named is not None and named.shared:
+        return ("named", address, named.queue_name, pushed_key, _canonical(local))
+    return ("subscription", serial)
+
+
+def _canonical(filter_set: Any) -> tuple:
+    entries = getattr(filter_set, "entries", ()) or ()
+    return tuple(sorted((getattr(e, "kind", ""), repr(getattr(e, "value", None))) for e in entries))

@@ -1,0 +1,99 @@
+"""The internals of python-qpid-proton and lark the code relies on, one test each.  pyproject.toml pins
+both below their next minor version; when a new version is allowed, these say what to re-check."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+
+def hook(condition: bool, what: str, user: str) -> None:
+    if not condition:
+        pytest.fail(f"{what} is gone or changed in this version; {user} depends on it: adapt it before "
+                    "raising the version bound in pyproject.toml")
+
+
+# -- python-qpid-proton ----------------------------------------------------------------------------
+
+
+def test_proton_iohandler_update():
+    try:
+        from proton._handlers import IOHandler
+    except ImportError:
+        IOHandler = None  # noqa: N806
+    hook(IOHandler is not None and hasattr(IOHandler, "update"), "proton._handlers.IOHandler.update",
+         "broker_filter.listener.Adopter (registers an adopted socket's transport)")
+    params = list(inspect.signature(IOHandler.update).parameters)
+    hook(params == ["transport", "selectable", "now"], "IOHandler.update(transport, selectable, now)",
+         "broker_filter.listener.Adopter")
+
+
+def test_proton_connection_acceptor_flag_skips_connecting():
+    from proton._handlers import IOHandler
+
+    source = inspect.getsource(IOHandler.on_connection_bound)
+    hook("c._acceptor" in source, "IOHandler.on_connection_bound's check of connection._acceptor",
+         "broker_filter.listener.Adopter (marks adopted connections so proton does not dial out)")
+
+
+def test_proton_selectable_and_transport_link_each_other():
+    from proton import Transport
+    from proton._handlers import IOHandler
+    from proton.reactor import Container
+
+    for name in ("on_selectable_readable", "on_selectable_writable", "on_selectable_expired"):
+        hook("s._transport" in inspect.getsource(getattr(IOHandler, name)), f"IOHandler.{name} reading "
+             "selectable._transport", "broker_filter.listener.Adopter and lifecycle.GracefulShutdown")
+    hook("t._selectable" in inspect.getsource(IOHandler.on_transport), "IOHandler.on_transport reading "
+         "transport._selectable", "broker_filter.listener.Adopter")
+    container = Container()
+    selectable = container.selectable()
+    transport = Transport(Transport.SERVER)
+    selectable._transport = transport
+    transport._selectable = selectable
+    hook(selectable._transport is transport and transport._selectable is selectable,
+         "settable Selectable._transport / Transport._selectable", "broker_filter.listener.Adopter")
+    selectable.terminate()
+
+
+def test_proton_acceptor_listening_socket():
+    from proton.reactor import Container
+
+    container = Container()
+    acceptor = container.acceptor("127.0.0.1", 0)
+    try:
+        socket = getattr(getattr(acceptor, "_selectable", None), "_delegate", None)
+        hook(socket is not None and hasattr(socket, "getsockname"), "Acceptor._selectable._delegate (its socket)",
+             "broker_filter.listener.listen (reports the port bound for port 0)")
+        assert socket.getsockname()[1] > 0
+    finally:
+        acceptor.close()
+
+
+# -- lark --------------------------------------------------------------------------------------------
+
+
+def test_lark_lalr_tables():
+    from lark import Lark
+
+    try:
+        from lark.parsers.lalr_analysis import Shift
+    except ImportError:
+        Shift = None  # noqa: N806
+    hook(Shift is not None, "lark.parsers.lalr_analysis.Shift", "broker_filter.filters.parser._Grammar")
+    lark = Lark('start: "a" b\n?b: "b"', parser="lalr", lexer="basic", maybe_placeholders=False)
+    inner = getattr(getattr(getattr(lark, "parser", None), "parser", None), "parser", None)
+    table = getattr(inner, "parse_table", None)
+    hook(table is not None and all(hasattr(table, a) for a in ("states", "start_states", "end_states")),
+         "Lark(...).parser.parser.parser.parse_table with states / start_states / end_states",
+         "broker_filter.filters.parser._Grammar (runs lark's LALR tables with its own driver)")
+    actions = [a for row in table.states.values() for a in row.values()]
+    hook(all(isinstance(a, tuple) and len(a) == 2 for a in actions), "parse-table actions as (action, argument)",
+         "broker_filter.filters.parser._Grammar")
+    rules = [arg for action, arg in actions if action is not Shift]
+    hook(any(rules), "reduce actions in the parse table", "broker_filter.filters.parser._Grammar")
+    for rule in rules:
+        hook(all(hasattr(rule, a) for a in ("alias", "origin", "expansion", "options"))
+             and hasattr(rule.origin, "name") and hasattr(rule.options, "expand1"),
+             "Rule.alias / origin.name / expansion / options.expand1", "broker_filter.filters.parser._Grammar")
