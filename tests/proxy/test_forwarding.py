@@ -101,13 +101,19 @@ def test_queue_holds_non_matches_and_offers_them_to_a_later_link():
     assert feed.stats.held == 3
 
 
-def test_failed_move_keeps_the_message_held():
+def searching_red(window: int, blues: int):
+    """A moving queue feed whose one 'red' outlet has credit 1, fed `blues` blue messages."""
     io = Recorder()
-    feed = Feed(io, subscription=False, window=1, recycle=True)
+    feed = Feed(io, subscription=False, window=window, recycle=True)
     o = Outlet("o", sel("color = 'red'"))
     feed.add_outlet(o)
     feed.set_credit(o, 1)
-    feed_with_arrivals(feed, io, [msg("blue", 0), msg("blue", 1)])
+    feed_with_arrivals(feed, io, [msg("blue", i) for i in range(blues)])
+    return io, feed, o
+
+
+def test_failed_move_keeps_the_message_held():
+    io, feed, o = searching_red(1, 2)
     d, done = io.recycled.pop(0)
     done(False)
     assert any(c.delivery is d for c in feed.held) and io.settled == []
@@ -115,11 +121,14 @@ def test_failed_move_keeps_the_message_held():
     assert all(x is not d for x, _ in io.recycled)  # refused by the broker: not moved again this pass
 
 
-def test_a_link_that_goes_gives_its_deliveries_to_the_others_as_redeliveries():
+def queue_with(*selectors: str, window: int = 10):
+    """A Recorder, a queue feed and outlets "a", "b", ... with these selectors (not yet added)."""
     io = Recorder()
-    feed = Feed(io, subscription=False, window=10)
-    a = Outlet("a", sel("color = 'red'"))
-    b = Outlet("b", sel("color = 'red'"))
+    return io, Feed(io, subscription=False, window=window), [Outlet(chr(97 + i), sel(s)) for i, s in enumerate(selectors)]
+
+
+def test_a_link_that_goes_gives_its_deliveries_to_the_others_as_redeliveries():
+    io, feed, (a, b) = queue_with("color = 'red'", "color = 'red'")
     feed.add_outlet(a)
     feed.add_outlet(b)
     feed.set_credit(a, 3)
@@ -149,10 +158,7 @@ def test_a_link_that_goes_gives_its_deliveries_to_the_others_as_redeliveries():
 
 
 def test_released_in_flight_when_a_link_goes_and_undeliverable_here_skips_that_link():
-    io = Recorder()
-    feed = Feed(io, subscription=False, window=10)
-    a = Outlet("a", sel("TRUE"))
-    b = Outlet("b", sel("TRUE"))
+    io, feed, (a, b) = queue_with("TRUE", "TRUE")
     feed.add_outlet(a)
     feed.set_credit(a, 1)
     d0 = msg(None, 0)
@@ -320,12 +326,7 @@ def test_two_daemons_on_one_queue_each_get_their_matches(seed):
 
 
 def test_stop_lets_moves_in_flight_finish_and_starts_none():
-    io = Recorder()
-    feed = Feed(io, subscription=False, window=10, recycle=True)
-    o = Outlet("o", sel("color = 'red'"))
-    feed.add_outlet(o)
-    feed.set_credit(o, 1)
-    feed_with_arrivals(feed, io, [msg("blue", i) for i in range(11)])
+    io, feed, o = searching_red(10, 11)
     in_flight = list(io.recycled)
     assert feed.moving == len(in_flight) > 1
     feed.stop()
