@@ -321,7 +321,6 @@ class Feed:
         keep = outcome.kind == "modified" and outcome.undeliverable_here and not self.subscription
         if outcome.kind in ("accepted", "rejected") or not (self.custody or keep):
             self.io.settle_upstream(c.delivery, outcome)
-            self.pump()
             return
         # released / modified: the message stays in the proxy, offered first to the other outlets
         if outcome.kind == "modified":
