@@ -199,7 +199,7 @@ class Feed:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         token: str = "",
-        foreign_ttl: float = 10.0,
+        foreign_ttl: float = 60.0,
         look_again: float = 10.0,
         look_again_max: float = 600.0,
         log: Callable[[str], None] | None = None,
