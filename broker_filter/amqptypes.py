@@ -287,11 +287,3 @@ def amqp_type(value: Any) -> str:
             if cls in _TYPE_NAMES:
                 return _TYPE_NAMES[cls]
         raise TypeError(f"no AMQP type for a Python {type(value).__name__}") from None
-
-
-def same_amqp_value(a: Any, b: Any) -> bool:
-    """Equal and of the same AMQP type (the headers-binding notion of 'identical')."""
-    try:
-        return amqp_type(a) == amqp_type(b) and a == b
-    except TypeError:
-        return False

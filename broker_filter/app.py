@@ -55,11 +55,19 @@ def build_upstream(config: Any) -> Any:
 
 
 class App:
-    def __init__(self, config: Any, *, instance: str | None = None):
+    def __init__(self, config: Any, *, instance: str | None = None, io: str = "container"):
         self.config = config
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}"
-        self.container = Container()
-        self.container.container_id = self.instance
+        self.io = io
+        if io == "engine":  # the epoll engine loop (broker_filter.engine) under the same handlers
+            from .engine.container import EngineContainer, client_ssl_context
+
+            secure = any(u.startswith("amqps:") for u in config.upstream.urls)
+            self.container = EngineContainer(
+                self.instance, client_tls=client_ssl_context(config.upstream.tls) if secure else None)
+        else:
+            self.container = Container()
+            self.container.container_id = self.instance
         self.loop = ProtonLoop(self.container)
         self.journal = None
         if config.journal.enabled:  # pyarrow (the [journal] extra) is imported only then
@@ -88,7 +96,11 @@ class App:
     def start(self) -> None:
         """Bind the listener and start connecting upstream (the loop runs in `run`)."""
         from .lifecycle import ConnectionRegistry
-        from .listener import listen
+
+        if self.io == "engine":
+            from .engine.container import listen
+        else:
+            from .listener import listen  # type: ignore[assignment]
 
         host = self.config.listener.host
         handler, check = self.server, None
@@ -108,7 +120,8 @@ class App:
                                max_connections=self.config.limits.connections, on_refused=self._refused)
         self.port = self.acceptor.port
         self.upstream.start(self.loop, self.server)
-        log.info("listening on %s:%s, upstream %s, instance %s", host, self.port, self.upstream.name, self.instance)
+        log.info("listening on %s:%s, upstream %s, instance %s, io %s", host, self.port, self.upstream.name,
+                 self.instance, self.io)
         if self.config.metrics.enabled:
             self._start_metrics()
 

@@ -4,7 +4,9 @@ Theory of operation: `decode(buf, pos) -> (value, end)` reads one encoded value 
 and `skip(buf, pos) -> end` steps over one without building it (sizes of compound and variable
 types are in their headers, so skipping is O(1) for them).  Values come back as the typed values of
 `broker_filter.amqptypes` (a ubyte stays a ubyte).  `encode(value) -> bytes` writes the smallest
-encoding for a value's AMQP type.  Malformed input raises `CodecError`, never anything else.
+encoding for a value's AMQP type.  Malformed input raises `CodecError`, never anything else, with
+what is wrong, the AMQP name of the value it is in and the byte offset where that value starts
+(`truncated map at byte 12`).  Compound and described values nest at most `MAX_DEPTH` deep.
 """
 
 from __future__ import annotations
@@ -81,21 +83,46 @@ def skip(buf: bytes, pos: int) -> int:
 
 
 # ---------------------------------------------------------------------------- decoding
+MAX_DEPTH = 100  # compound and described values nested inside each other
+
+
 def decode(buf: bytes, pos: int = 0) -> tuple[Any, int]:
     """Decode the value at pos: (value, offset after it)."""
     try:
         code = buf[pos]
         return _DECODERS[code](buf, pos + 1)
-    except KeyError:
-        raise CodecError(f"unknown type code 0x{buf[pos]:02x}", pos) from None
     except CodecError:
         raise
-    except (IndexError, struct.error, UnicodeDecodeError, ValueError, TypeError, RecursionError) as e:
-        raise CodecError(f"malformed value ({e.__class__.__name__}: {e})", pos) from None
+    except (KeyError, IndexError, struct.error, UnicodeDecodeError, ValueError, TypeError, RecursionError) as e:
+        raise _fault(e, pos) from None
 
 
-def _dec_value(buf: bytes, pos: int) -> tuple[Any, int]:
-    return _DECODERS[buf[pos]](buf, pos + 1)
+def _fault(e: BaseException, pos: int) -> CodecError:
+    """What went wrong, named by the innermost value being decoded when it did (found in the
+    traceback: every decoder keeps `p`, the offset just past its type code, or the element offset
+    for the elements of an array)."""
+    name, at = "value", pos
+    tb, in_array = e.__traceback__, False
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code in _VALUE_NAMES:
+            name = _VALUE_NAMES[frame.f_code]
+            at = frame.f_locals["p"] - (0 if in_array else 1)
+        in_array = frame.f_code is _array.__code__
+        tb = tb.tb_next
+    if isinstance(e, KeyError):
+        return CodecError(f"unknown type code 0x{e.args[0]:02x} in {name}", at)
+    if isinstance(e, (IndexError, struct.error)):
+        return CodecError(f"truncated {name}", at)
+    if isinstance(e, UnicodeDecodeError):
+        return CodecError(f"{name} is not valid {'ASCII' if name == 'symbol' else 'UTF-8'}", at)
+    if isinstance(e, RecursionError):
+        return CodecError(f"values nested too deeply in {name}", at)
+    return CodecError(f"malformed {name}: {e}", at)
+
+
+def _too_deep(p: int) -> CodecError:
+    return CodecError(f"values nested deeper than {MAX_DEPTH}", p - 1)
 
 
 def _check_end(buf: bytes, end: int) -> int:
@@ -104,101 +131,101 @@ def _check_end(buf: bytes, end: int) -> int:
     return end
 
 
-def _d_null(b, p):
+def _d_null(b, p, d=0):
     return None, p
 
 
-def _d_true(b, p):
+def _d_true(b, p, d=0):
     return True, p
 
 
-def _d_false(b, p):
+def _d_false(b, p, d=0):
     return False, p
 
 
-def _d_uint0(b, p):
+def _d_uint0(b, p, d=0):
     return _new_int(t.uint, 0), p
 
 
-def _d_ulong0(b, p):
+def _d_ulong0(b, p, d=0):
     return _new_int(t.ulong, 0), p
 
 
-def _d_list0(b, p):
+def _d_list0(b, p, d=0):
     return [], p
 
 
-def _d_ubyte(b, p):
+def _d_ubyte(b, p, d=0):
     return _new_int(t.ubyte, b[p]), p + 1
 
 
-def _d_byte(b, p):
+def _d_byte(b, p, d=0):
     return _new_int(t.byte, _i8(b, p)[0]), p + 1
 
 
-def _d_smalluint(b, p):
+def _d_smalluint(b, p, d=0):
     return _new_int(t.uint, b[p]), p + 1
 
 
-def _d_smallulong(b, p):
+def _d_smallulong(b, p, d=0):
     return _new_int(t.ulong, b[p]), p + 1
 
 
-def _d_smallint(b, p):
+def _d_smallint(b, p, d=0):
     return _new_int(t.int32, _i8(b, p)[0]), p + 1
 
 
-def _d_smalllong(b, p):
+def _d_smalllong(b, p, d=0):
     return _i8(b, p)[0], p + 1
 
 
-def _d_boolean(b, p):
+def _d_boolean(b, p, d=0):
     v = b[p]
     if v > 1:
-        raise ValueError(f"boolean byte {v}")
+        raise ValueError(f"byte {v} is neither 0 nor 1")
     return v == 1, p + 1
 
 
-def _d_ushort(b, p):
+def _d_ushort(b, p, d=0):
     return _new_int(t.ushort, _u16(b, p)[0]), p + 2
 
 
-def _d_short(b, p):
+def _d_short(b, p, d=0):
     return _new_int(t.short, _i16(b, p)[0]), p + 2
 
 
-def _d_uint(b, p):
+def _d_uint(b, p, d=0):
     return _new_int(t.uint, _u32(b, p)[0]), p + 4
 
 
-def _d_int(b, p):
+def _d_int(b, p, d=0):
     return _new_int(t.int32, _i32(b, p)[0]), p + 4
 
 
-def _d_float(b, p):
+def _d_float(b, p, d=0):
     return _new_float(t.float32, _f32(b, p)[0]), p + 4
 
 
-def _d_char(b, p):
+def _d_char(b, p, d=0):
     code = _u32(b, p)[0]
     if code > 0x10FFFF:
         raise CodecError(f"char {code:#x} is not a Unicode code point", p)
     return t.char(chr(code)), p + 4
 
 
-def _d_ulong(b, p):
+def _d_ulong(b, p, d=0):
     return _new_int(t.ulong, _u64(b, p)[0]), p + 8
 
 
-def _d_long(b, p):
+def _d_long(b, p, d=0):
     return _i64(b, p)[0], p + 8
 
 
-def _d_double(b, p):
+def _d_double(b, p, d=0):
     return _f64(b, p)[0], p + 8
 
 
-def _d_timestamp(b, p):
+def _d_timestamp(b, p, d=0):
     return _new_int(t.timestamp, _i64(b, p)[0]), p + 8
 
 
@@ -218,78 +245,82 @@ def _bid(bits: int, width: int, exp_bits: int, bias: int) -> Decimal:
     return Decimal((sign, tuple(int(c) for c in str(coeff)), exp - bias))
 
 
-def _d_decimal32(b, p):
+def _d_decimal32(b, p, d=0):
     return t.decimal32(_bid(_u32(b, p)[0], 32, 8, 101)), p + 4
 
 
-def _d_decimal64(b, p):
+def _d_decimal64(b, p, d=0):
     return t.decimal64(_bid(_u64(b, p)[0], 64, 10, 398)), p + 8
 
 
-def _d_decimal128(b, p):
+def _d_decimal128(b, p, d=0):
     return t.decimal128(_bid(int.from_bytes(b[p : p + 16], "big"), 128, 14, 6176)), p + 16
 
 
-def _d_uuid(b, p):
+def _d_uuid(b, p, d=0):
     _check_end(b, p + 16)
     return uuid.UUID(bytes=bytes(b[p : p + 16])), p + 16
 
 
-def _d_vbin8(b, p):
+def _d_vbin8(b, p, d=0):
     end = _check_end(b, p + 1 + b[p])
     return bytes(b[p + 1 : end]), end
 
 
-def _d_vbin32(b, p):
+def _d_vbin32(b, p, d=0):
     end = _check_end(b, p + 4 + _u32(b, p)[0])
     return bytes(b[p + 4 : end]), end
 
 
-def _d_str8(b, p):
+def _d_str8(b, p, d=0):
     end = _check_end(b, p + 1 + b[p])
     return str(b[p + 1 : end], "utf-8"), end
 
 
-def _d_str32(b, p):
+def _d_str32(b, p, d=0):
     end = _check_end(b, p + 4 + _u32(b, p)[0])
     return str(b[p + 4 : end], "utf-8"), end
 
 
-def _d_sym8(b, p):
+def _d_sym8(b, p, d=0):
     end = _check_end(b, p + 1 + b[p])
     return _new_str(t.symbol, str(b[p + 1 : end], "ascii")), end
 
 
-def _d_sym32(b, p):
+def _d_sym32(b, p, d=0):
     end = _check_end(b, p + 4 + _u32(b, p)[0])
     return _new_str(t.symbol, str(b[p + 4 : end], "ascii")), end
 
 
-def _items(b, p, end, count):
+def _items(b, p, end, count, d):
     out = []
     for _ in range(count):
-        v, p = _DECODERS[b[p]](b, p + 1)
+        v, p = _DECODERS[b[p]](b, p + 1, d)
         out.append(v)
     if p != end:
         raise ValueError(f"compound size says {end}, items end at {p}")
     return out
 
 
-def _d_list8(b, p):
+def _d_list8(b, p, d=0):
+    if d >= MAX_DEPTH:
+        raise _too_deep(p)
     size, count = _u8u8(b, p)
     end = _check_end(b, p + 1 + size)
-    return _items(b, p + 2, end, count), end
+    return _items(b, p + 2, end, count, d + 1), end
 
 
-def _d_list32(b, p):
+def _d_list32(b, p, d=0):
+    if d >= MAX_DEPTH:
+        raise _too_deep(p)
     size, count = _u32u32(b, p)
     end = _check_end(b, p + 4 + size)
-    return _items(b, p + 8, end, count), end
+    return _items(b, p + 8, end, count, d + 1), end
 
 
 def _pairs(items: list) -> dict:
     if len(items) % 2:
-        raise ValueError("a map has an even number of items")
+        raise ValueError(f"odd number of items ({len(items)})")
     it = iter(items)
     out = {}
     for k in it:
@@ -300,24 +331,28 @@ def _pairs(items: list) -> dict:
     return out
 
 
-def _d_map8(b, p):
+def _d_map8(b, p, d=0):
+    if d >= MAX_DEPTH:
+        raise _too_deep(p)
     size, count = _u8u8(b, p)
     end = _check_end(b, p + 1 + size)
-    return _pairs(_items(b, p + 2, end, count)), end
+    return _pairs(_items(b, p + 2, end, count, d + 1)), end
 
 
-def _d_map32(b, p):
+def _d_map32(b, p, d=0):
+    if d >= MAX_DEPTH:
+        raise _too_deep(p)
     size, count = _u32u32(b, p)
     end = _check_end(b, p + 4 + size)
-    return _pairs(_items(b, p + 8, end, count)), end
+    return _pairs(_items(b, p + 8, end, count, d + 1)), end
 
 
-def _array(b, p, end, count):
+def _array(b, p, end, count, d):
     code = b[p]
     p += 1
     descriptor = None
     if code == 0x00:
-        descriptor, p = _dec_value(b, p)
+        descriptor, p = _DECODERS[b[p]](b, p + 1, d)
         code = b[p]
         p += 1
     name = _CODE_NAMES.get(code)
@@ -326,32 +361,38 @@ def _array(b, p, end, count):
     dec = _DECODERS[code]
     items = []
     for _ in range(count):
-        v, p = dec(b, p)
+        v, p = dec(b, p, d)
         items.append(v if descriptor is None else t.Described(descriptor, v))
     if p != end:
         raise ValueError(f"array size says {end}, items end at {p}")
     return t.Array("described" if descriptor is not None else name, items), end
 
 
-def _d_array8(b, p):
+def _d_array8(b, p, d=0):
+    if d >= MAX_DEPTH:
+        raise _too_deep(p)
     size, count = _u8u8(b, p)
     end = _check_end(b, p + 1 + size)
-    return _array(b, p + 2, end, count)
+    return _array(b, p + 2, end, count, d + 1)
 
 
-def _d_array32(b, p):
+def _d_array32(b, p, d=0):
+    if d >= MAX_DEPTH:
+        raise _too_deep(p)
     size, count = _u32u32(b, p)
     end = _check_end(b, p + 4 + size)
-    return _array(b, p + 8, end, count)
+    return _array(b, p + 8, end, count, d + 1)
 
 
-def _d_described(b, p):
-    descriptor, p = _DECODERS[b[p]](b, p + 1)
-    value, p = _DECODERS[b[p]](b, p + 1)
-    return t.Described(descriptor, value), p
+def _d_described(b, p, d=0):
+    if d >= MAX_DEPTH:
+        raise _too_deep(p)
+    descriptor, q = _DECODERS[b[p]](b, p + 1, d + 1)
+    value, q = _DECODERS[b[q]](b, q + 1, d + 1)
+    return t.Described(descriptor, value), q
 
 
-_DECODERS: dict[int, Callable[[bytes, int], tuple[Any, int]]] = {
+_DECODERS: dict[int, Callable[..., tuple[Any, int]]] = {
     0x00: _d_described,
     0x40: _d_null, 0x41: _d_true, 0x42: _d_false, 0x43: _d_uint0, 0x44: _d_ulong0, 0x45: _d_list0,
     0x50: _d_ubyte, 0x51: _d_byte, 0x52: _d_smalluint, 0x53: _d_smallulong, 0x54: _d_smallint,
@@ -375,6 +416,9 @@ _CODE_NAMES = {
     0xA3: "symbol", 0xB0: "binary", 0xB1: "string", 0xB3: "symbol", 0xC0: "list", 0xC1: "map",
     0xD0: "list", 0xD1: "map", 0xE0: "array", 0xF0: "array",
 }
+
+# Decoder code object -> the name of what it decodes (for error messages).
+_VALUE_NAMES = {fn.__code__: _CODE_NAMES.get(code, "described value") for code, fn in _DECODERS.items()}
 
 
 # ---------------------------------------------------------------------------- encoding

@@ -6,10 +6,14 @@ Theory of operation:
   three words).  `*` matches exactly one word, `#` zero or more, both only as whole words (`a#b` is a
   literal word); the rule and its NFA matcher are `wildcards.wildcard_matcher`, shared with the AMQ
   address wildcards.  A message without a subject matches only the key `#`.
-* headers: `x-match` is `all` (default), `any`, `all-with-x` or `any-with-x`; in the plain modes other
-  `x-` keys are ignored.  A pair matches when the application properties hold the key with an
-  identical value of the same AMQP type; a null binding value tests presence only.  `all` over no
-  pairs matches every message, `any` over no pairs none.
+* headers: `x-match` (the key in any case: Broker-J clients send `X-match`) is `all` (default), `any`,
+  `all-with-x` or `any-with-x`; in the plain modes other `x-` keys are ignored.  A pair matches when
+  the application properties hold the key with an equal value of the same class: the eight integer
+  types by numeric value, float and double by value, string and symbol by text, anything else only
+  with the same AMQP type (RabbitMQ compares the values once the AMQP type is dropped, qpid-cpp reads
+  integers as int64); an integer never equals a floating value, nor a boolean anything else.  A null
+  binding value tests presence only.  `all` over no pairs matches every message, `any` over no pairs
+  none.
 Binding filters answer TRUE or FALSE, never UNKNOWN.
 """
 
@@ -17,12 +21,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..amqptypes import amqp_type, same_amqp_value
+from ..amqptypes import amqp_type
 from .base import Filter
 from .errors import FilterError
 from .wildcards import wildcard_matcher
 
 X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
+X_MATCH = "x-match"
+
+# Headers equality classes: values of one class compare by value (integers, floating values) or text.
+INTEGER_TYPES = frozenset({"ubyte", "ushort", "uint", "ulong", "byte", "short", "int", "long"})
+FLOAT_TYPES = frozenset({"float", "double"})
+TEXT_TYPES = frozenset({"string", "symbol"})
+
+
+def equality_class(amqp_type_name: str) -> str:
+    """The class a headers binding compares values within: integer, float, text, or the type itself."""
+    if amqp_type_name in INTEGER_TYPES:
+        return "integer"
+    if amqp_type_name in FLOAT_TYPES:
+        return "float"
+    if amqp_type_name in TEXT_TYPES:
+        return "text"
+    return amqp_type_name
+
+
+def headers_equal(got: Any, want: Any) -> bool:
+    """Whether a property value matches a binding value: same class, equal value."""
+    try:
+        if equality_class(amqp_type(got)) != equality_class(amqp_type(want)):
+            return False
+    except TypeError:
+        return False
+    return got == want
 
 
 def _subject(m: Any) -> Any:
@@ -61,15 +92,17 @@ def topic_binding(key: Any) -> Filter:
 def headers_binding(binding: Any) -> Filter:
     if not isinstance(binding, dict):
         raise FilterError(f"a headers binding is a map, not {_kind(binding)}")
-    mode = "all"
+    mode, seen_mode = "all", None
     pairs: list[tuple[str, Any]] = []
     for k, v in binding.items():
         if not isinstance(k, str):
             raise FilterError(f"headers binding keys are strings, not {_kind(k)}")
-        if k == "x-match":
+        if k.lower() == X_MATCH:
             if not isinstance(v, str) or str(v) not in X_MATCH_MODES:
-                raise FilterError(f"x-match must be one of {', '.join(X_MATCH_MODES)}, not {v!r}")
-            mode = str(v)
+                raise FilterError(f"{k} must be one of {', '.join(X_MATCH_MODES)}, not {v!r}")
+            if seen_mode is not None and str(v) != mode:
+                raise FilterError(f"{seen_mode} and {k} disagree ({mode!r}, {str(v)!r})")
+            mode, seen_mode = str(v), str(k)
             continue
         if isinstance(v, (dict, list)):
             raise FilterError(f"headers binding value for {k!r} must be a simple type, not {_kind(v)}")
@@ -84,7 +117,7 @@ def headers_binding(binding: Any) -> Filter:
         got = props.get(k, _missing)
         if got is _missing:
             return False
-        return True if v is None else same_amqp_value(got, v)
+        return True if v is None else headers_equal(got, v)
 
     def fn(m: Any, r: Any = None) -> bool:
         props = m.application_properties or {}

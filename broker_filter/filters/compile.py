@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import amqptypes as t
 from . import ast
-from .runtime import Abort, Semantics, kleene_all, kleene_any, like_form, like_matcher
+from .runtime import Abort, Semantics, kleene_all, kleene_any, like_form, like_matcher, string_test_matcher
 from .view import HEADERS
 
 # Exact classes whose Python value is their JMS value (ulong is not: >= 2**63 reads as a negative long).
@@ -151,17 +151,18 @@ class _Compiler:
 
     def compare(self, node: ast.Binary) -> str:
         op, left, right = node.op, node.left, node.right
-        if isinstance(left, ast.Literal) and not isinstance(right, ast.Literal):
-            op, left, right = _MIRROR[op], right, left
-        slow = self.const(self.sem.comparator(op), ("cmp", op))
         if self.d.null_equality == "artemis" and op in ("=", "<>"):
-            # NULL handling differs for = / <>: always through the dialect's rules, with a fast path
-            # for a str against a string literal.
+            # NULL handling differs for = / <> (and by side, so no mirroring): always through the
+            # dialect's rules, with a fast path for a str against a string literal on the right.
+            slow = self.const(self.sem.comparator(op), ("cmp", op))
             if isinstance(right, ast.Literal) and right.type == "string":
                 x = self.tmp()
                 c = self.const(right.value, ("lit", "string", repr(right.value)))
                 return f"(({x} {_PY_OP[op]} {c}) if ({x} := {self.value(left)}).__class__ is str else {slow}({x}, {c}))"
             return f"{slow}({self.value(left)}, {self.value(right)})"
+        if isinstance(left, ast.Literal) and not isinstance(right, ast.Literal) and not self.d.string_coercion:
+            op, left, right = _MIRROR[op], right, left  # RocketMQ coerces by side: no mirroring there
+        slow = self.const(self.sem.comparator(op), ("cmp", op))
         x = self.tmp()
         lv = self.value(left)
         if isinstance(right, ast.Literal):
@@ -202,7 +203,7 @@ class _Compiler:
         form = like_form(node.pattern, node.escape)
         if form is not None:
             kind, text = form
-            c = self.const(text, ("lit", "string", text))
+            c = self.const(text, ("lit", "string", repr(text)))
             fast = {"equals": f"$ == {c}", "prefix": f"$.startswith({c})", "suffix": f"$.endswith({c})", "contains": f"{c} in $"}[kind]
         else:
             fast = f"{self.const(matcher)}($)"
@@ -210,14 +211,16 @@ class _Compiler:
 
     def string_test(self, node: ast.StringTest) -> str:
         v = node.value
-        c = self.const(v, ("lit", "string", v))
-        if node.op == "CONTAINS":
-            match, fast = (lambda s: v in s), f"{c} in $"
-        elif node.op == "STARTSWITH":
-            match, fast = (lambda s: s.startswith(v)), f"$.startswith({c})"
-        else:
-            match, fast = (lambda s: s.endswith(v)), f"$.endswith({c})"
-        return self._predicate(node.operand, match, node.negated, fast)
+        if not v:  # RocketMQ: an empty search string never matches, NOT forms included
+            return "False"
+        c = self.const(v, ("lit", "string", repr(v)))
+        match = string_test_matcher(node.op, v)
+        fast = {"CONTAINS": f"{c} in $", "STARTSWITH": f"$.startswith({c})", "ENDSWITH": f"$.endswith({c})"}[node.op]
+        if node.negated:
+            fast = f"not ({fast})"
+        x = self.tmp()
+        test = self.const(self.sem.string_test(match, node.negated))
+        return f"(({fast.replace('$', x)}) if ({x} := {self.value(node.operand)}).__class__ is str else {test}({x}))"
 
     def between(self, node: ast.Between) -> str:
         fn = self.const(self.sem.between(node.negated), ("between", node.negated))
@@ -378,16 +381,17 @@ class _Closures:
             fn = sem.numeric_in(tuple(_literal_value(x) for x in node.values), node.negated)
             get = self.value(node.operand)
             return lambda m, ap, ma: fn(get(m, ap, ma))
-        if isinstance(node, (ast.In, ast.Like, ast.StringTest)):
+        if isinstance(node, ast.StringTest):
+            get = self.value(node.operand)
+            if not node.value:
+                return lambda m, ap, ma: False
+            test = sem.string_test(string_test_matcher(node.op, node.value), node.negated)
+            return lambda m, ap, ma: test(get(m, ap, ma))
+        if isinstance(node, (ast.In, ast.Like)):
             if isinstance(node, ast.In):
                 match = frozenset(x.value for x in node.values).__contains__
-            elif isinstance(node, ast.Like):
-                match = like_matcher(node.pattern, node.escape)
             else:
-                val = node.value
-                match = {"CONTAINS": lambda s: val in s, "STARTSWITH": lambda s: s.startswith(val)}.get(
-                    node.op, lambda s: s.endswith(val)
-                )
+                match = like_matcher(node.pattern, node.escape)
             pred, get = sem.predicate(match, node.negated), self.value(node.operand)
             return lambda m, ap, ma: pred(get(m, ap, ma))
         if isinstance(node, ast.Tags):

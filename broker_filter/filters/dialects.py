@@ -19,12 +19,14 @@ class Dialect:
     # semantics
     mismatch: str = "false"  # non-like operands: "false" (JMS) | "not" (Artemis: negated forms are NOT of
     #                          the positive one) | "error" (RocketMQ: evaluation error, not delivered)
-    null_equality: str = "unknown"  # "unknown" (JMS) | "artemis" (= with one NULL is FALSE, both NULL TRUE)
-    floating_division: bool = False  # Artemis: `/` always divides as double
-    string_coercion: bool = False  # RocketMQ: a string compares as the other side's number type
+    null_equality: str = "unknown"  # "unknown" (JMS) | "artemis" (`=`: NULL left UNKNOWN, NULL right
+    #                                  alone FALSE, both NULL TRUE; `<>` is NOT `=`)
+    string_coercion: bool = False  # RocketMQ: a string compares as the other side's number type, two
+    #                                strings order as doubles, a string against a boolean is Boolean.valueOf
     # syntax
-    quoted_identifiers: bool = False  # Artemis "my-prop"
+    quoted_identifiers: bool = True  # "my prop" (Artemis, Qpid JMS, Broker-J, qpid-cpp)
     annotation_prefix: bool = False  # Artemis m.name
+    arithmetic: bool = True  # binary + - * / (RocketMQ's grammar has only the unary signs)
     prefixes: bool = False  # Artemis convert_string_expressions: / hyphenated_props:
     like: bool = True
     string_tests: bool = False  # RocketMQ CONTAINS / STARTSWITH / ENDSWITH
@@ -44,8 +46,6 @@ ARTEMIS = Dialect(
     headers=JMS_HEADERS | ARTEMIS_HEADERS,
     mismatch="not",
     null_equality="artemis",
-    floating_division=True,
-    quoted_identifiers=True,
     annotation_prefix=True,
     prefixes=True,
 )
@@ -54,6 +54,8 @@ ROCKETMQ = Dialect(
     headers=frozenset({"TAGS"}),
     mismatch="error",
     string_coercion=True,
+    quoted_identifiers=False,
+    arithmetic=False,
     like=False,
     string_tests=True,
     tags=True,

@@ -44,10 +44,12 @@ DEFAULT_LIMITS = Limits()
 _IDENT = r"/(?!\d)[\w$]+/"
 _IDENT_HYPHEN = r"/(?!\d)[\w$]+(?:-[\w$]+)*/"
 
-_EXTRA_ARTEMIS = """| QIDENT                                 -> qident
-        | ANNOT                                  -> annotation"""
-_TERMINALS_ARTEMIS = r"""
+_EXTRA_QUOTED = """| QIDENT                                 -> qident"""
+_EXTRA_ANNOTATION = """| ANNOT                                  -> annotation"""
+_TERMINALS_QUOTED = r"""
 QIDENT: /"(?:[^"]|"")*"/
+"""
+_TERMINALS_ANNOTATION = r"""
 ANNOT.2: /m\.[\w$][\w$.\-]*/
 """
 _STRING_TESTS = """| sum STRTEST sum                      -> strtest
@@ -62,13 +64,16 @@ _TAGS_RE = re.compile(rf"\s*(?:(\*)|({_TAG_WORD}(?:\s*\|\|\s*{_TAG_WORD})*))\s*"
 
 
 @functools.lru_cache(maxsize=None)
-def _grammar(artemis: bool, hyphenated: bool, rocketmq: bool) -> str:
+def _grammar(quoted: bool, annotations: bool, hyphenated: bool, rocketmq: bool) -> str:
     text = resources.files(__package__).joinpath("grammar/selector.lark").read_text(encoding="utf-8")
     text = text.replace("@IDENT@", _IDENT_HYPHEN if hyphenated else _IDENT)
-    text = text.replace("@EXTRA_PRIMARY@", _EXTRA_ARTEMIS if artemis else "")
+    extra = (_EXTRA_QUOTED if quoted else "") + ("\n        " + _EXTRA_ANNOTATION if annotations else "")
+    text = text.replace("@EXTRA_PRIMARY@", extra)
     text = text.replace("@STRING_TESTS@", _STRING_TESTS if rocketmq else "")
-    if artemis:
-        text += _TERMINALS_ARTEMIS
+    if quoted:
+        text += _TERMINALS_QUOTED
+    if annotations:
+        text += _TERMINALS_ANNOTATION
     if rocketmq:
         text += _TERMINALS_ROCKETMQ
     return text
@@ -111,8 +116,9 @@ class _Grammar:
     Table rows map a token type to ("s", next state) or ("r", size, goto symbol, callback name,
     inline); `inline` marks `?rule` reductions of one child, which pass the child through."""
 
-    def __init__(self, artemis: bool, hyphenated: bool, rocketmq: bool):
-        lark = Lark(_grammar(artemis, hyphenated, rocketmq), parser="lalr", lexer="basic", maybe_placeholders=False)
+    def __init__(self, quoted: bool, annotations: bool, hyphenated: bool, rocketmq: bool):
+        grammar = _grammar(quoted, annotations, hyphenated, rocketmq)
+        lark = Lark(grammar, parser="lalr", lexer="basic", maybe_placeholders=False)
         inner = lark.parser.parser.parser  # lark.parsers.lalr_parser._Parser: the LALR tables
         table = inner.parse_table
         self.start = table.start_states["start"]
@@ -133,8 +139,10 @@ class _Grammar:
             self.states[state] = row
         ident = r"(?!\d)[\w$]+(?:-[\w$]+)*" if hyphenated else r"(?!\d)[\w$]+"
         parts = [r"(?P<WS>[ \t\f\r\n]+)", r"(?P<STRING>'(?:[^']|'')*')", f"(?P<NUMBER>{_NUMBER_RE})"]
-        if artemis:
-            parts += [r'(?P<QIDENT>"(?:[^"]|"")*")', r"(?P<ANNOT>m\.[\w$][\w$.\-]*)"]
+        if quoted:
+            parts.append(r'(?P<QIDENT>"(?:[^"]|"")*")')
+        if annotations:
+            parts.append(r"(?P<ANNOT>m\.[\w$][\w$.\-]*)")
         parts += [
             f"(?P<IDENT>{ident})",
             r"(?P<COMPARE><>|<=|>=|=|<|>)",
@@ -206,8 +214,8 @@ _CALLBACK_NAMES = (
 
 
 @functools.lru_cache(maxsize=None)
-def _grammar_variant(artemis: bool, hyphenated: bool, rocketmq: bool) -> _Grammar:
-    return _Grammar(artemis, hyphenated, rocketmq)
+def _grammar_variant(quoted: bool, annotations: bool, hyphenated: bool, rocketmq: bool) -> _Grammar:
+    return _Grammar(quoted, annotations, hyphenated, rocketmq)
 
 
 class _Chain:
@@ -263,6 +271,7 @@ class _Builder:
         self.keep: list = []  # keeps nodes alive so id() stays unique while parsing
         self.unsuffixed: set[int] = set()  # numeric literals without an L suffix
         self.overflow: dict[int, int] = {}  # 2**63 literals awaiting a unary minus
+        self.sums: dict[int, str] = {}  # id(`+` node) -> its static type ("num", "str" or "val")
 
     # ------------------------------------------------------------------ helpers
     def err(self, message: str, pos: int | None) -> SelectorError:
@@ -285,8 +294,9 @@ class _Builder:
             return self.at(ast.balanced(node.op, node.items), node.pos)
         return node
 
-    @staticmethod
-    def stype(node: Any) -> str:
+    def stype(self, node: Any) -> str:
+        """The static type: "cond", "bool", "str", "num", "any" (an identifier) or "val" (a `+` that
+        concatenates or adds, depending on its left operand at run time)."""
         if isinstance(node, ast.Literal):
             return {"string": "str", "boolean": "bool"}.get(node.type, "num")
         if isinstance(node, ast.Ident):
@@ -294,14 +304,17 @@ class _Builder:
         if isinstance(node, ast.Unary):
             return "cond" if node.op == "NOT" else "num"
         if isinstance(node, ast.Binary):
+            if node.op == "+":
+                return self.sums.get(id(node), "num")
             return "num" if node.op in ast.ARITHMETIC_OPS else "cond"
         return "cond"
 
-    @staticmethod
-    def what(node: Any) -> str:
+    def what(self, node: Any) -> str:
         if isinstance(node, ast.Literal):
             return {"string": "string", "boolean": "boolean"}.get(node.type, "number") + " literal"
-        return {"cond": "a condition", "num": "an arithmetic expression"}.get(_Builder.stype(node), "an expression")
+        return {"cond": "a condition", "num": "an arithmetic expression", "val": "an arithmetic expression", "str": "a string expression"}.get(
+            self.stype(node), "an expression"
+        )
 
     def cond(self, node: Any) -> Any:
         node = self.fin(node)
@@ -419,6 +432,17 @@ class _Builder:
 
     def arith(self, c):
         left, op, right = c
+        if not self.d.arithmetic:
+            raise self.err(f"the {self.d.name} dialect has no arithmetic: '{op.value}' is not allowed", op.start_pos)
+        if op.value == "+":
+            # Java's createPlus: a string on the left concatenates whatever is on the right.
+            left = self.value(left)
+            lt = self.stype(left)
+            if lt in ("str", "any", "val"):
+                right = self.value(right)
+                node = self.at(ast.Binary("+", left, right), self.p(left))
+                self.sums[id(node)] = "str" if lt == "str" else "val"
+                return node
         left = self.numeric(left, f"'{op.value}'")
         right = self.numeric(right, f"'{op.value}'")
         return self.at(ast.Binary(op.value, left, right), self.p(left))
@@ -431,7 +455,8 @@ class _Builder:
             for side, st in ((left, lt), (right, rt)):
                 if st in ("str", "bool"):
                     raise self.err(f"'{op}' compares numbers; {self.what(side)} can only be compared with = or <>", self.p(side))
-        if isinstance(left, ast.Literal) and isinstance(right, ast.Literal) and lt != rt:
+        if isinstance(left, ast.Literal) and isinstance(right, ast.Literal) and lt != rt and "bool" in (lt, rt):
+            # A string against a number literal is legal (and FALSE); a boolean literal only meets a boolean.
             raise self.err(f"cannot compare a {self.what(left)} with a {self.what(right)}", c[1].start_pos)
         return self.at(ast.Binary(op, left, right), self.p(left))
 
@@ -507,8 +532,6 @@ class _Builder:
             if len(esc.value) != 1:
                 raise self.err(f"ESCAPE must be exactly one character, got '{esc.value}'", self.p(esc))
             escape = esc.value
-            if _ends_with_lone_escape(pattern.value, escape):
-                raise self.err(f"LIKE pattern ends with its escape character '{escape}'", self.p(pattern))
         if self.stype(operand) in ("num", "bool"):
             raise self.err(f"LIKE needs a string, found {self.what(operand)}", self.p(operand))
         return self.at(ast.Like(operand, pattern.value, escape, negated), self.p(operand))
@@ -561,18 +584,6 @@ class _Builder:
 
     def empty(self, c):
         return None
-
-
-def _ends_with_lone_escape(pattern: str, escape: str) -> bool:
-    i, n = 0, len(pattern)
-    while i < n:
-        if pattern[i] == escape:
-            if i + 1 == n:
-                return True
-            i += 2
-        else:
-            i += 1
-    return False
 
 
 def _nesting_depth(root: Any) -> int:
@@ -630,7 +641,7 @@ def parse(text: str, dialect: "str | Dialect" = "jms", limits: Limits = DEFAULT_
     if not body.strip():
         return ast.Selector(None, d.name, convert, hyphenated, text=text)
 
-    grammar = _grammar_variant(d.quoted_identifiers, hyphenated, d.string_tests)
+    grammar = _grammar_variant(d.quoted_identifiers, d.annotation_prefix, hyphenated, d.string_tests)
     builder = _Builder(d, text, offset, limits)
     try:
         expr = grammar.parse(body, builder)

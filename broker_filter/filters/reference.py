@@ -24,6 +24,7 @@ import re
 from typing import Any, NamedTuple
 
 from . import ast
+from ..amqptypes import float32
 from .view import HEADERS, INT32_TYPES, jms_value
 
 
@@ -83,7 +84,7 @@ def value_of(jms: Any) -> Value:
     if isinstance(jms, int):
         return Value("int" if isinstance(jms, INT32_TYPES) else "long", int(jms))
     if isinstance(jms, float):
-        return Value("double", float(jms))
+        return Value("double", jms)  # a float32 keeps its class: `'x' + f` writes it as a Java float
     if isinstance(jms, str):
         return Value("string", str(jms))
     return Value("opaque", jms)
@@ -156,13 +157,16 @@ def parse_boolean(text: str) -> Value | None:
 
 
 def like_match(text: str, pattern: str, escape: str | None) -> bool:
-    """SQL LIKE over the whole text: `_` one character, `%` any run; `escape` quotes the next one."""
+    """SQL LIKE over the whole text: `_` one character, `%` any run.  The escape character makes a
+    following `%`, `_` or escape character literal; followed by anything else (or by nothing) it is
+    an ordinary pattern character itself (ActiveMQ and Artemis `shouldEscapeNext`)."""
     tokens: list[tuple[str, str]] = []  # ("lit", c) | ("one", "") | ("any", "")
     i = 0
     while i < len(pattern):
         c = pattern[i]
-        if escape is not None and c == escape and i + 1 < len(pattern):
-            tokens.append(("lit", pattern[i + 1]))
+        following = pattern[i + 1 : i + 2]
+        if c == escape and following and following in "%_" + escape:
+            tokens.append(("lit", following))
             i += 2
             continue
         if c == "%":
@@ -261,8 +265,10 @@ class Interpreter:
         if self.convert_strings:
             left, right = self.converted(left, right), self.converted(right, left)
         if op in ("=", "<>"):
+            if left.kind == "null" and right.kind != "null":
+                return None  # a NULL left operand alone: UNKNOWN, for `<>` (NOT `=`) too
             if left.kind == "null" or right.kind == "null":
-                equal = left.kind == right.kind  # both NULL: TRUE; exactly one: FALSE
+                equal = left.kind == right.kind  # both NULL: TRUE; a NULL right operand alone: FALSE
             elif left.kind in NUMERIC_KINDS and right.kind in NUMERIC_KINDS:
                 equal = numeric_compare("=", left.data, right.data)
             elif left.kind == right.kind and left.kind in ("string", "boolean"):
@@ -289,6 +295,12 @@ class Interpreter:
     def compare_rocketmq(self, op: str, left: Value, right: Value) -> bool | None:
         if left.kind == "null" or right.kind == "null":
             return None
+        if left.kind == "string" and right.kind == "boolean":
+            left = Value("boolean", left.data.lower() == "true")  # Boolean.valueOf(string)
+        if left.kind == right.kind == "string" and op not in ("=", "<>"):
+            left, right = Value("double", parse_double(left.data)), Value("double", parse_double(right.data))
+            if left.data is None or right.data is None:
+                raise EvaluationError()  # strings order only as numbers (Double.valueOf)
         left, right = self.coerced(left, right), self.coerced(right, left)
         if left.kind in NUMERIC_KINDS and right.kind in NUMERIC_KINDS:
             return numeric_compare(op, left.data, right.data)
@@ -348,11 +360,10 @@ class Interpreter:
         return not found if node.negated else found
 
     def string_test(self, node: ast.StringTest) -> bool | None:
+        """RocketMQ: an empty search string, a NULL and a non-string are all FALSE (NOT forms too)."""
         v = self.value(node.operand)
-        if v.kind == "null":
-            return None
-        if v.kind != "string":
-            return self.fail_or(False)
+        if node.value == "" or v.kind != "string":
+            return False
         if node.op == "CONTAINS":
             found = node.value in v.data
         elif node.op == "STARTSWITH":
@@ -421,10 +432,13 @@ class Interpreter:
         return integer_value(v.kind, -v.data)
 
     def arithmetic(self, op: str, left: Value, right: Value) -> Value:
+        if op == "+" and left.kind == "string":
+            text = java_string(right)  # createPlus: a string on the left concatenates
+            return NULL if text is None else Value("string", left.data + text)
         left, right = self.number(left), self.number(right)
         if left.kind == "null" or right.kind == "null":
             return NULL
-        if op == "/" and self.dialect == "artemis":
+        if op == "/":  # ArithmeticExpression.divide: always as doubles
             return Value("double", float_divide(float(left.data), float(right.data)))
         if left.kind == "double" or right.kind == "double":
             a, b = float(left.data), float(right.data)
@@ -441,16 +455,45 @@ class Interpreter:
             return integer_value(kind, a + b)
         if op == "-":
             return integer_value(kind, a - b)
-        if op == "*":
-            return integer_value(kind, a * b)
-        return self.integer_divide(kind, a, b)
+        return integer_value(kind, a * b)
 
-    def integer_divide(self, kind: str, a: int, b: int) -> Value:
-        """Java integer division: truncated toward zero, wrapping; by zero it is UNKNOWN (NULL)."""
-        if b == 0:
-            return NULL
-        quotient = abs(a) // abs(b)
-        return integer_value(kind, quotient if (a < 0) == (b < 0) else -quotient)
+
+def java_string(v: Value) -> str | None:
+    """String.valueOf of a value, or None for NULL and for values JMS has no type for."""
+    if v.kind == "string":
+        return v.data
+    if v.kind == "boolean":
+        return str(v.data).lower()
+    if v.kind in INTEGER_KINDS:
+        return str(v.data)
+    if v.kind == "double":
+        return java_decimal(v.data, isinstance(v.data, float32))
+    return None
+
+
+def java_decimal(x: float, single: bool) -> str:
+    """Double.toString / Float.toString: NaN, (-)Infinity, else the fewest significant digits that
+    read back as `x`, plain when 0.001 <= |x| < 10^7, else one digit, a point and `E` exponent."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "-Infinity" if x < 0 else "Infinity"
+    if x == 0:
+        return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
+    digits, exponent = "", 0
+    for significant in range(1, 18):
+        mantissa, _, power = f"{abs(x):.{significant - 1}e}".partition("e")
+        candidate = float(f"{mantissa}e{power}")
+        if (float32(candidate) == float32(abs(x))) if single else candidate == abs(x):
+            digits, exponent = mantissa.replace(".", "").rstrip("0") or "0", int(power)
+            break
+    sign = "-" if x < 0 else ""
+    if 1e-3 <= abs(x) < 1e7:
+        if exponent < 0:
+            return f"{sign}0.{'0' * (-exponent - 1)}{digits}"
+        whole, fraction = digits[: exponent + 1].ljust(exponent + 1, "0"), digits[exponent + 1 :]
+        return f"{sign}{whole}.{fraction or '0'}"
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{exponent}"
 
 
 def mismatched(a: Value, b: Value) -> bool:

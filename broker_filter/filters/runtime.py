@@ -8,11 +8,14 @@ the compiled selector turns into "not delivered".
 
 Numbers follow Java: an integer compared with a floating value is widened to double; NaN equals NaN
 and is greater than every other number (Double.compareTo, as Java brokers and Spark do); integer
-arithmetic wraps at 32 bits (byte/short/int operands) or 64 bits; integer division truncates.
+arithmetic wraps at 32 bits (byte/short/int operands) or 64 bits; `/` always divides as doubles (the
+Java peers' ArithmeticExpression.divide).  `+` with a string on the left concatenates the right
+operand's Java `String.valueOf` text (`java_text`).
 """
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 from typing import Any, Callable
@@ -120,9 +123,11 @@ class Semantics:
         self.error = dialect.mismatch == "error"
 
     # ------------------------------------------------------------------ coercion
-    def _coerce(self, s: str, other: Any) -> Any:
+    def _coerce(self, s: str, other: Any, left: bool) -> Any:
         """A string converted to the other operand's type (raises ValueError when it cannot be)."""
         if other is True or other is False:
+            if self.d.string_coercion and left:  # RocketMQ: Boolean.valueOf(string)
+                return s.lower() == "true"
             if self.convert and s.lower() in ("true", "false"):
                 return s.lower() == "true"
             raise ValueError(s)
@@ -146,20 +151,21 @@ class Semantics:
     def compare(self, op: str, a: Any, b: Any) -> bool | None:
         a = jms_value(a)
         b = jms_value(b)
-        if self.d.null_equality == "artemis" and op in ("=", "<>"):
-            if a is None or b is None:
-                eq = a is None and b is None
-                return eq if op == "=" else not eq
         if a is None or b is None:
+            if self.d.null_equality == "artemis" and op in ("=", "<>") and b is None:
+                # Artemis: a NULL right operand alone is FALSE, both NULL TRUE (a NULL left operand
+                # alone stays UNKNOWN); `<>` is NOT `=`
+                equal = a is None
+                return equal if op == "=" else not equal
             return None
         ca, cb = category(a), category(b)
         if ca != cb:
             if (self.convert or self.d.string_coercion) and (ca == "str" or cb == "str") and "other" not in (ca, cb):
                 try:
                     if ca == "str":
-                        a = self._coerce(a, b)
+                        a = self._coerce(a, b, True)
                     else:
-                        b = self._coerce(b, a)
+                        b = self._coerce(b, a, False)
                 except ValueError:
                     if self.error:
                         raise Abort("string does not convert to a number") from None
@@ -176,6 +182,11 @@ class Semantics:
                 return a == b
             if op == "<>":
                 return a != b
+            if self.d.string_coercion and ca == "str":  # RocketMQ: two strings order as doubles
+                try:
+                    return _ORDER[op](_num_cmp(_java_float_from_string(a), _java_float_from_string(b)))
+                except ValueError:
+                    raise Abort(f"{op} on strings that are not numbers") from None
             if self.error:
                 raise Abort(f"{op} needs numbers")
             return False
@@ -210,11 +221,16 @@ class Semantics:
         return _NOT_A_NUMBER
 
     def arith(self, op: str, a: Any, b: Any) -> Any:
-        a = self._number(a)  # both operands are checked first: in RocketMQ a type error anywhere
-        b = self._number(b)  # decides, even beside a NULL
+        if op == "+":
+            a = jms_value(a)
+            if a.__class__ is str:  # Java's createPlus: a string on the left concatenates
+                text = java_text(jms_value(b))
+                return None if text is None else a + text
+        a = self._number(a)
+        b = self._number(b)
         if a is None or b is None or a is _NOT_A_NUMBER or b is _NOT_A_NUMBER:
             return None
-        if isinstance(a, float) or isinstance(b, float) or (op == "/" and self.d.floating_division):
+        if isinstance(a, float) or isinstance(b, float) or op == "/":
             a, b = float(a), float(b)
             if op == "+":
                 return a + b
@@ -232,13 +248,8 @@ class Semantics:
             r = a + b
         elif op == "-":
             r = a - b
-        elif op == "*":
-            r = a * b
         else:
-            if b == 0:  # Java's ArithmeticException: UNKNOWN in every dialect
-                return None
-            q = abs(a) // abs(b)
-            r = q if (a >= 0) == (b >= 0) else -q
+            r = a * b
         r = _wrap(int(r), bits)
         return t.int32(r) if bits == 32 else r
 
@@ -284,6 +295,18 @@ class Semantics:
             return (not match(s)) if negated else match(s)
 
         return pred
+
+    def string_test(self, match: Callable[[str], bool], negated: bool) -> Callable[[Any], Any]:
+        """RocketMQ CONTAINS / STARTSWITH / ENDSWITH (and NOT forms) over a non-empty search string:
+        a NULL or non-string value is FALSE, never UNKNOWN or an error."""
+
+        def test(v: Any) -> bool:
+            v = jms_value(v)
+            if v.__class__ is not str:
+                return False
+            return (not match(v)) if negated else match(v)
+
+        return test
 
     def numeric_in(self, values: tuple, negated: bool) -> Callable[[Any], Any]:
         """RocketMQ IN, whose list may hold numbers: each element compared with `=`."""
@@ -338,6 +361,49 @@ def _mismatched(v: Any, low: Any, high: Any) -> bool:
     return any(x is not None and category(jms_value(x)) != cv for x in (low, high))
 
 
+def java_text(v: Any) -> str | None:
+    """Java's `String.valueOf` of a JMS value (None for NULL and for values with no JMS type)."""
+    if v is None:
+        return None
+    if v is True or v is False:
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(int(v))
+    if isinstance(v, float):
+        return java_float_text(v, isinstance(v, t.float32))
+    if v.__class__ is str:
+        return v
+    return None
+
+
+def java_float_text(x: float, single: bool = False) -> str:
+    """Double.toString (Float.toString when `single`): the shortest digits that read back, written
+    plain for 10^-3 <= |x| < 10^7 and as `d.dddE<n>` otherwise."""
+    if x != x:
+        return "NaN"
+    if x in (math.inf, -math.inf):
+        return "Infinity" if x > 0 else "-Infinity"
+    if x == 0.0:
+        return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
+    if single:
+        for precision in range(9):
+            text = f"{x:.{precision}e}"
+            if t.float32(float(text)) == x:
+                break
+    else:
+        text = repr(x)
+    sign, digits, exponent = decimal.Decimal(text).as_tuple()
+    digits_text = "".join(map(str, digits)).rstrip("0") or "0"
+    point = len(digits) + exponent  # the decimal point sits after this many of the digits
+    head = "-" if sign else ""
+    if 1e-3 <= abs(x) < 1e7:
+        if point <= 0:
+            return f"{head}0.{'0' * -point}{digits_text}"
+        whole = digits_text[:point].ljust(point, "0")
+        return f"{head}{whole}.{digits_text[point:] or '0'}"
+    return f"{head}{digits_text[0]}.{digits_text[1:] or '0'}E{point - 1}"
+
+
 class _Sentinel:
     __slots__ = ("name",)
 
@@ -352,6 +418,15 @@ _MISMATCH = _Sentinel("MISMATCH")
 _NOT_A_NUMBER = _Sentinel("NOT_A_NUMBER")
 
 
+def string_test_matcher(op: str, search: str) -> Callable[[str], bool]:
+    """RocketMQ CONTAINS / STARTSWITH / ENDSWITH as a test of a string."""
+    if op == "CONTAINS":
+        return lambda s: search in s
+    if op == "STARTSWITH":
+        return lambda s: s.startswith(search)
+    return lambda s: s.endswith(search)
+
+
 # ---------------------------------------------------------------------- LIKE
 def like_form(pattern: str, escape: str | None) -> tuple[str, str] | None:
     """("equals" | "prefix" | "suffix" | "contains", text) for patterns that are one of those, else None."""
@@ -359,7 +434,7 @@ def like_form(pattern: str, escape: str | None) -> tuple[str, str] | None:
     i, n = 0, len(pattern)
     while i < n:
         ch = pattern[i]
-        if escape is not None and ch == escape and i + 1 < n:
+        if ch == escape and i + 1 < n and pattern[i + 1] in ("%", "_", escape):
             chars.append(pattern[i + 1])
             i += 2
             continue
@@ -387,6 +462,9 @@ _PERCENT = object()
 def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
     """A matcher for a LIKE pattern, linear in the value for a fixed pattern.
 
+    The escape character (ActiveMQ / Artemis rule) quotes only a following `%`, `_` or itself;
+    anywhere else, at the end included, it is an ordinary pattern character (so `ESCAPE '%'` works).
+
     The pattern is cut at each `%` into segments (with `_` as a one-character wildcard).  The first
     segment must match at the start, the last at the end, and each middle one is found leftmost after
     the previous: greedy leftmost placement is optimal for `%`-separated segments, so no backtracking.
@@ -395,7 +473,7 @@ def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
     i, n = 0, len(pattern)
     while i < n:
         ch = pattern[i]
-        if escape is not None and ch == escape and i + 1 < n:
+        if ch == escape and i + 1 < n and pattern[i + 1] in ("%", "_", escape):
             segments[-1].append(pattern[i + 1])
             i += 2
             continue

@@ -13,8 +13,9 @@ Rules mirrored from the reference interpreter (broker_filter.filters.reference):
   is widened to double; NaN equals NaN and sorts above every number; -0.0 equals 0.0), which is
   exactly Spark's double comparison;
 * int arithmetic wraps at 32 bits, long at 64 (the session must run with spark.sql.ansi.enabled=false,
-  which `configure` sets); integer division truncates and is NULL for a zero divisor; floating
-  division by zero gives +-Infinity or NaN (Spark's `/` would give NULL);
+  which `configure` sets); `/` always divides as doubles, and by zero gives +-Infinity or NaN
+  (Spark's `/` would give NULL); `+` with a string on the left concatenates the right operand's
+  Java text (Spark's casts to string write doubles and floats as Java's toString does);
 * rocketmq: every condition whose evaluation fails (a type mismatch, an unparsable string...) is
   collected, and the selector is FALSE when any of them holds, as AND / OR evaluate both sides.
 
@@ -50,7 +51,7 @@ _AMQP_KIND = {
 
 _INTEGER_TEXT = r"\A[+-]?[0-9]+\z"
 # What Java's Double.parseDouble accepts after trimming (no hexadecimal floats), as the core reads it.
-_DOUBLE_TEXT = r"\A[+-]?(NaN|Infinity|([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)[fFdD]?\z"
+_DOUBLE_TEXT = r"\A[+-]?(NaN|Infinity|([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?[fFdD]?)\z"  # Double.valueOf: no suffix after NaN or Infinity
 _JAVA_TRIM = r"\A[\x{0}-\x{20}]+|[\x{0}-\x{20}]+\z"
 ROCKETMQ_FAILURE = False  # what the core answers when a rocketmq evaluation fails (not delivered)
 
@@ -125,6 +126,7 @@ class Val:
     d: Column | None = None
     s: Column | None = None
     b: Column | None = None
+    f32: Column | None = None  # TRUE when a double is an AMQP float (Java Float: `'x' + f` writes it so)
     level: int = 0  # projection layer that holds the materialized components (0: literal, no layer)
 
     def is_(self, kinds: frozenset | set) -> Any:
@@ -178,6 +180,7 @@ def typed_val(v: Column) -> Val:
         d=v.getField("double"),
         s=v.getField("string"),
         b=v.getField("boolean"),
+        f32=t == "float",
     )
 
 
@@ -288,7 +291,7 @@ class _Compiler:
     def keep(self, v: Val, level: int) -> Val:
         """`v` with its components materialized at `level`, so parents reference, not copy, them."""
         out = Val(v.kinds, v.nullable, v.tag, level=0)
-        for field in ("tag", "l", "d", "s", "b"):
+        for field in ("tag", "l", "d", "s", "b", "f32"):
             c = getattr(v, field)
             if c is not None:
                 ref, at = self.define(level, c)
@@ -335,10 +338,12 @@ class _Compiler:
             if self.convert:
                 left, right = self.converted(left, right), self.converted(right, left)
             if op in ("=", "<>"):
+                # a NULL left operand alone is UNKNOWN, a NULL right operand alone FALSE, both TRUE
                 equal = _case(
                     [
                         (_and(left.is_null(), right.is_null()), True),
-                        (_or(left.is_null(), right.is_null()), False),
+                        (left.is_null(), None),
+                        (right.is_null(), False),
                     ],
                     self.equal_non_null(left, right),
                 )
@@ -348,7 +353,10 @@ class _Compiler:
                 False,
             )
         if self.dialect == "rocketmq":
-            l2, r2 = self.coerced(left, right), self.coerced(right, left)
+            if op not in ("=", "<>"):
+                left, right = self.strings_as_doubles(left, right)
+            equality = op in ("=", "<>")  # only there can a string on the left become a boolean
+            l2, r2 = self.coerced(left, right, equality), self.coerced(right, left, False)
             both_num = _and(l2.is_(NUMERIC), r2.is_(NUMERIC))
             same = _or(
                 _and(l2.is_({"string"}), r2.is_({"string"})), _and(l2.is_({"boolean"}), r2.is_({"boolean"}))
@@ -408,9 +416,11 @@ class _Compiler:
         )
         return self.keep(out, max(v.level, other.level) + 1)
 
-    def coerced(self, v: Val, other: Val) -> Val:
-        """RocketMQ: a string compared with a number is read as that number's type, or fails."""
-        if not v.kind_possible("string") or not (other.kinds & NUMERIC):
+    def coerced(self, v: Val, other: Val, to_boolean: bool) -> Val:
+        """RocketMQ: a string compared with a number is read as that number's type, or fails; with
+        `to_boolean` (a string left of `=` / `<>`), a string against a boolean is Boolean.valueOf."""
+        to_bool = _and(v.is_({"string"}), other.is_({"boolean"})) if to_boolean else False
+        if not v.kind_possible("string") or not (other.kinds & NUMERIC or to_bool is not False):
             return v
         s = v.s
         is_str = v.is_({"string"})
@@ -419,15 +429,31 @@ class _Compiler:
         self.fail_when(_and(to_long, _not(_int_text_ok(s))))
         self.fail_when(_and(to_double, _not(_double_text_ok(s))))
         out = Val(
-            v.kinds | {"long", "double"},
+            v.kinds | {"long", "double", "boolean"},
             v.nullable,
-            _case([(to_long, _tag("long")), (to_double, _tag("double"))], v.tag),
+            _case([(to_long, _tag("long")), (to_double, _tag("double")), (to_bool, _tag("boolean"))], v.tag),
             l=_case([(to_long, s.cast("long"))], v.l),
             d=_case([(to_double, _double_of_text(s))], v.d),
             s=s,
-            b=v.b,
+            b=_case([(to_bool, F.lower(s) == "true")], v.b),
         )
         return self.keep(out, max(v.level, other.level) + 1)
+
+    def strings_as_doubles(self, left: Val, right: Val) -> tuple[Val, Val]:
+        """RocketMQ `< <= > >=` on two strings: both read as doubles (Double.valueOf), or fail."""
+        both = _and(left.is_({"string"}), right.is_({"string"}))
+        if both is False:
+            return left, right
+        level = max(left.level, right.level) + 1
+        if not isinstance(both, bool):
+            both, level = self.define(level, both)
+        out = []
+        for v in (left, right):
+            number, _ = self.define(level, F.when(_col(both) & _double_text_ok(v.s), _double_of_text(v.s)))
+            self.fail_when(_and(both, number.isNull()))  # the text does not read as a double
+            tag = _case([(both, _tag("double"))], v.tag)
+            out.append(self.keep(Val(v.kinds | {"double"}, v.nullable, tag, l=v.l, d=F.coalesce(number, v.d), s=v.s, b=v.b), level + 1))
+        return out[0], out[1]
 
     def between(self, node: ast.Between) -> Any:
         v, low, high = self.value(node.operand), self.value(node.low), self.value(node.high)
@@ -463,10 +489,10 @@ class _Compiler:
         return _case([(v.is_null(), None), (v.is_({"string"}), ~found if node.negated else found)], mismatch)
 
     def string_test(self, node: ast.StringTest) -> Any:
+        """RocketMQ: an empty search string, a NULL and a non-string value are all FALSE."""
         v = self.value(node.operand)
-        self.fail_when(_and(_not(v.is_null()), _not(v.is_({"string"}))))
-        if v.s is None:
-            return _case([(v.is_null(), None)], False)
+        if v.s is None or not node.value:
+            return False
         text = F.lit(node.value)
         if node.op == "CONTAINS":
             found = v.s.contains(text)
@@ -474,7 +500,7 @@ class _Compiler:
             found = v.s.startswith(text)
         else:
             found = v.s.endswith(text)
-        return _case([(v.is_null(), None), (v.is_({"string"}), ~found if node.negated else found)], False)
+        return _case([(v.is_({"string"}), ~found if node.negated else found)], False)
 
     # ------------------------------------------------------------------ values
     def value(self, node: Any) -> Val:
@@ -544,16 +570,35 @@ class _Compiler:
         if not kinds:
             return _null_val()
         return self.keep(
-            Val(kinds, True, _case([(v.is_(NUMERIC), v.tag)], None), l=v.l, d=v.d, level=v.level), v.level + 1
+            Val(kinds, True, _case([(v.is_(NUMERIC), v.tag)], None), l=v.l, d=v.d, f32=v.f32, level=v.level),
+            v.level + 1,
         )
 
+    def plus_string(self, left: Val, right: Val) -> Val:
+        """`+` whose left operand may be a string: concatenation when it is one (a NULL or typeless
+        right operand gives NULL), numeric addition otherwise."""
+        added = self.arithmetic("+", _without_strings(left), right)
+        text = _java_text(right)
+        is_str = left.is_({"string"})
+        out = Val(
+            added.kinds | {"string"},
+            True,
+            _case([(is_str, F.when(text.isNotNull(), _tag("string"))), (left.is_null(), None)], added.tag),
+            l=added.l,
+            d=added.d,
+            s=F.concat(left.s, text),
+        )
+        return self.keep(out, max(left.level, right.level, added.level) + 1)
+
     def arithmetic(self, op: str, left: Val, right: Val) -> Val:
+        if op == "+" and left.kind_possible("string"):
+            return self.plus_string(left, right)
         left, right = self.number(left), self.number(right)
         if not left.kinds or not right.kinds:
             return _null_val()
         nullable = left.nullable or right.nullable
         null = _or(left.is_null(), right.is_null())
-        if op == "/" and self.dialect == "artemis":
+        if op == "/":
             d = _float_divide(left.as_double(), right.as_double())
             level = max(left.level, right.level) + 1
             return self.keep(Val(frozenset({"double"}), nullable, _case([(null, None)], _tag("double")), d=d), level)
@@ -570,27 +615,71 @@ class _Compiler:
         d = None
         if "double" in kinds:
             a, b = left.as_double(), right.as_double()
-            d = {"+": a + b, "-": a - b, "*": a * b, "/": None}[op] if op != "/" else _float_divide(a, b)
+            d = {"+": a + b, "-": a - b, "*": a * b}[op]
         lcol = None
-        div_by_zero: Any = False
         if kinds & INTEGER:
             a, b = _long_or_null(left.l), _long_or_null(right.l)
             if op == "+":
                 raw = a + b
             elif op == "-":
                 raw = a - b
-            elif op == "*":
-                raw = a * b
             else:
-                raw = F.call_function("div", a, b)  # truncates; NULL for a zero divisor
-                div_by_zero = _and(_not(any_double), b == 0)
+                raw = a * b
             lcol = _case([(any_long, raw)], _wrap32(raw))
-        tag = _case(
-            [(null, None), (div_by_zero, None), (any_double, _tag("double")), (any_long, _tag("long"))],
-            _tag("int"),
-        )
-        may_be_null = nullable or div_by_zero is not False
-        return self.keep(Val(frozenset(kinds), may_be_null, tag, l=lcol, d=d), max(left.level, right.level) + 1)
+        tag = _case([(null, None), (any_double, _tag("double")), (any_long, _tag("long"))], _tag("int"))
+        return self.keep(Val(frozenset(kinds), nullable, tag, l=lcol, d=d), max(left.level, right.level) + 1)
+
+
+def _without_strings(v: Val) -> Val:
+    """`v` with its string kind taken away (a string there is handled by the caller)."""
+    if "string" not in v.kinds:
+        return v
+    tag = _case([(v.is_({"string"}), None)], v.tag)
+    return Val(v.kinds - {"string"}, True, tag, l=v.l, d=v.d, b=v.b, f32=v.f32, level=v.level)
+
+
+def _java_text(v: Val) -> Column:
+    """Java's String.valueOf of a value (NULL for NULL and for values with no JMS type)."""
+    branches: list[tuple[Any, Any]] = []
+    if "string" in v.kinds:
+        branches.append((v.is_({"string"}), v.s))
+    if "boolean" in v.kinds:
+        branches.append((v.is_({"boolean"}), F.when(v.b, F.lit("true")).otherwise(F.lit("false"))))
+    if v.kinds & INTEGER:
+        branches.append((v.is_(INTEGER), v.l.cast("string")))
+    if "double" in v.kinds:
+        single = _safe(v.f32) if v.f32 is not None else False
+        branches.append((v.is_({"double"}), _case([(single, _java_decimal(v.d, True))], _java_decimal(v.d, False))))
+    return _case(branches, F.lit(None).cast("string"))
+
+
+def _java_decimal(d: Column, single: bool) -> Column:
+    """Double.toString (Float.toString when `single`) with the shortest digits that read back, as
+    the core writes it (Spark's own cast follows the running JVM, which before Java 19 sometimes
+    writes more digits): the first `%.Ne` that round-trips, laid out as Java does."""
+    kind = "float" if single else "double"
+    target = d.cast(kind)
+    candidates = [F.call_function("format_string", F.lit(f"%.{n}e"), d) for n in range(9 if single else 17)]
+    sci = _case([(c.cast(kind) == target, c) for c in candidates], candidates[-1])
+    digits = F.regexp_replace(F.regexp_replace(F.call_function("split_part", sci, F.lit("e"), F.lit(1)), r"[-.]", ""), "0+$", "")
+    digits = F.when(digits == F.lit(""), F.lit("0")).otherwise(digits)
+    exponent = F.call_function("split_part", sci, F.lit("e"), F.lit(2)).cast("int")
+    sign = F.when(d < F.lit(0.0), F.lit("-")).otherwise(F.lit(""))
+    magnitude = F.call_function("abs", d)
+    small = F.concat(sign, F.lit("0."), F.call_function("repeat", F.lit("0"), -exponent - F.lit(1)), digits)
+    whole = F.call_function("rpad", F.call_function("substr", digits, F.lit(1), exponent + F.lit(1)), exponent + F.lit(1), F.lit("0"))
+    rest = F.call_function("substr", digits, exponent + F.lit(2))
+    plain = F.concat(sign, whole, F.lit("."), F.when(rest == F.lit(""), F.lit("0")).otherwise(rest))
+    head = F.call_function("substr", digits, F.lit(1), F.lit(1))
+    tail = F.call_function("substr", digits, F.lit(2))
+    scientific = F.concat(sign, head, F.lit("."), F.when(tail == F.lit(""), F.lit("0")).otherwise(tail), F.lit("E"), exponent.cast("string"))
+    special = F.isnan(d) | (magnitude == F.lit(float("inf"))) | (d == F.lit(0.0))
+    return (
+        F.when(special, d.cast(kind).cast("string"))
+        .when((magnitude >= F.lit(1e-3)) & (magnitude < F.lit(1e7)) & (exponent < F.lit(0)), small)
+        .when((magnitude >= F.lit(1e-3)) & (magnitude < F.lit(1e7)), plain)
+        .otherwise(scientific)
+    )
 
 
 def _int_text_ok(s: Column) -> Column:
@@ -663,7 +752,7 @@ def like_regex(pattern: str, escape: str | None) -> str:
     i = 0
     while i < len(pattern):
         c = pattern[i]
-        if escape is not None and c == escape and i + 1 < len(pattern):
+        if c == escape and pattern[i + 1 : i + 2] in ("%", "_", escape):  # ActiveMQ / Artemis rule
             out.append(_regex_literal(pattern[i + 1]))
             i += 2
             continue
@@ -849,12 +938,14 @@ def topic_condition(key: str) -> Any:
 
 
 def headers_condition(binding: dict) -> Any:
-    """TRUE / FALSE: the legacy headers binding (x-match all / any / all-with-x / any-with-x)."""
-    from .. import amqptypes as t
+    """TRUE / FALSE: the legacy headers binding (x-match all / any / all-with-x / any-with-x, the key
+    in any case); values compare within their class as `bindings.headers_equal` does."""
     from ..archive import typed_value
+    from ..filters.bindings import FLOAT_TYPES, INTEGER_TYPES, TEXT_TYPES, X_MATCH, equality_class
 
-    mode = str(binding.get("x-match", "all"))
-    pairs = [(str(k), v) for k, v in binding.items() if k != "x-match"]
+    modes = [str(v) for k, v in binding.items() if str(k).lower() == X_MATCH]
+    mode = modes[-1] if modes else "all"
+    pairs = [(str(k), v) for k, v in binding.items() if str(k).lower() != X_MATCH]
     if not mode.endswith("-with-x"):
         pairs = [(k, v) for k, v in pairs if not k.startswith("x-")]
     ap = F.col("application_properties")
@@ -866,17 +957,26 @@ def headers_condition(binding: dict) -> Any:
             continue
         want = typed_value(v)
         got = F.try_element_at(ap, F.lit(k))
-        same = got.getField("type") == F.lit(want["type"])
-        decimal = want["type"].startswith("decimal")
-        for field in ("string", "long", "double", "boolean", "binary"):
-            if want.get(field) is None or (decimal and field == "string"):
-                continue  # decimals compare by value (1.0 = 1.00), not by text
-            if field == "binary":
-                same = same & (F.hex(got.getField("binary")) == F.lit(want["binary"].hex().upper()))
-            elif field == "double" and t.amqp_type(v) in ("float", "double") and want["double"] != want["double"]:
-                same = F.lit(False)  # NaN equals nothing
-            else:
-                same = same & (got.getField(field) == F.lit(want[field]))
+        got_type = got.getField("type")
+        kind = equality_class(want["type"])
+        if kind == "integer":  # by value: a ulong is compared by its decimal text, never its bits
+            got_text = F.when(got_type == F.lit("ulong"), got.getField("string")).otherwise(got.getField("long").cast("string"))
+            same = got_type.isin(*sorted(INTEGER_TYPES)) & (got_text == F.lit(str(int(v))))
+        elif kind == "float":  # by value; NaN equals nothing
+            nan = want["double"] != want["double"]
+            same = F.lit(False) if nan else got_type.isin(*sorted(FLOAT_TYPES)) & (got.getField("double") == F.lit(want["double"]))
+        elif kind == "text":
+            same = got_type.isin(*sorted(TEXT_TYPES)) & (got.getField("string") == F.lit(want["string"]))
+        else:
+            same = got_type == F.lit(want["type"])
+            decimal = want["type"].startswith("decimal")
+            for field in ("string", "long", "double", "boolean", "binary"):
+                if want.get(field) is None or (decimal and field == "string"):
+                    continue  # decimals compare by value (1.0 = 1.00), not by text
+                if field == "binary":
+                    same = same & (F.hex(got.getField("binary")) == F.lit(want["binary"].hex().upper()))
+                else:
+                    same = same & (got.getField(field) == F.lit(want[field]))
         conds.append(present & F.coalesce(same, F.lit(False)))
     if mode.startswith("all"):
         return _and(*conds) if conds else True

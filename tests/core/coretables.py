@@ -72,7 +72,9 @@ def selector_cases() -> list[SelectorCase]:
                 message = messages[message]
         dialects = row.get("d", list(DIALECTS))
         xfail = row.get("xfail")
+        at = row.get("at")  # [line, column], or { dialect = [line, column] }
         for dialect, code in _codes(row["x"], dialects, where).items():
+            position = at.get(dialect) if isinstance(at, dict) else at
             cases.append(
                 SelectorCase(
                     where,
@@ -81,7 +83,7 @@ def selector_cases() -> list[SelectorCase]:
                     code,
                     message,
                     row.get("size"),
-                    tuple(row["at"]) if "at" in row else None,
+                    tuple(position) if position else None,
                     xfail.get(dialect) if isinstance(xfail, dict) else xfail,
                 )
             )

@@ -187,6 +187,11 @@ def test_headers(row: dict) -> None:
         message_json["application_properties"] = row["properties"]
     message = Message.from_json(message_json)
     binding = value_from_json(row["binding"])
+    if row.get("error"):
+        with pytest.raises(FilterError) as info:
+            compile_filter_set({symbol("h"): Described(symbol(HEADERS), binding)})
+        assert info.value.key == "h" and "match" in info.value.message.lower()
+        return
     fs = compile_filter_set({symbol("h"): Described(symbol(HEADERS), binding)})
     assert [e.kind for e in fs.entries] == ["headers"]
     assert fs.matches(message) is row["match"]

@@ -122,9 +122,22 @@ def test_comparisons_per_dialect():
     assert run(cmp("<>", prop("s"), lit(1)), m, "rocketmq") is F  # error: not delivered
     assert run(cmp("=", prop("a"), lit("1")), m, "rocketmq") is T  # coercion
     assert run(cmp("=", prop("missing"), lit(1)), m) is U
-    assert run(cmp("=", prop("missing"), lit(1)), m, "artemis") is F
+    # Artemis: a NULL left operand alone is UNKNOWN, a NULL right operand alone FALSE, both TRUE
+    assert run(cmp("=", prop("missing"), lit(1)), m, "artemis") is U
+    assert run(cmp("<>", prop("missing"), lit(1)), m, "artemis") is U
+    assert run(cmp("=", lit(1), prop("missing")), m, "artemis") is F
+    assert run(cmp("<>", lit(1), prop("missing")), m, "artemis") is T
     assert run(cmp("=", prop("missing"), prop("other")), m, "artemis") is T
+    assert run(cmp("<>", prop("missing"), prop("other")), m, "artemis") is F
     assert run(cmp("<", prop("missing"), lit(1)), m, "artemis") is U
+    # RocketMQ: two strings order as doubles; a string left of a boolean is Boolean.valueOf
+    m = props(x="20", y="10", z="abc", w="TRUE", v="yes")
+    assert run(cmp(">", prop("x"), prop("y")), m, "rocketmq") is T
+    assert run(cmp("<=", prop("x"), prop("y")), m, "rocketmq") is F
+    assert run(cmp(">", prop("z"), prop("y")), m, "rocketmq") is F  # error: not delivered
+    assert run(cmp("=", prop("w"), lit(True)), m, "rocketmq") is T
+    assert run(cmp("=", prop("v"), lit(False)), m, "rocketmq") is T
+    assert run(ast.Unary("NOT", cmp("=", lit(True), prop("w"))), m, "rocketmq") is F  # boolean left: error
 
 
 def test_rocketmq_error_anywhere_is_not_delivered():
@@ -141,9 +154,11 @@ def test_arithmetic_widths_and_division():
     assert run(cmp("<", ast.Binary("+", prop("i"), lit(1)), lit(0)), m) is T
     assert run(cmp(">", ast.Binary("+", prop("i"), lit(1, "long")), lit(0)), m) is T
     assert run(cmp("<", ast.Binary("+", prop("l"), lit(1)), lit(0)), m) is T
-    assert run(cmp("=", ast.Binary("/", prop("neg"), lit(2)), lit(-3)), m) is T
-    assert run(cmp("=", ast.Binary("/", prop("five"), lit(2)), lit(2.5)), m, "artemis") is T
-    assert run(ast.IsNull(ast.Binary("/", prop("five"), lit(0))), m) is T
+    for dialect in ("jms", "artemis"):  # `/` divides as doubles in every Java peer
+        assert run(cmp("=", ast.Binary("/", prop("neg"), lit(2)), lit(-3.5)), m, dialect) is T
+        assert run(cmp("=", ast.Binary("/", prop("five"), lit(2)), lit(2.5)), m, dialect) is T
+        assert run(ast.IsNull(ast.Binary("/", prop("five"), lit(0))), m, dialect) is F
+        assert run(cmp(">", ast.Binary("/", prop("five"), lit(0)), lit(1e308)), m, dialect) is T
     assert run(cmp(">", ast.Binary("/", prop("five"), lit(0.0)), lit(1e308)), m) is T
 
 
@@ -176,7 +191,12 @@ def test_string_tests_and_tags():
     assert run(ast.StringTest("STARTSWITH", prop("s"), "bc", negated=True), m, "rocketmq") is T
     assert run(ast.StringTest("ENDSWITH", prop("s"), "cd"), m, "rocketmq") is T
     assert run(ast.StringTest("CONTAINS", prop("n"), "1"), m, "rocketmq") is F
-    assert run(ast.StringTest("CONTAINS", prop("missing"), "1"), m, "rocketmq") is U
+    assert run(ast.StringTest("CONTAINS", prop("missing"), "1"), m, "rocketmq") is F
+    assert run(ast.StringTest("CONTAINS", prop("missing"), "1", negated=True), m, "rocketmq") is F
+    assert run(ast.StringTest("CONTAINS", prop("n"), "1", negated=True), m, "rocketmq") is F
+    for op in ("CONTAINS", "STARTSWITH", "ENDSWITH"):
+        for negated in (False, True):
+            assert run(ast.StringTest(op, prop("s"), "", negated), m, "rocketmq") is F
     assert run(ast.Tags(("TagB", "TagA")), m, "rocketmq") is T
     assert run(ast.Tags(("TagB",)), m, "rocketmq") is F
     assert run(ast.Tags(("TagB",)), Message(), "rocketmq") is F
@@ -202,9 +222,35 @@ def test_convert_strings():
     m = props(age="21", flag="true", word="x")
     assert run(cmp(">", prop("age"), lit(18)), m, "artemis") is F
     assert run(cmp(">", prop("age"), lit(18)), m, "artemis", convert=True) is T
-    assert run(cmp("=", ast.Binary("+", prop("age"), lit(1)), lit(22)), m, "artemis", convert=True) is T
+    assert run(cmp("=", ast.Binary("+", lit(1), prop("age")), lit(22)), m, "artemis", convert=True) is T
+    # a string on the left of `+` concatenates, converted or not (createPlus tests for a String first)
+    assert run(cmp("=", ast.Binary("+", prop("age"), lit(1)), lit(211)), m, "artemis", convert=True) is T
     assert run(cmp("=", prop("flag"), lit(True)), m, "artemis", convert=True) is T
     assert run(cmp("=", prop("word"), lit(1)), m, "artemis", convert=True) is F
+
+
+@pytest.mark.parametrize(
+    "value,text",
+    [
+        ("b", "b"), (True, "true"), (t.int32(-5), "-5"), (2**63 - 1, "9223372036854775807"),
+        (t.ulong(2**64 - 1), "-1"), (1.0, "1.0"), (1e7, "1.0E7"), (9999999.0, "9999999.0"), (0.001, "0.001"),
+        (0.0001, "1.0E-4"), (-1.5e-5, "-1.5E-5"), (123.456, "123.456"), (math.nan, "NaN"), (-math.inf, "-Infinity"),
+        (-0.0, "-0.0"), (t.float32(0.1), "0.1"), (t.float32(16777216.0), "1.6777216E7"), (t.decimal64("1.5"), "1.5"),
+    ],
+)
+def test_plus_with_a_string_on_the_left_concatenates_java_text(value, text):
+    m = props(s="x", v=value)
+    assert run(cmp("=", ast.Binary("+", prop("s"), prop("v")), lit("x" + text)), m) is T
+    assert run(cmp("=", ast.Binary("+", lit("x"), prop("v")), lit("x" + text)), m, "artemis") is T
+
+
+def test_plus_concatenation_nulls_and_numbers_on_the_left():
+    m = props(s="x", n=1, c=t.char("c"))
+    assert run(ast.IsNull(ast.Binary("+", prop("s"), prop("missing"))), m) is T
+    assert run(ast.IsNull(ast.Binary("+", prop("missing"), prop("s"))), m) is T
+    assert run(ast.IsNull(ast.Binary("+", prop("s"), prop("c"))), m) is T  # char has no JMS type
+    assert run(ast.IsNull(ast.Binary("+", prop("n"), prop("s"))), m) is T  # a number left: UNKNOWN
+    assert run(cmp("=", ast.Binary("+", ast.Binary("+", prop("s"), prop("n")), prop("s")), lit("x1x")), m) is T
 
 
 def test_bare_values_as_conditions():

@@ -91,7 +91,7 @@ def _oracle(pattern, escape):
     out, i = [], 0
     while i < len(pattern):
         c = pattern[i]
-        if escape is not None and c == escape and i + 1 < len(pattern):
+        if escape is not None and c == escape and pattern[i + 1 : i + 2] in ("%", "_", escape):
             out.append(re.escape(pattern[i + 1]))
             i += 2
             continue
@@ -107,8 +107,6 @@ def _oracle(pattern, escape):
     escape=st.sampled_from([None, "!"]),
 )
 def test_like_matcher_agrees_with_a_regex_oracle(pattern, value, escape):
-    if escape is not None and re.search(r"(?<!!)(!!)*!$", pattern):
-        return  # a pattern ending in a lone escape is refused at compile time
     assert like_matcher(pattern, escape)(value) == (_oracle(pattern, escape).fullmatch(value) is not None)
 
 

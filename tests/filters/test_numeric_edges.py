@@ -22,12 +22,12 @@ def test_rocketmq_string_in_list_on_a_number_is_an_error_even_beside_true():
 
 @pytest.mark.parametrize("s", [" 7", "NaN", "Infinity", "7", "7.5"])
 def test_artemis_converted_strings_compute(s):
-    assert ev("convert_string_expressions:s + 0 IS NULL", "artemis", s=s) is False
+    assert ev("convert_string_expressions:0 + s IS NULL", "artemis", s=s) is False
 
 
 @pytest.mark.parametrize("s", ["NaNd", "Infinityf", "\u0661"])
 def test_java_rejects_suffixed_nan_and_non_ascii_digits(s):
-    assert ev("convert_string_expressions:s + 0 IS NULL", "artemis", s=s) is True
+    assert ev("convert_string_expressions:0 + s IS NULL", "artemis", s=s) is True
 
 
 def test_negated_literals_keep_their_type_and_wrap_like_java():

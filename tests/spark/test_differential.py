@@ -6,7 +6,8 @@ jobs (one DataFrame of messages, one column per selector) and compared with `Fil
 TRUE, FALSE and UNKNOWN must match exactly.  Where the core's compiled evaluator and its reference
 interpreter (the executable form of docs/selectors.md) disagree, that is a core defect: Spark must
 then give the reference's answer.  Sizes: BROKER_FILTER_DIFF_SELECTORS per dialect (default 500)
-and BROKER_FILTER_DIFF_MESSAGES (default 48).
+and BROKER_FILTER_DIFF_MESSAGES (default 48); the pairs are the same every run unless
+BROKER_FILTER_DIFF_RANDOM=1.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ pytestmark = pytest.mark.spark
 
 SELECTORS_PER_DIALECT = int(os.environ.get("BROKER_FILTER_DIFF_SELECTORS", "500"))
 MESSAGES = int(os.environ.get("BROKER_FILTER_DIFF_MESSAGES", "48"))
+# The suite draws the same pairs every run (a red run replays); BROKER_FILTER_DIFF_RANDOM=1 explores new ones.
+RANDOM = os.environ.get("BROKER_FILTER_DIFF_RANDOM", "") not in ("", "0")
 NAMES = ("a", "b", "n", "s", "x")
 
 # ----------------------------------------------------------------------------- messages
@@ -139,6 +142,9 @@ def idents(dialect: str) -> st.SearchStrategy:
 
 def numeric_values(dialect: str) -> st.SearchStrategy:
     leaf = idents(dialect) | literals(("int", "long", "double"))
+    signs = st.builds(ast.Unary, st.sampled_from(["-", "+"]), leaf)
+    if dialect == "rocketmq":  # no binary arithmetic in RocketMQ's grammar
+        return leaf | signs
     return st.recursive(
         leaf,
         lambda inner: st.one_of(
@@ -149,10 +155,19 @@ def numeric_values(dialect: str) -> st.SearchStrategy:
     )
 
 
+def concatenations(dialect: str) -> st.SearchStrategy:
+    """`+` with a string (literal or property) on the left: Java string concatenation."""
+    left = literals(("string",)) | idents(dialect)
+    right = numeric_values(dialect) | literals(("string", "boolean")) | idents(dialect)
+    return st.builds(ast.Binary, st.just("+"), left, right)
+
+
 def conditions(dialect: str) -> st.SearchStrategy:
     num = numeric_values(dialect)
     ident = idents(dialect)
     any_value = num | literals(("string", "boolean"))
+    if dialect != "rocketmq":
+        any_value = any_value | concatenations(dialect)
     predicates = [
         st.builds(ast.Binary, st.sampled_from(["=", "<>"]), any_value, any_value),
         st.builds(ast.Binary, st.sampled_from(["<", "<=", ">", ">="]), num, num),
@@ -229,7 +244,7 @@ def collect(strategy: st.SearchStrategy, count: int, accept=lambda value: value)
     """`count` examples of `strategy`, drawn by hypothesis (`accept` may call `reject()`)."""
     out: list = []
 
-    @settings(max_examples=count, database=None, deadline=None, derandomize=False,
+    @settings(max_examples=count, database=None, deadline=None, derandomize=not RANDOM,
               suppress_health_check=list(HealthCheck))
     @given(strategy)
     def draw(value):

@@ -1,0 +1,83 @@
+"""Codec errors say what is wrong and where (the value's AMQP name and its byte offset), never a
+Python exception's name; nesting is limited to `MAX_DEPTH` compound or described values."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker_filter import amqptypes as t
+from broker_filter.codec import CodecError, decode, encode
+from broker_filter.codec.types import MAX_DEPTH
+
+PYTHON_NAMES = re.compile(r"[A-Z][a-z]+(Error|Exception)|Traceback|bytearray|index out of range")
+SELECTOR = t.Described(t.symbol("apache.org:selector-filter:string"), "a = 1")
+
+
+def refused(data: bytes) -> CodecError:
+    with pytest.raises(CodecError) as info:
+        decode(data)
+    assert not PYTHON_NAMES.search(str(info.value)), str(info.value)
+    return info.value
+
+
+def nested_lists(depth: int) -> bytes:
+    data = encode(1)
+    for _ in range(depth):
+        data = struct.pack(">BII", 0xD0, len(data) + 4, 1) + data
+    return data
+
+
+def not_filters(depth: int) -> bytes:
+    """A filter-set holding `depth` not-filters around a selector (built as bytes: no recursion)."""
+    data = encode(SELECTOR)
+    descriptor = encode(t.symbol("apache.org:not-filter:list"))
+    for _ in range(depth):
+        data = b"\x00" + descriptor + struct.pack(">BII", 0xD0, len(data) + 4, 1) + data
+    body = encode(t.symbol("deep")) + data
+    return struct.pack(">BII", 0xD1, len(body) + 4, 2) + body
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (encode({t.symbol("k"): "value", "x": [1, 2]})[:12], "truncated map at byte 0"),
+        (bytes([0xC0, 0x05, 0x01, 0xA1, 0x09]) + b"abc", "truncated string at byte 3"),
+        (bytes([0xC0, 0x03, 0x01, 0x99, 0x00]), "unknown type code 0x99 in list at byte 0"),
+        (bytes([0xC0, 0x04, 0x01, 0xA1, 0x02, 0xFF]) + b"\xfe", "string is not valid UTF-8 at byte 3"),
+        (bytes([0xC1, 0x03, 0x01, 0xA1, 0x00]), "malformed map: odd number of items (1) at byte 0"),
+        (bytes([0x56, 0x07]), "malformed boolean: byte 7 is neither 0 nor 1 at byte 0"),
+        (bytes([0x71, 0x00, 0x01]), "truncated int at byte 0"),
+        (b"", "truncated value at byte 0"),
+    ],
+)
+def test_errors_name_the_value_and_its_offset(data, message):
+    assert str(refused(data)) == message
+
+
+def test_nesting_is_limited():
+    assert decode(nested_lists(MAX_DEPTH))[0] is not None
+    error = refused(nested_lists(MAX_DEPTH + 1))
+    assert str(error) == f"values nested deeper than {MAX_DEPTH} at byte {9 * MAX_DEPTH}"  # each list32 header is 9 bytes
+    refused(nested_lists(5000))  # far beyond: the same clean refusal
+
+
+def test_filter_sets_within_the_filter_limit_decode_and_deeper_ones_are_refused():
+    value, _ = decode(not_filters(32))  # the filter-set compiler's own limit is 32
+    assert list(value) == [t.symbol("deep")]
+    assert "nested deeper than" in str(refused(not_filters(2000)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=80), st.integers(0, 79))
+def test_corrupted_values_are_described_without_python_names(tail, cut):
+    raw = encode({t.symbol("k"): [t.Described(t.symbol("d"), "text"), 1.5, t.uint(7)], "m": {"x": b"\x00"}})
+    for data in (raw[:cut] + tail, raw[:cut], bytes([raw[0]]) + tail):
+        try:
+            decode(data)
+        except CodecError as e:
+            assert " at byte " in str(e) and not PYTHON_NAMES.search(str(e)), str(e)
