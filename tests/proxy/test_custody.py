@@ -128,7 +128,8 @@ def test_two_daemons_on_one_queue_serve_each_others_links(upstream):
         red = a.create_receiver(q, credit=20, options=Selector("color = 'red'"))
         blue = b.create_receiver(q, credit=20, options=Selector("color = 'blue'"))
         reds, blues = [], []
-        deadline = time.monotonic() + 120
+        # A daemon that has not met the other looks again after 10 s, 20 s, 40 s ... (forwarding.tick)
+        deadline = time.monotonic() + 240
         while (len(reds) < n // 3 or len(blues) < n // 3) and time.monotonic() < deadline:
             reds += [m.body for m in receive(red, idle=0.2, limit=2)]
             blues += [m.body for m in receive(blue, idle=0.2, limit=2)]
