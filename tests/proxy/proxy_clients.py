@@ -8,7 +8,8 @@ import time
 import urllib.request
 
 from proton import Message
-from proton.reactor import Filter
+from proton.handlers import MessagingHandler
+from proton.reactor import Container, Filter
 from proton.utils import BlockingConnection
 
 
@@ -144,6 +145,78 @@ def bind_queue(url: str, queue: str, exchange: str, key: str) -> str:
     """Bind a queue to an exchange with a binding key on RabbitMQ 4."""
     return _management(url, "POST", "/bindings",
                        {"source": exchange, "destination_queue": queue, "binding_key": key, "arguments": {}})
+
+
+class _Publish(MessagingHandler):
+    def __init__(self, url: str, address: str, messages: list):
+        super().__init__(auto_settle=True)
+        self.url, self.address, self.messages = url, address, messages
+        self.sent = self.confirmed = 0
+
+    def on_start(self, event):
+        conn = event.container.connect(self.url)
+        event.container.create_sender(conn, self.address)
+
+    def on_sendable(self, event):
+        sender = event.sender
+        while sender.credit and self.sent < len(self.messages):
+            sender.send(self.messages[self.sent])
+            self.sent += 1
+
+    def on_accepted(self, event):
+        self.confirmed += 1
+        if self.confirmed == len(self.messages):
+            event.connection.close()
+
+    def on_rejected(self, event):
+        raise AssertionError(f"the broker rejected a message: {event.delivery.remote.condition}")
+
+
+def publish_many(url: str, address: str, messages: list, timeout: float = 120.0) -> None:
+    """Publish every message (pipelined, as fast as the broker grants credit) and wait until the
+    broker accepted all of them."""
+    handler = _Publish(url, address, messages)
+    c = Container(handler)
+    c.timeout = timeout
+    c.run()
+    assert handler.confirmed == len(messages), (handler.confirmed, len(messages))
+
+
+class _Drain(MessagingHandler):
+    def __init__(self, url: str, address: str, idle: float, credit: int, key):
+        super().__init__(prefetch=credit, auto_accept=True)
+        self.url, self.address, self.idle, self.key = url, address, idle, key
+        self.bodies: list = []
+        self._timer = None
+
+    def on_start(self, event):
+        self.container = event.container
+        conn = event.container.connect(self.url)
+        event.container.create_receiver(conn, self.address)
+        self._arm()
+
+    def _arm(self):
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.container.schedule(self.idle, self)
+
+    def on_timer_task(self, event):
+        self.container.stop()
+
+    def on_message(self, event):
+        self.bodies.append(self.key(event.message))
+        if len(self.bodies) % 100 == 0:
+            self._arm()
+        elif len(self.bodies) % 100 == 1:
+            self._arm()
+
+
+def drain(url: str, address: str, idle: float = 2.0, credit: int = 1000, key=lambda m: m.body) -> list:
+    """key(message) of every message left at `address` (accepted, so consumed), until none came for
+    `idle` seconds."""
+    handler = _Drain(url, address, idle, credit, key)
+    Container(handler).run()
+    return handler.bodies
 
 
 def run_js(script: str, *args: str, timeout: float = 30) -> list[dict]:
