@@ -123,6 +123,11 @@ class _RemoteLink:
     def _end(self) -> None:
         if self.upstream._drop_waiting(self.session):
             return  # it never began: nothing to end
+        if self.session is not None and self.session.state & Endpoint.REMOTE_UNINIT:
+            # Its begin is not answered yet: ending it now frees the channel, and the answer would
+            # then name a channel proton no longer knows, which fails the whole upstream connection.
+            self.session.bf_end_when_begun = self
+            return
         if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
             self.link.close()
         if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
@@ -481,6 +486,13 @@ class RemoteUpstream(Handler):
     def on_connection_remote_close(self, event) -> None:
         if event.connection == self.connection:
             self._lost(event.connection.remote_condition)
+
+    @_guarded
+    def on_session_remote_open(self, event) -> None:
+        endpoint = getattr_or_none(event.session, "bf_end_when_begun")
+        if endpoint is not None:
+            event.session.bf_end_when_begun = None
+            endpoint._end()
 
     @_guarded
     def on_session_remote_close(self, event) -> None:
