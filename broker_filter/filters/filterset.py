@@ -42,6 +42,7 @@ DESCRIPTORS: tuple[tuple[str, str, int, tuple[str, ...]], ...] = (
     # OASIS AMQP Filter Expressions (filtex)
     ("amqp:properties-filter", "properties", 0x173, ()),
     ("amqp:application-properties-filter", "application-properties", 0x174, ()),
+    ("amqp:sql-filter", "sql", 0x120, ()),
 )
 XQUERY_SYMBOL = "apache.org:xquery-filter:string"
 
@@ -143,6 +144,11 @@ class _Compiler:
             if not isinstance(value, str):
                 raise FilterError(f"a selector filter's value is a string, not {type(value).__name__}")
             f = compile_selector(str(value), self.dialect, self.limits)
+            return name, kind, f, str(value)
+        if kind == "sql":  # always the amqp-sql dialect, whatever the link's selector dialect
+            if not isinstance(value, str):
+                raise FilterError(f"an SQL filter's value is a string, not {type(value).__name__}")
+            f = compile_selector(str(value), "amqp-sql", self.limits)
             return name, kind, f, str(value)
         if kind == "direct":
             return name, kind, direct_binding(value), value if isinstance(value, str) else None

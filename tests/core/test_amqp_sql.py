@@ -74,3 +74,26 @@ def test_the_jms_dialect_is_untouched() -> None:
     assert compile_selector("a BETWEEN 1 AND 2", "jms") is not None
     with pytest.raises(SelectorError):
         compile_selector("a BETWEEN 1 AND 2", "amqp-sql")
+
+
+def test_sql_filter_in_a_filter_set_is_always_amqp_sql() -> None:
+    from broker_filter.amqptypes import Described, symbol, ulong
+    from broker_filter.filters import FilterError, compile_filter_set
+    from broker_filter.message import Message
+
+    text = "p.subject = \"eu\" AND n % 2 = 1"
+    for descriptor in (symbol("amqp:sql-filter"), ulong(0x120), "0x00000000:0x00000120"):
+        for dialect in ("jms", "artemis", "rocketmq"):
+            fs = compile_filter_set({symbol("f"): Described(descriptor, text)}, dialect)
+            (entry,) = fs.entries
+            assert (entry.kind, entry.descriptor, entry.text) == ("sql", "amqp:sql-filter", text)
+            assert fs.evaluate(Message.from_json({"properties": {"subject": "eu"}, "application_properties": {"n": 3}})) is True
+            assert fs.evaluate(Message.from_json({"properties": {"subject": "eu"}, "application_properties": {"n": 4}})) is False
+    with pytest.raises(SelectorError) as e:
+        compile_filter_set({symbol("f"): Described(ulong(0x120), "n BETWEEN 1 AND 2")})
+    assert e.value.key == "f" and "no BETWEEN" in e.value.describe() and "column 3" in e.value.describe()
+    with pytest.raises(FilterError) as e:
+        compile_filter_set({symbol("f"): Described(symbol("amqp:sql-filter"), 12)})
+    assert "an SQL filter's value is a string, not int" in e.value.describe()
+    fs = compile_filter_set('{"s": {"descriptor": "amqp:sql-filter", "value": "a = 1"}}')
+    assert fs.entries[0].kind == "sql"
