@@ -600,7 +600,8 @@ def _sql_bytes(v: Any) -> Any:
 
 
 def _sql_number(v: Any) -> bool:
-    return (v.__class__ is int or v.__class__ is float) and v == v
+    # Erlang has no NaN or infinities: such a double is no number here (compared, it is unlike all)
+    return v.__class__ is int or (v.__class__ is float and math.isfinite(v))
 
 
 def sql_equal(a: Any, b: Any) -> bool:
@@ -608,7 +609,7 @@ def sql_equal(a: Any, b: Any) -> bool:
     ca, cb = a.__class__, b.__class__
     if ca is bool or cb is bool:
         return ca is cb and a is b
-    if (ca is int or ca is float) and (cb is int or cb is float):
+    if _sql_number(a) and _sql_number(b):
         return a == b
     if ca is cb:
         return a == b
@@ -695,8 +696,26 @@ def sql_condition(v: Any) -> Any:
     return v if v is True or v is False else None
 
 
+def sql_like_pattern(pattern: str, escape: str | None) -> str:
+    """The JMS-rule LIKE pattern equal to an amqp-sql one: in amqp-sql (RabbitMQ) the escape character
+    makes whatever follows it literal, in JMS only a following `%`, `_` or escape character."""
+    if escape is None or escape not in pattern:
+        return pattern
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == escape and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            out.append(ch + nxt if nxt in ("%", "_", escape) else nxt)
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def sql_like(pattern: str, escape: str | None, negated: bool) -> Callable[[Any], Any]:
-    match = like_matcher(pattern, escape)
+    match = like_matcher(sql_like_pattern(pattern, escape), escape)
 
     def like(v: Any) -> Any:
         if v.__class__ is bytes:
