@@ -125,6 +125,10 @@ class _Compiler:
         self.max_depth = max_depth
         self.json_form = json_form
 
+    def filter_ast(self, described: Any) -> Any:
+        """The AST of one described filter (a selector's, an SQL filter's, a property filter's checks)."""
+        return self.filter(described, 1)[2].ast
+
     def filter(self, described: Any, depth: int) -> tuple[str, str, Filter, str | None]:
         """-> (canonical descriptor, kind, filter, text)."""
         if depth > self.max_depth:

@@ -820,6 +820,11 @@ def compile_selector(selector: ast.Selector, context: dict | None = None) -> Com
     together with `apply_all`)."""
     if selector.expr is None:
         return CompiledSelector([], F.lit(True), selector)
+    if selector.dialect == "amqp-sql":
+        from .amqpsql import compile_sql
+
+        defs, result = compile_sql(selector, context)
+        return CompiledSelector(defs, result, selector)
     compiler = _Compiler(selector, context)
     result = _col(compiler.cond(selector.expr))
     failed = _or(*compiler.failures)
@@ -863,6 +868,18 @@ def _filter_cond(kind: str, value: Any, entry: Any, dialect: str, context: dict,
         return compiled.result
     if kind == "no-local":
         return True
+    if kind in ("sql", "properties", "application-properties"):
+        compiled = getattr(getattr(entry, "filter", None), "ast", None) if entry is not None else None
+        if compiled is None:  # inside and/or/not: compile the entry with the core
+            from ..filters.filterset import _Compiler as _CoreCompiler
+            from ..filters.parser import DEFAULT_LIMITS
+
+            compiled = _CoreCompiler(dialect, DEFAULT_LIMITS, 32, isinstance(value, dict)).filter_ast(value)
+        if kind == "sql":
+            return compile_selector(compiled, context).result
+        from .amqpsql import property_filter_condition
+
+        return property_filter_condition(compiled)
     inner = _described_value(value)
     if kind == "direct":
         return _safe(_props("subject") == F.lit(str(inner)))
