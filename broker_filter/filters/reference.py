@@ -637,7 +637,8 @@ class SqlInterpreter:
 
     @staticmethod
     def equal(a: tuple, b: tuple) -> bool:
-        return a[0] == b[0] and a[1] == b[1]  # num 1 == num 1.0; bool only with bool
+        # num 1 == num 1.0; bool only with bool; a value without operations (NaN, a list...) equals nothing
+        return a[0] == b[0] != "other" and a[1] == b[1]
 
     def condition(self, node: Any) -> bool | None:
         if isinstance(node, ast.Unary) and node.op == "NOT":

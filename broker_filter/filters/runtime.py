@@ -611,7 +611,7 @@ def sql_equal(a: Any, b: Any) -> bool:
         return ca is cb and a is b
     if _sql_number(a) and _sql_number(b):
         return a == b
-    if ca is cb:
+    if ca is cb and ca is not Opaque and ca is not float:  # an opaque value, NaN or infinity equals nothing
         return a == b
     if (ca is str or ca is bytes) and (cb is str or cb is bytes):
         return _sql_bytes(a) == _sql_bytes(b)
