@@ -20,6 +20,7 @@ within the same AMQP class.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,10 @@ def field_val(key: str) -> SqlVal:
     return _nullable(BYTES, props.getField(key).cast("binary"), "x")
 
 
+_REF = re.compile(r"`(__bfq\d+)`")
+_LEVELS = "\x00amqp-sql levels"  # context key: hidden column name -> its layer
+
+
 class SqlCompiler:
     def __init__(self, context: dict | None = None):
         self.context = {} if context is None else context  # SQL text -> (hidden column, layer)
@@ -118,7 +123,11 @@ class SqlCompiler:
 
         known = self.context.get(expr.sql)
         if known is None:
+            # above every hidden column it reads, whatever layer the caller asked for
+            levels = self.context.setdefault(_LEVELS, {})
+            level = max([level] + [levels[name] + 1 for name in _REF.findall(expr.sql)])
             known = self.context[expr.sql] = (f"__bfq{next(_names)}", level)
+            levels[known[0]] = level
             self.defs.append((level, known[0], expr))
         self.top = max(self.top, known[1])
         return F.col(known[0]), known[1]
@@ -178,8 +187,7 @@ class SqlCompiler:
                 inner = getattr(out, field)
                 if inner is not None:
                     kind_sql = kind_sql.replace(_placeholder(field), inner.sql)
-            out.k, _ = self.define(level + 1, _raw(kind_sql))
-            out.level = level + 1
+            out.k, out.level = self.define(out.level + 1, _raw(kind_sql))
             return out
         before = self.top
         c = _c(self.cond(node))
