@@ -55,11 +55,19 @@ def build_upstream(config: Any) -> Any:
 
 
 class App:
-    def __init__(self, config: Any, *, instance: str | None = None):
+    def __init__(self, config: Any, *, instance: str | None = None, io: str = "container"):
         self.config = config
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}"
-        self.container = Container()
-        self.container.container_id = self.instance
+        self.io = io
+        if io == "engine":  # the epoll engine loop (broker_filter.engine) under the same handlers
+            from .engine.container import EngineContainer, client_ssl_context
+
+            secure = any(u.startswith("amqps:") for u in config.upstream.urls)
+            self.container = EngineContainer(
+                self.instance, client_tls=client_ssl_context(config.upstream.tls) if secure else None)
+        else:
+            self.container = Container()
+            self.container.container_id = self.instance
         self.loop = ProtonLoop(self.container)
         self.journal = None
         if config.journal.enabled:  # pyarrow (the [journal] extra) is imported only then
@@ -88,7 +96,11 @@ class App:
     def start(self) -> None:
         """Bind the listener and start connecting upstream (the loop runs in `run`)."""
         from .lifecycle import ConnectionRegistry
-        from .listener import listen
+
+        if self.io == "engine":
+            from .engine.container import listen
+        else:
+            from .listener import listen  # type: ignore[assignment]
 
         host = self.config.listener.host
         handler, check = self.server, None
@@ -108,7 +120,8 @@ class App:
                                max_connections=self.config.limits.connections, on_refused=self._refused)
         self.port = self.acceptor.port
         self.upstream.start(self.loop, self.server)
-        log.info("listening on %s:%s, upstream %s, instance %s", host, self.port, self.upstream.name, self.instance)
+        log.info("listening on %s:%s, upstream %s, instance %s, io %s", host, self.port, self.upstream.name,
+                 self.instance, self.io)
         if self.config.metrics.enabled:
             self._start_metrics()
 
@@ -126,13 +139,19 @@ class App:
         snap = passthrough.snapshot() if passthrough is not None else self.server.snapshot()
         held: dict[str, int] = {}
         stalled: dict[str, bool] = {}
+        moving: dict[str, int] = {}
+        passes: dict[str, int] = {}
+        waited: dict[str, float] = {}
         for f in snap["feeds"]:
             a = f["address"] or ""
             held[a] = held.get(a, 0) + f["held"]
             stalled[a] = stalled.get(a, False) or f["starved"] > 0
+            moving[a] = moving.get(a, 0) + f.get("moving", 0)
+            passes[a] = passes.get(a, 0) + f.get("passes", 0)
+            waited[a] = max(waited.get(a, 0.0), f.get("waited", 0.0))
         self.metrics.publish(Snapshot(connections=snap["connections"], links=snap["links"], held=held,
-                                      credit=snap["credit"], stalled=stalled,
-                                      upstream_connected=snap["upstream_connected"]))
+                                      credit=snap["credit"], stalled=stalled, moving=moving, passes=passes,
+                                      waited=waited, upstream_connected=snap["upstream_connected"]))
         if self.health is not None:
             self.health.beat()
         draining = getattr(self, "shutdown", None) is not None and self.shutdown.requested_by is not None
@@ -151,7 +170,7 @@ class App:
             self.container, self.registry,
             grace_period=self.config.shutdown.grace_period,
             in_flight=self._in_flight,
-            stop_accepting=self.acceptor.stop_accepting,
+            stop_accepting=self._stop_accepting,
             before_stop=self._before_stop,
             health=getattr(self, "health", None),
         )
@@ -199,9 +218,15 @@ class App:
                              config=self.config, metrics=self.metrics)
         return server, upstream
 
+    def _stop_accepting(self) -> None:
+        """Shutdown begins: no new connections, and no queue feed starts a move, pulls or sends."""
+        self.acceptor.stop_accepting()
+        self.server.quiesce()
+
     def _in_flight(self) -> int:
-        """Deliveries sent to clients and not settled, plus client publishes not yet settled upstream."""
-        n = 0
+        """Deliveries sent to clients and not settled, client publishes not yet settled upstream,
+        and moves to a queue's tail not yet confirmed (their originals are accepted once they are)."""
+        n = self.server.moves_in_flight()
         for conn in list(self.registry.connections):
             link = conn.link_head(0)
             while link:

@@ -1,4 +1,5 @@
-"""Per-link forwarding state, without I/O: credit, in-flight deliveries, settlement, held messages.
+"""Per-link forwarding state, without I/O: credit, custody of upstream deliveries, settlement,
+held messages, redelivery in place and the search of a queue for waiting links.
 
 Theory of operation
 -------------------
@@ -11,35 +12,62 @@ A `Feed` is one upstream consumer.  It serves one or more `Outlet`s (client rece
 * queue feed: every client link on the same queue (and the same pushed-down filters) shares the feed,
   like consumers with selectors on a broker queue.  Each message goes to one outlet whose filter
   selects it and which has credit, round robin.  A message no outlet can take now is *held*
-  unsettled, in arrival order, and offered again whenever an outlet gets credit or attaches.  Nothing
-  is ever settled upstream without a client's outcome, so nothing is lost; nothing is released
-  upstream for not matching, so there is no redelivery loop.
+  unsettled, in arrival order, and offered again whenever an outlet gets credit or attaches.
+
+Custody (queue feeds).  The feed keeps every upstream delivery until a client settles it.  A client
+that releases a message, or whose link goes (detach, closed connection, crash) with deliveries
+unsettled, gives them back to the feed, not to the upstream: each is offered at once to the other
+outlets whose filters select it, as a redelivery (first-acquirer false; delivery-count raised by a
+detach or `modified{delivery-failed}`, not by `released`, AMQP 1.0 3.2.1 and 3.4; only that
+delivery's header is re-encoded), and otherwise held like any message.  Accepted and rejected go
+upstream; nothing else does while the feed lives.  Closing the feed returns everything.
 
 Credit flows from the clients: the feed grants upstream credit only while at least one outlet has
-credit, and keeps  held + outstanding upstream credit <= min(sum of outlet credit, max_credit) + window.
-So the proxy never holds more than that many unsettled messages per feed; with no client credit it
-pulls nothing and the messages stay in the broker.  A queue feed whose held messages reach `window`
-while outlets wait with credit is *blocked*: those outlets are starved (counted in `FeedStats`)
-until a matching client appears, a held message is taken, or (with `recycle`) the oldest held
-message nobody selects is moved to the tail of the queue by the I/O layer (copy published, original
-accepted only after the broker accepted the copy: at-least-once, order changes, nothing lost).
+credit, and keeps  held + moving + outstanding upstream credit <= min(sum of outlet credit,
+max_credit) + window, so the proxy never holds more than that many messages per feed (a client's
+returned deliveries come on top: at most its credit); with no client credit it pulls nothing.
 
-The client's outcome is applied unchanged to the upstream delivery, except that on a queue feed
-`modified{undeliverable-here}` keeps the message in the proxy for the other outlets (brokers differ
-on what that outcome does upstream).  A detaching outlet's unsettled deliveries go back upstream as
-`modified{delivery-failed}`: the client had them, so the broker counts a failed attempt and the next
-consumer sees them as redelivered (an upstream that cannot take `modified` gets `released`).
+The search (queue feeds with `recycle`).  A message that no outlet can take blocks the ones behind
+it on a broker that cannot filter.  While an outlet waits with credit, the feed moves every message
+no outlet selects to the queue's tail (the I/O layer publishes the copy; the feed accepts the
+original once the broker accepted the copy), many at a time.  Each copy carries the message
+annotation `x-opt-broker-filter-offered`, a map: filter identity -> [feed token, first offer time]
+for every filter it was offered to (merged with what is there, so several daemons add to one mark),
+and "" -> [the pass that moved it, time].  The search stops by knowing, not by a counter:
+
+* a pass ends when a copy it moved comes round (everything ahead of that copy has been offered);
+* a pass starts when the set of filters changes (a new filter attaches), when the feed pulls a
+  message not yet offered to every filter it knows, when `poke` says a client published to the
+  queue through the proxy, and when a mark shows a filter another daemon serves on the queue;
+* once the pass is over, a message already offered to every filter is held, never moved again.
+
+So each non-matching message is moved at most once per pass, a selective outlet finds a match at
+any depth, and a queue nobody matches is not cycled.  Other daemons' filters count while their
+marks are younger than `foreign_ttl` (first-offer times: moving a message again is no sign of
+life), so two daemons in front of one queue pass each other's messages on and then go quiet.
+A message some outlet selects is never moved: it waits for that outlet's credit.
+
+Stopping (`stop`): no move starts, nothing more is pulled or sent; moves in flight finish (the I/O
+layer waits for `moving` to reach 0, bounded by its grace) and their originals are accepted; then
+`close` returns what is held.
 
 The I/O layer implements `FeedIO` and calls the `on_*` methods; decisions come back as calls on it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from .codec import CodecError, decode_message
+from .amqptypes import symbol
+from .codec import CodecError, decode_message, redelivery_bytes, set_message_annotation
+from .codec.sections import MESSAGE_ANNOTATIONS, encode_section
+
+# On a moved copy: the identities (see `filter_identity`) of the filters it was offered to.
+OFFERED_ANNOTATION = symbol("x-opt-broker-filter-offered")
 
 
 @dataclass(frozen=True)
@@ -66,27 +94,42 @@ RELEASED = Outcome("released")
 DELIVERY_FAILED = Outcome("modified", delivery_failed=True)
 
 
+def filter_identity(filter: Any, receiver: str | None = None) -> str:
+    """A short stable name for what a filter selects: its text, and the receiving connection when
+    the filter depends on it (no-local).  Equal filters on different links, or in different daemons,
+    have the same identity."""
+    text = getattr(filter, "description", None) or repr(filter)
+    if getattr(filter, "no_local", False):
+        text += "\x00" + str(receiver)
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 class FeedIO(Protocol):
-    def send(self, outlet: "Outlet", delivery: Any) -> Any:
-        """Transfer the delivery's bytes on the outlet's client link; return the client delivery tag."""
+    def send(self, outlet: "Outlet", delivery: Any, data: bytes) -> Any:
+        """Transfer `data` (the delivery's bytes, or their redelivery form) on the outlet's client
+        link; return the client delivery tag."""
 
     def settle_upstream(self, delivery: Any, outcome: Outcome) -> None: ...
 
     def flow_upstream(self, n: int) -> None: ...
 
-    def recycle(self, delivery: Any, done: Callable[[bool], None]) -> None:
-        """Republish the delivery's bytes to the tail of the queue; done(True) once the broker accepted
-        the copy (the feed then accepts the original), done(False) if it did not (the original is
-        then held again, and the feed tries again at its next `pump`, which the I/O layer calls
-        when publishing is possible again)."""
+    def recycle(self, delivery: Any, data: bytes, done: Callable[[bool], None]) -> bool:
+        """Publish `data` (the delivery's bytes with the offered mark) to the tail of the queue.
+        False if that cannot start now (the feed keeps the message and the I/O layer calls `pump`
+        when publishing is possible again).  Else done(True) once the broker accepted the copy (the
+        feed then accepts the original) or done(False) if it did not (the original is held again).
+        `done` is never called from inside `recycle`."""
 
 
 @dataclass
 class FeedStats:
     delivered: int = 0  # messages sent to clients
+    redelivered: int = 0  # of those, given back by a client and sent again from the proxy
     filtered: int = 0  # non-matches settled as consumed (subscriptions only)
     undecodable: int = 0  # messages whose sections could not be decoded (no filter selects them)
     recycled: int = 0  # held messages moved to the queue's tail
+    moving: int = 0  # moves in flight right now
+    passes: int = 0  # searches of the queue completed (a marked copy came round)
     blocked: int = 0  # times a queue feed stopped pulling with outlets waiting
     held: int = 0  # messages held right now
     held_peak: int = 0
@@ -96,7 +139,8 @@ class FeedStats:
 class Outlet:
     """One client receiving link.  `receiver` is its connection identity "<instance>/<connection>"."""
 
-    __slots__ = ("name", "filter", "receiver", "credit", "in_flight", "delivered", "io_ref", "presettled")
+    __slots__ = ("name", "filter", "receiver", "credit", "in_flight", "delivered", "io_ref", "presettled",
+                 "identity", "waiting_since")
 
     def __init__(self, name: str, filter: Any, receiver: str | None = None, io_ref: Any = None,
                  presettled: bool = False):
@@ -105,25 +149,41 @@ class Outlet:
         self.filter = filter
         self.receiver = receiver
         self.credit = 0
-        self.in_flight: dict[Any, Any] = {}  # client tag -> upstream delivery
+        self.in_flight: dict[Any, Custody] = {}  # client tag -> what the client has unsettled
         self.delivered = 0
         self.io_ref = io_ref  # the I/O layer's link object
+        self.identity = filter_identity(filter, receiver)
+        self.waiting_since: float | None = None  # since when it has had credit and received nothing
 
     def __repr__(self) -> str:
         return f"<Outlet {self.name} credit={self.credit} in_flight={len(self.in_flight)}>"
 
 
-class _Held:
-    __slots__ = ("delivery", "message", "reads", "excluded")
+class Custody:
+    """An upstream delivery the feed holds or a client has unsettled, with what the proxy knows of it:
+    the decoded sections, the filters it was offered to (`mark`, from a moved copy's annotation),
+    outlets it must not go to again, and its redelivery state."""
 
-    def __init__(self, delivery: Any, message: Any, reads: frozenset, excluded: frozenset = frozenset()):
+    __slots__ = ("delivery", "message", "reads", "excluded", "mark", "redelivered", "failed", "refused")
+
+    def __init__(self, delivery: Any, message: Any, reads: frozenset, mark: dict | None = None):
         self.delivery = delivery
         self.message = message
         self.reads = reads
-        self.excluded = excluded
+        self.mark: dict = mark or {}  # filter identity -> [feed token, wall-clock ms] of the offer
+        self.excluded: frozenset = frozenset()
+        self.redelivered = False  # a client had it: first-acquirer false from now on
+        self.failed = 0  # failed attempts in the proxy (added to the header's delivery-count)
+        self.refused = 0  # the pass in which the broker refused its copy (not moved again in it)
+
+    def data(self) -> bytes:
+        if not self.redelivered:
+            return self.delivery.data
+        return redelivery_bytes(self.delivery.data, failed=self.failed)
 
 
 _BAD = object()  # a message that could not be decoded
+_MARK_READS = frozenset({"message_annotations"})
 
 
 class Feed:
@@ -135,7 +195,13 @@ class Feed:
         window: int = 100,
         max_credit: int = 1000,
         recycle: bool = False,
-        recycle_budget: int | None = None,
+        custody: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        token: str = "",
+        foreign_ttl: float = 60.0,
+        look_again: float = 10.0,
+        look_again_max: float = 600.0,
         log: Callable[[str], None] | None = None,
     ):
         if window < 1 or max_credit < 1:
@@ -145,156 +211,331 @@ class Feed:
         self.window = window
         self.max_credit = max_credit
         self.recycle = recycle and not subscription
-        # Recycling without any delivery in between stops after this many messages (no endless cycling
-        # of a queue nobody matches); a delivery or a new outlet starts a fresh budget.
-        self.recycle_budget = recycle_budget if recycle_budget is not None else 10 * window
-        self._budget = self.recycle_budget
+        # Keep what clients give back (an upstream that redelivers in place itself, with the
+        # history in the header, gets it back instead: the embedded broker).
+        self.custody = custody and not subscription
         self.outlets: list[Outlet] = []
-        self.held: deque[_Held] = deque()
+        self.held: deque[Custody] = deque()
         self.upstream_credit = 0
-        self.recycling = 0
+        self.moving = 0
+        self.pass_open = False
+        self.pass_no = 0
+        self.stopping = False
         self.stats = FeedStats()
         self._rr = 0
         self._reads: frozenset = frozenset()
+        self._identities: frozenset = frozenset()
+        self._clock = clock
+        self._wall = wall
+        self.token = token  # names this feed in the marks it writes (unique across daemons)
+        # Filters of other consumers of the queue (other daemons), learnt from the marks they wrote:
+        # identity -> when last written.  Forgotten `foreign_ttl` seconds after the last sign of life.
+        self._foreign: dict[str, float] = {}
+        self._nobody = False  # the last `_offer` found that no outlet selects the message
+        self._sections: dict[tuple, bytes] = {}  # mark -> its encoded message-annotations section
+        self.foreign_ttl = foreign_ttl
+        # After a pass that found nothing, with links still waiting: look again after `look_again`
+        # seconds, doubling up to `look_again_max` (see `tick`).
+        self.look_again = look_again
+        self.look_again_max = look_again_max
+        self._next_look: float | None = None
+        self._look_delay = look_again
         self._log = log
 
     # ------------------------------------------------------------------ outlets
     def add_outlet(self, outlet: Outlet) -> None:
         self.outlets.append(outlet)
-        self._reads = self._reads | outlet.filter.reads
-        self._budget = self.recycle_budget
+        before = self._identities
+        self._filters_changed()
+        if self._identities != before:
+            self._open_pass()  # a new filter: one more search
         self.pump()
 
     def remove_outlet(self, outlet: Outlet) -> None:
-        """The client link is gone: its unsettled deliveries go back upstream as failed attempts."""
+        """The client link is gone.  Queue: its unsettled deliveries are offered to the other
+        outlets as redeliveries (a failed attempt each), else held.  Subscription: they go back
+        upstream as failed attempts."""
         if outlet not in self.outlets:
             return
         self.outlets.remove(outlet)
-        self._reads = frozenset().union(*(o.filter.reads for o in self.outlets))
-        for delivery in outlet.in_flight.values():
-            self.io.settle_upstream(delivery, DELIVERY_FAILED)
+        self._filters_changed()
+        returned = list(outlet.in_flight.values())
         outlet.in_flight.clear()
         outlet.credit = 0
+        outlet.waiting_since = None
+        if not self.custody:
+            for c in returned:
+                self.io.settle_upstream(c.delivery, DELIVERY_FAILED)
+        else:
+            for c in returned:
+                c.failed += 1
+            self._take_back(returned, outlet.name)
         self.pump()
 
     def set_credit(self, outlet: Outlet, credit: int) -> None:
         outlet.credit = max(0, credit)
         self.pump()
 
+    def poke(self) -> None:
+        """A message was published to this queue through the proxy: the search goes on at least until
+        a copy moved after it comes round (a new pass: the end of the current one may lie before it)."""
+        if self.recycle and not self.stopping:
+            was_open = self.pass_open
+            self._open_pass()
+            if not was_open:
+                self.pump()
+
+    def _filters_changed(self) -> None:
+        self._reads = frozenset().union(*(o.filter.reads for o in self.outlets))
+        self._identities = frozenset(o.identity for o in self.outlets)
+
     # ------------------------------------------------------------------ upstream events
     def on_upstream_delivery(self, delivery: Any) -> None:
         self.upstream_credit = max(0, self.upstream_credit - 1)
-        reads = self._reads
-        message = self._decode(delivery, reads)
-        outlets = self.outlets
-        n = len(outlets)
-        if n == 1:
-            o = outlets[0]
-            if message is _BAD:
-                selected = not o.filter.reads
-            else:
-                selected = o.filter.evaluate(message, o.receiver) is True
-            if selected:
-                # With credit left after the last pump, nothing held is for this outlet: order holds.
-                if o.credit > 0:
-                    self._send(o, delivery)
-                    self._top_up()
-                    return
-                self._hold(_Held(delivery, message, reads))
-            elif self.subscription:
-                self.stats.filtered += 1
-                self.io.settle_upstream(delivery, ACCEPTED)
-            else:
-                self._hold(_Held(delivery, message, reads))
-            self._top_up()
-            return
-        if not self._offer(delivery, message, frozenset()):
-            if self.subscription and not any(self._selects(o, message) for o in outlets):
-                # A shared subscription's copy that none of its links selects.
-                self.stats.filtered += 1
-                self.io.settle_upstream(delivery, ACCEPTED)
-            else:
-                self._hold(_Held(delivery, message, reads))
-        self._top_up()
-
-    def on_client_outcome(self, outlet: Outlet, tag: Any, outcome: Outcome) -> None:
-        delivery = outlet.in_flight.pop(tag, None)
-        if delivery is None:
-            return
-        if outcome.kind == "modified" and outcome.undeliverable_here and not self.subscription:
-            # Keep it for the others; at the front, it is the oldest.
-            self.held.appendleft(_Held(delivery, self._decode(delivery, self._reads), self._reads, frozenset({outlet.name})))
-            self._count_held()
+        before = self.pass_no
+        c = self._custody(delivery)
+        if self.subscription:
+            self._subscription_delivery(c)
+        elif not self._offer(c, frozenset()):
+            self._place(c)
+        if self.pass_no != before:  # a new pass: what is held goes round too
             self.pump()
             return
-        self.io.settle_upstream(delivery, outcome)
+        self._top_up()
+
+    def _subscription_delivery(self, c: Custody) -> None:
+        # With credit left after the last pump, nothing held is for an outlet with credit: order holds.
+        if self._offer(c, frozenset()):
+            return
+        if not self.outlets or any(self._selects(o, c) for o in self.outlets):
+            self._hold(c)
+        else:
+            # A copy of this subscription's (or shared subscription's) that none of its links selects.
+            self.stats.filtered += 1
+            self.io.settle_upstream(c.delivery, ACCEPTED)
+
+    def on_client_outcome(self, outlet: Outlet, tag: Any, outcome: Outcome) -> None:
+        c = outlet.in_flight.pop(tag, None)
+        if c is None:
+            return
+        keep = outcome.kind == "modified" and outcome.undeliverable_here and not self.subscription
+        if outcome.kind in ("accepted", "rejected") or not (self.custody or keep):
+            self.io.settle_upstream(c.delivery, outcome)
+            return
+        # released / modified: the message stays in the proxy, offered first to the other outlets
+        if outcome.kind == "modified":
+            if outcome.delivery_failed:
+                c.failed += 1
+            if outcome.undeliverable_here:
+                c.excluded = c.excluded | {outlet.name}
+        self._take_back([c], outlet.name)
+        self.pump()
+
+    def _take_back(self, returned: list[Custody], previous: str) -> None:
+        """Deliveries a client gave back: to another outlet at once, else held at the front (they
+        are the oldest), in their order."""
+        keep = []
+        for c in returned:
+            c.redelivered = True
+            if self.stopping or not self._offer(c, c.excluded | {previous}):
+                keep.append(c)
+        for c in reversed(keep):
+            self.held.appendleft(c)
+        if keep:
+            self._count_held()
+
+    def stop(self) -> None:
+        """Stop starting anything: no move, no pull, no send.  Moves in flight still complete."""
+        self.stopping = True
+        self.pass_open = False
+        self.stats.starved = 0
 
     def close(self) -> list[Any]:
         """Forget everything; returns upstream deliveries still unsettled (closing the upstream
         consumer returns them to the source)."""
-        out = [h.delivery for h in self.held]
+        out = [c.delivery for c in self.held]
         for o in self.outlets:
-            out.extend(o.in_flight.values())
+            out.extend(c.delivery for c in o.in_flight.values())
             o.in_flight.clear()
         self.held.clear()
         self.outlets.clear()
+        self.stopping = True
         self._count_held()
         return out
 
     # ------------------------------------------------------------------ decisions
     def pump(self) -> None:
-        """Offer held messages to outlets with credit, then top up upstream credit."""
+        """Offer held messages to outlets with credit, move what blocks the search, top up credit."""
+        if self.stopping:
+            return
         if self.held and any(o.credit > 0 for o in self.outlets):
-            keep: deque[_Held] = deque()
-            for h in self.held:
-                if not self._offer_held(h):
-                    keep.append(h)
+            keep: deque[Custody] = deque()
+            for c in self.held:
+                if not (self._reads <= c.reads) and c.message is not _BAD:
+                    c.message = self._decode(c.delivery, self._reads | self._mark_reads())
+                    c.reads = self._reads
+                if not self._offer(c, c.excluded):
+                    keep.append(c)
             self.held = keep
             self._count_held()
+        if self.held and self._searching():
+            self._move_held()
         self._top_up()
 
-    def _offer_held(self, h: _Held) -> bool:
-        if not (self._reads <= h.reads) and h.message is not _BAD:
-            h.message = self._decode(h.delivery, self._reads)
-            h.reads = self._reads
-        return self._offer(h.delivery, h.message, h.excluded)
+    def _mark_reads(self) -> frozenset:
+        return _MARK_READS if self.recycle else frozenset()
 
-    def _offer(self, delivery: Any, message: Any, excluded: frozenset) -> bool:
+    def _searching(self) -> bool:
+        """Moving: a pass is open, or another daemon on the queue has offered messages to a filter
+        of its own lately (its links may wait for what this one holds), and a link here waits."""
+        return (self.recycle and not self.stopping and (self.pass_open or bool(self._live_foreign()))
+                and any(o.credit > 0 for o in self.outlets))
+
+    def _selects(self, o: Outlet, c: Custody) -> bool:
+        if c.message is _BAD:
+            return not o.filter.reads
+        return o.filter.evaluate(c.message, o.receiver) is True
+
+    def _offer(self, c: Custody, excluded: frozenset) -> bool:
+        self._nobody = False
+        if self.stopping:
+            return False
         outlets = self.outlets
         n = len(outlets)
+        evaluated = 0
         for i in range(n):
             o = outlets[(self._rr + i) % n]
             if o.credit <= 0 or o.name in excluded:
                 continue
-            if message is _BAD:
-                if o.filter.reads:
-                    continue
-            elif o.filter.evaluate(message, o.receiver) is not True:
+            evaluated += 1
+            if not self._selects(o, c):
                 continue
             self._rr = (self._rr + i + 1) % n
-            self._send(o, delivery)
+            self._send(o, c)
             return True
+        # every outlet said no: `_wanted` need not ask them again
+        self._nobody = evaluated == n and not c.excluded
         return False
 
-    @staticmethod
-    def _selects(o: Outlet, message: Any) -> bool:
-        if message is _BAD:
-            return not o.filter.reads
-        return o.filter.evaluate(message, o.receiver) is True
-
-    def _send(self, o: Outlet, delivery: Any) -> None:
-        tag = self.io.send(o, delivery)
+    def _send(self, o: Outlet, c: Custody) -> None:
+        if c.redelivered:
+            self.stats.redelivered += 1
+        tag = self.io.send(o, c.delivery, c.data())
         if o.presettled:
-            self.io.settle_upstream(delivery, ACCEPTED)
+            self.io.settle_upstream(c.delivery, ACCEPTED)
         else:
-            o.in_flight[tag] = delivery
+            o.in_flight[tag] = c
         o.credit -= 1
         o.delivered += 1
+        o.waiting_since = self._clock() if o.credit > 0 else None
         self.stats.delivered += 1
-        self._budget = self.recycle_budget
 
-    def _hold(self, h: _Held) -> None:
-        self.held.append(h)
+    def _open_pass(self) -> None:
+        self.pass_no += 1
+        self.pass_open = True
+        self._next_look = None
+        self._look_delay = self.look_again
+
+    def tick(self) -> None:
+        """Called by the I/O layer now and then (about once a second).  A pass that is over while
+        links still wait: look again after a while (10 s, then twice as long each time, at most
+        10 minutes; any other reason for a pass starts the delays over).  That is how a daemon finds
+        a daemon it has not seen yet on the same queue (the other one's messages may be behind what
+        this one holds) and a match published directly behind a finished pass."""
+        if not self.recycle or self.pass_open or self.stopping or not any(o.credit > 0 for o in self.outlets):
+            self._next_look = None
+            return
+        now = self._clock()
+        if self._next_look is None:
+            self._next_look = now + self._look_delay
+        elif now >= self._next_look:
+            delay = min(self._look_delay * 2, self.look_again_max)
+            self._open_pass()
+            self._look_delay = delay
+            self.pump()
+
+    def _pass_tag(self) -> str:
+        return f"{self.token}#{self.pass_no}"
+
+    def _place(self, c: Custody) -> None:
+        """A queue message no outlet can take now: move it while searching, else hold it."""
+        if not self.recycle or self.stopping or c.message is _BAD or not self.outlets:
+            self._hold(c)
+            return
+        if self.pass_open:
+            last = c.mark.get("")
+            if last is not None and last[0] == self._pass_tag():
+                # A copy this pass moved came round: everything that was in the queue before it
+                # has been offered.  The pass is over.
+                self.pass_open = False
+                self.stats.passes += 1
+        elif not self._identities.issubset(c.mark) and any(o.credit > 0 for o in self.outlets):
+            self._open_pass()  # not yet offered to a filter here: there may be more behind it
+        wanted = not self._nobody and self._wanted(c)
+        if not self._searching() or wanted or not self._movable(c) or not self._move(c):
+            self._hold(c)  # (an outlet that selects it takes it with its next credit)
+
+    def _movable(self, c: Custody) -> bool:
+        """During a pass everything is moved (to go round the queue); after it only what a filter of
+        another daemon was not offered yet."""
+        return c.message is not _BAD and c.refused != self.pass_no and (self.pass_open or not self._done(c))
+
+    def _wanted(self, c: Custody) -> bool:
+        return any(o.name not in c.excluded and self._selects(o, c) for o in self.outlets)
+
+    def _move_held(self) -> None:
+        """While searching: move the held messages no outlet here selects (see `_movable`)."""
+        keep: deque[Custody] = deque()
+        for c in self.held:
+            if not self._searching() or self._wanted(c) or not self._movable(c) or not self._move(c):
+                keep.append(c)
+        self.held = keep
+        self._count_held()
+
+    def _move(self, c: Custody) -> bool:
+        ms = int(self._wall()) * 1000  # whole seconds: most copies of a pass share one mark
+        stamp = [self.token, ms]
+        mark = dict(c.mark)
+        for identity in self._identities:
+            # the time of the first offer: moving it again is no sign of life for the others
+            mark.setdefault(identity, stamp)
+        mark[""] = [self._pass_tag(), ms]  # which pass moved it last
+        key = tuple(sorted((k, v[0], v[1]) for k, v in mark.items()))
+        section = self._sections.get(key)
+        if section is None:
+            if len(self._sections) >= 64:
+                self._sections.clear()
+            section = self._sections[key] = encode_section(MESSAGE_ANNOTATIONS, {OFFERED_ANNOTATION: mark})
+        try:
+            data = set_message_annotation(c.data(), OFFERED_ANNOTATION, mark, section)
+        except CodecError:
+            c.message = _BAD  # cannot carry a mark: never moved
+            return False
+        c.mark = mark
+
+        def done(ok: bool) -> None:
+            self.moving -= 1
+            self.stats.moving = self.moving
+            if ok:
+                self.stats.recycled += 1
+                self.io.settle_upstream(c.delivery, ACCEPTED)
+            else:
+                # The broker refused the copy: hold the original, not moved again in this pass.
+                c.refused = self.pass_no
+                self.held.appendleft(c)
+                self._count_held()
+            self._top_up()  # room to pull more (nothing held became deliverable)
+
+        self.moving += 1
+        self.stats.moving = self.moving
+        if not self.io.recycle(c.delivery, data, done):
+            self.moving -= 1
+            self.stats.moving = self.moving
+            return False
+        return True
+
+    def _hold(self, c: Custody) -> None:
+        self.held.append(c)
         self._count_held()
 
     def _count_held(self) -> None:
@@ -305,19 +546,30 @@ class Feed:
 
     def _top_up(self) -> None:
         credit = 0
+        now = None
         for o in self.outlets:
             credit += o.credit
-        if credit <= 0:
+            if o.credit > 0 and o.waiting_since is None:
+                now = now or self._clock()
+                o.waiting_since = now
+            elif o.credit <= 0:
+                o.waiting_since = None
+        if credit <= 0 or self.stopping:
             self.stats.starved = 0
             return
-        held = len(self.held) + self.recycling
+        held = len(self.held) + self.moving
+        if (held >= self.window and self.recycle and not self.pass_open and self.held
+                and self._live_foreign()):
+            # Walled in by messages every filter was offered, while another daemon on the queue
+            # offers messages to its filters: what it moved may lie behind them.  Go round again.
+            self._open_pass()
+            self._move_held()
+            held = len(self.held) + self.moving
         if not self.subscription and held >= self.window:
             # Blocked: everything the proxy may hold is held, and clients with credit wait.
             if self.stats.starved == 0:
                 self.stats.blocked += 1
             self.stats.starved = sum(1 for o in self.outlets if o.credit > 0)
-            if self.recycle and self.upstream_credit == 0:
-                self._recycle_oldest()
             return
         self.stats.starved = 0
         target = min(credit, self.max_credit) + self.window
@@ -326,27 +578,52 @@ class Feed:
             self.upstream_credit += room
             self.io.flow_upstream(room)
 
-    def _recycle_oldest(self) -> None:
-        if not self.held or self.recycling >= max(1, self.window // 10) or self._budget <= 0:
-            return
-        h = self.held.popleft()
-        self.recycling += 1
-        self._budget -= 1
-        self._count_held()
+    def longest_wait(self) -> float:
+        """Seconds the longest-waiting outlet has had credit without receiving anything."""
+        since = [o.waiting_since for o in self.outlets if o.waiting_since is not None and o.credit > 0]
+        return self._clock() - min(since) if since else 0.0
 
-        def done(ok: bool) -> None:
-            self.recycling -= 1
-            if ok:
-                self.stats.recycled += 1
-                self.io.settle_upstream(h.delivery, ACCEPTED)
-                self.pump()
-            else:
-                # Not recycled (no publisher credit yet): the I/O layer pumps again when it can.
-                self.held.appendleft(h)
-                self._budget += 1
-                self._count_held()
+    # ------------------------------------------------------------------ decoding
+    def _custody(self, delivery: Any) -> Custody:
+        reads = self._reads
+        message = self._decode(delivery, reads | self._mark_reads())
+        mark: dict = {}
+        if message is not _BAD and message is not None and self.recycle:
+            offered = (message.message_annotations or {}).get(OFFERED_ANNOTATION)
+            if isinstance(offered, dict):
+                for k, v in offered.items():
+                    if isinstance(v, list) and len(v) == 2 and isinstance(v[1], int):
+                        mark[str(k)] = [str(v[0]), int(v[1])]
+                self._learn(mark)
+        return Custody(delivery, message, reads, mark)
 
-        self.io.recycle(h.delivery, done)
+    # ------------------------------------------------------------------ marks
+    def _learn(self, mark: dict) -> None:
+        for identity, (token, ms) in mark.items():
+            if identity and token != self.token and identity not in self._identities:
+                seen = ms / 1000.0
+                if identity not in self._foreign and seen > self._wall() - self.foreign_ttl:
+                    # another daemon serves a filter this one did not know: one more pass, and the
+                    # messages held here that it was not offered must reach it
+                    self._open_pass()
+                if seen > self._foreign.get(identity, 0.0):
+                    self._foreign[identity] = seen
+
+    def _live_foreign(self) -> list[str]:
+        if not self._foreign:
+            return []
+        horizon = self._wall() - self.foreign_ttl
+        for identity in [i for i, seen in self._foreign.items() if seen < horizon]:
+            del self._foreign[identity]
+        return [i for i in self._foreign if i not in self._identities]
+
+    def _done(self, c: Custody) -> bool:
+        """Offered to every filter here and to every filter another daemon is known to serve now
+        (the key "" names the pass that moved it last, not a filter)."""
+        mark = c.mark
+        if not self._identities.issubset(mark):
+            return False
+        return all(i in mark for i in self._live_foreign())
 
     def _decode(self, delivery: Any, reads: frozenset) -> Any:
         if not reads:

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .security import SaslServer, UserDatabase
+from .security import SaslServer, UserDatabase, certificate_subject
 
 log = logging.getLogger("broker_filter.listener")
 
@@ -460,7 +460,7 @@ class FrontEnd:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername") or ("", 0)
         tls = writer.get_extra_info("ssl_object")
-        external = _certificate_subject(writer.get_extra_info("peercert")) if tls is not None else None
+        external = certificate_subject(writer.get_extra_info("peercert")) if tls is not None else None
 
         async def send(data: bytes) -> None:
             writer.write(data)
@@ -571,16 +571,6 @@ async def _bridge(
         for task in (upstream, downstream):
             task.cancel()
         await asyncio.gather(upstream, downstream, return_exceptions=True)
-
-
-def _certificate_subject(cert: Any) -> str | None:
-    if not cert:
-        return None
-    parts = []
-    for rdn in cert.get("subject", ()):
-        for key, value in rdn:
-            parts.append(f"{key}={value}")
-    return ",".join(parts) or None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -101,6 +101,9 @@ class Snapshot:
     held: Mapping[str, int] = field(default_factory=dict)  # address -> messages held unsettled, unmatched
     credit: Mapping[str, int] = field(default_factory=dict)  # address -> credit granted by clients, unused
     stalled: Mapping[str, bool] = field(default_factory=dict)  # address -> pulling stopped (window full)
+    moving: Mapping[str, int] = field(default_factory=dict)  # address -> moves to the queue's tail in flight
+    passes: Mapping[str, int] = field(default_factory=dict)  # address -> searches completed by its feeds
+    waited: Mapping[str, float] = field(default_factory=dict)  # address -> longest wait of a link with credit
     upstream_connected: bool = False
     taken_at: float = field(default_factory=time.time)
 
@@ -235,11 +238,21 @@ class _SnapshotCollector:
              snap.credit),
             ("broker_filter_address_stalled", "1 while pulling from an address is stopped because its window is full",
              {a: int(bool(v)) for a, v in snap.stalled.items()}),
+            ("broker_filter_moves_in_flight", "Messages being moved to the queue's tail (copy published, original "
+             "not yet accepted), by address", snap.moving),
+            ("broker_filter_search_passes", "Searches of the queue completed by the address's current feeds "
+             "(a moved copy came round)", snap.passes),
         ):
             family = GaugeMetricFamily(name, doc, labels=["address"])
             for label, n in _merge(values, labels).items():
                 family.add_metric([label], n)
             yield family
+        waited = GaugeMetricFamily("broker_filter_link_wait_seconds",
+                                   "Longest time a link of the address has had credit and received nothing",
+                                   labels=["address"])
+        for label, n in _merge_max(snap.waited, labels).items():
+            waited.add_metric([label], n)
+        yield waited
         yield GaugeMetricFamily(
             "broker_filter_upstream_connected", "1 while the upstream connection is open", value=int(snap.upstream_connected)
         )
@@ -253,6 +266,14 @@ def _merge(values: Mapping[str, float], label: Callable[[str], str]) -> dict[str
     for key, n in values.items():
         lab = label(key)
         out[lab] = out.get(lab, 0) + n
+    return out
+
+
+def _merge_max(values: Mapping[str, float], label: Callable[[str], str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, n in values.items():
+        lab = label(key)
+        out[lab] = max(out.get(lab, 0.0), n)
     return out
 
 
@@ -440,7 +461,8 @@ def reference_table() -> str:
     metrics.refuse_attach("limit")
     metrics.refuse_connection("limit")
     metrics.authentication_failed("PLAIN")
-    metrics.publish(Snapshot(links={"consumer": 1}, held={"a": 1}, credit={"a": 1}, stalled={"a": True}))
+    metrics.publish(Snapshot(links={"consumer": 1}, held={"a": 1}, credit={"a": 1}, stalled={"a": True},
+                             moving={"a": 1}, passes={"a": 1}, waited={"a": 1.0}))
     lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for family in metrics.registry.collect():
         name = {"counter": f"{family.name}_total", "info": f"{family.name}_info"}.get(family.type, family.name)

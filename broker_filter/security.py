@@ -198,6 +198,18 @@ def redact_text(text: str) -> str:
 
 
 
+def certificate_subject(cert: Any) -> str | None:
+    """A peer certificate's subject as "key=value,..." (`ssl.SSLSocket.getpeercert()` form), the
+    identity SASL EXTERNAL reports; None without a certificate."""
+    if not cert:
+        return None
+    parts = []
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            parts.append(f"{key}={value}")
+    return ",".join(parts) or None
+
+
 # --------------------------------------------------------------------------------------------------
 # SASL server (sans-I/O)
 #

@@ -34,15 +34,15 @@ def spark():
 
 
 @pytest.fixture(scope="session")
-def rabbitmq():
-    """A RabbitMQ node with AMQP 1.0 on 127.0.0.1:5672 (started here unless one already listens, and
-    then stopped at the end of the session unless BROKER_FILTER_KEEP_RABBITMQ is set, as on a machine
-    where other test sessions share the node); its connection URL."""
+def rabbitmq3():
+    """The system's RabbitMQ 3.10 with AMQP 1.0 on 127.0.0.1:5672 (started here unless one already
+    listens, and then stopped at the end of the session unless BROKER_FILTER_KEEP_RABBITMQ is set, as
+    on a machine where other test sessions share the node)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent / "proxy"))
-    from proxy_harness import RABBIT_ENV, UPSTREAM, amqp10_ready, port_open, rabbitmqctl, wait_port
+    from proxy_harness import RABBIT_ENV, RABBITMQ3, amqp10_ready, port_open, wait_port
 
     started = False
-    if not port_open(5672):
+    if not port_open(RABBITMQ3.port):
         if shutil.which("rabbitmq-server") is None:
             pytest.fail("rabbitmq-server is not installed (scripts/setup.sh installs it)")
         env = {**os.environ, **RABBIT_ENV}
@@ -50,12 +50,18 @@ def rabbitmq():
                        capture_output=True, timeout=60)
         subprocess.run(["rabbitmq-server", "-detached"], env=env, check=True, timeout=60)
         started = True
-        wait_port(5672, 60)
-    amqp10_ready(60)
-    yield UPSTREAM
+        wait_port(RABBITMQ3.port, 60)
+    amqp10_ready(60, RABBITMQ3)
+    yield RABBITMQ3
     if started and not os.environ.get("BROKER_FILTER_KEEP_RABBITMQ"):
-        rabbitmqctl("stop", timeout=60)
+        RABBITMQ3.ctl("stop", timeout=60)
         subprocess.run(["epmd", "-kill"], capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq(rabbitmq3):
+    """The RabbitMQ node's connection URL (tests/proxy runs its tests against RabbitMQ 3.10 and 4.0)."""
+    return rabbitmq3.url
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +74,27 @@ def daemon():
     yield d
     d.stop()
     assert "Traceback" not in d.log(), d.log()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory) -> Path:
+    """A test CA, a server certificate for 127.0.0.1/localhost, a client certificate (CN=client-1)
+    and a certificate of another CA."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("the openssl command is needed to generate test certificates (apt-get install openssl)")
+    d = tmp_path_factory.mktemp("pki")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=broker-filter test CA")
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name, subject in (("server", "/CN=localhost"), ("client", "/CN=client-1")):
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
+        extra = ["-extfile", "server.ext"] if name == "server" else []
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", *extra)
+    run("req", "-x509", *ec, "-keyout", "other.key", "-out", "other.pem", "-days", "2", "-subj", "/CN=other CA")
+    return d

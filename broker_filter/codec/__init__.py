@@ -2,12 +2,13 @@
 
     decode_message(data, reads=None) -> Message      decode only the sections a filter reads
     set_message_annotation(data, key, value) -> bytes  splice one annotation, body bytes untouched
+    redelivery_bytes(data, count) -> bytes            the header of a redelivery (first-acquirer false)
     encode_message(message) -> bytes
     decode(buf, pos) / encode(value) / skip(buf, pos)   single values
     CodecError                                          malformed bytes
 """
 
-from .sections import ALL_SECTIONS, decode_message, encode_message, scan, set_message_annotation
+from .sections import ALL_SECTIONS, decode_message, encode_message, redelivery_bytes, scan, set_message_annotation
 from .types import CodecError, decode, encode, skip
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "decode_message",
     "encode",
     "encode_message",
+    "redelivery_bytes",
     "scan",
     "set_message_annotation",
     "skip",

@@ -199,8 +199,10 @@ def _trim(fields: list) -> list:
 _BEFORE_MA = (HEADER, DELIVERY_ANNOTATIONS)
 
 
-def set_message_annotation(data: bytes, key: Any, value: Any) -> bytes:
-    """`data` with message annotation key = value (replacing any), every other section unchanged."""
+def set_message_annotation(data: bytes, key: Any, value: Any, encoded: bytes | None = None) -> bytes:
+    """`data` with message annotation key = value (replacing any), every other section unchanged.
+    `encoded`: the bytes of a message-annotations section holding just key = value, spliced in as
+    they are when `data` has no message annotations yet (a caller's cache)."""
     sections = scan(data)
     insert_at = 0
     for code, start, vpos, end in sections:
@@ -213,4 +215,30 @@ def set_message_annotation(data: bytes, key: Any, value: Any) -> bytes:
             insert_at = end
         else:
             break
-    return data[:insert_at] + encode_section(MESSAGE_ANNOTATIONS, {key: value}) + data[insert_at:]
+    section = encoded if encoded is not None else encode_section(MESSAGE_ANNOTATIONS, {key: value})
+    return data[:insert_at] + section + data[insert_at:]
+
+
+def redelivery_bytes(data: bytes, delivery_count: int | None = None, *, failed: int = 0) -> bytes:
+    """`data` with its header saying first-acquirer = false and delivery-count = `delivery_count`
+    (None: the count the header already has, plus `failed`); a header is added if there is none and
+    every other section keeps its bytes.  What a broker sends when it delivers a message again; the
+    stored message is not changed.  Bytes that cannot be parsed are returned unchanged."""
+    try:
+        sections = scan(data)
+        fields: list = []
+        start = end = 0
+        if sections and sections[0][0] == HEADER:
+            _, start, vpos, end = sections[0]
+            value, _ = decode(data, vpos)
+            if not isinstance(value, list):
+                return data
+            fields = list(value)
+    except (CodecError, IndexError, ValueError):
+        return data
+    fields += [None] * (5 - len(fields))
+    if delivery_count is None:
+        delivery_count = (fields[4] if isinstance(fields[4], int) else 0) + failed
+    fields[3] = False
+    fields[4] = t.uint(min(delivery_count, 0xFFFFFFFF))
+    return data[:start] + encode_section(HEADER, fields) + data[end:]

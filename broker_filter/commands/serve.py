@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -15,6 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "from the upstream broker (or the embedded one) and forward only matching messages.",
     )
     add_serve_arguments(p)
+    p.add_argument("--io", choices=("container", "engine"), default=os.environ.get("BROKER_FILTER_IO", "container"),
+                   help="the I/O loop: proton's Container (default; BROKER_FILTER_IO sets another default) or "
+                   "the epoll engine (no descriptor ceiling)")
     p.set_defaults(func=run)
 
 
@@ -25,4 +29,4 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_for_cli(args)
     logs.configure_from(config)
-    return App(config).run()
+    return App(config, io=args.io).run()

@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ..amqptypes import uint
 from ..broker import ANYCAST, MULTICAST, Broker, BrokerConfig, BrokerError, Limits
 from ..broker.queue import Consumer as BrokerConsumer
+from ..codec import redelivery_bytes
 from ..forwarding import ACCEPTED, Outcome
 from .upstream import ConsumerHandler, ConsumerInfo, ConsumerSpec, ErrorInfo, Loop, PublisherHandler, UpstreamDelivery
 
@@ -54,33 +54,6 @@ def _decode(data: bytes, reads: Any = None) -> Any:
     from ..codec import decode_message
 
     return decode_message(data, reads)
-
-
-def redelivery_bytes(data: bytes, delivery_count: int) -> bytes:
-    """`data` with its header saying first-acquirer = false and delivery-count = `delivery_count`
-    (a header is added if there is none); every other section keeps its bytes.  What a broker sends
-    when it delivers a message again; the stored message is not changed.  Bytes that cannot be
-    parsed are returned unchanged."""
-    from ..codec import CodecError
-    from ..codec.sections import HEADER, encode_section, scan
-    from ..codec.types import decode
-
-    try:
-        sections = scan(data)
-        fields: list = []
-        start = end = 0
-        if sections and sections[0][0] == HEADER:
-            _, start, vpos, end = sections[0]
-            value, _ = decode(data, vpos)
-            if not isinstance(value, list):
-                return data
-            fields = list(value)
-    except (CodecError, IndexError, ValueError):
-        return data
-    fields += [None] * (5 - len(fields))
-    fields[3] = False
-    fields[4] = uint(min(delivery_count, 0xFFFFFFFF))
-    return data[:start] + encode_section(HEADER, fields) + data[end:]
 
 
 def _is_durable(spec: ConsumerSpec) -> bool:
@@ -208,6 +181,9 @@ class EmbeddedUpstream:
     """Upstream backed by an in-process `Broker`."""
 
     name = "embedded"
+    # A message given back goes out again with its history in the header (the proxy's feeds hand
+    # released, modified and a detached link's deliveries back here instead of keeping them).
+    redelivers_in_place = True
 
     def __init__(self, broker: Broker | None = None, config: BrokerConfig | None = None):
         self.broker = broker or Broker(config or BrokerConfig(), decode=_decode)

@@ -3,19 +3,28 @@
 Theory of operation: one connection carries every consumer and publisher of the proxy, each in a
 session of its own, ended with it: RabbitMQ 3.10 returns a consumer's unsettled messages to the
 queue only when its session ends, and answers some errors (a missing exchange) by ending the
-session, which must take down only the endpoint concerned.  Deliveries are received as raw bytes and settled with the client's outcome; nothing is
-settled upstream on the proxy's own initiative except what the forwarding rules decide.  When the
-connection drops, every consumer and publisher is reported closed with a transient
-`amqp:connection:forced` error (the broker returns their unsettled messages to the queues) and the
-upstream reconnects with exponential backoff (0.1 s doubling to `max_backoff`).
+session, which must take down only the endpoint concerned.  A new session never begins while one
+the proxy ended still waits for the broker's `end`: proton reuses the lowest free channel number
+as soon as its own `end` is out, and RabbitMQ 4 hands a `begin` arriving on a channel whose
+session is still ending to that session, which never answers it (the link would hang).  Such
+sessions wait (at most `BEGIN_HOLD` seconds) and begin when the ends are in.  Deliveries are
+received as raw bytes and settled with the client's outcome; nothing is settled upstream on the
+proxy's own initiative except what the forwarding rules decide.  When the connection drops, every
+consumer and publisher is reported closed with a transient `amqp:connection:forced` error (the
+broker returns their unsettled messages to the queues) and the upstream reconnects with exponential
+backoff (0.1 s doubling to `max_backoff`).
 
 What the remote evaluates (push-down) is decided from its open frame, never from an attach echo
 (RabbitMQ 3.10 echoes a selector and still delivers everything): selectors only if it offers
 `APACHE.ORG:SELECTOR` or `APACHE.ORG:JMS_FILTERS`, legacy bindings only if it offers
 `APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS`, unless the configuration declares the kinds itself.
 RabbitMQ (by its `product` connection property) takes a binding key as part of an `/exchange/X/key`
-address (`binds_exchange_keys`), and ends the session on a `modified` outcome, so `modified` is sent
-to it as `released`.
+address (`binds_exchange_keys`).  RabbitMQ 3.x ends the session on a `modified` outcome, so
+`modified` is sent to it as `released`; RabbitMQ 4 (by its `version` property) honours `modified`
+and gets it unchanged (`delivery-failed` raises a quorum queue's delivery-count; `undeliverable-here`
+dead-letters, as it would for a client of its own).  RabbitMQ 4's v2 addresses (`/queues/q`,
+`/exchanges/x/key`) pass through like any address; a missing queue makes RabbitMQ 4 end the
+session, which, the session being the link's own, refuses only that link with `amqp:not-found`.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from .upstream import (
 
 log = logging.getLogger("broker_filter.proxy.upstream")
 
+BEGIN_HOLD = 2.0  # longest wait of a new session for ended ones to be answered (see the module docstring)
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
 # Property filter expressions are pushed down only to an upstream whose open frame offers them (another
@@ -112,10 +122,13 @@ class _RemoteLink:
         """Drop state that dies with the link (none by default)."""
 
     def _end(self) -> None:
+        if self.upstream._drop_waiting(self.session):
+            return  # it never began: nothing to end
         if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
             self.link.close()
         if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
             self.session.close()
+            self.upstream._ending(self.session)
 
     def _closed_by_upstream(self, error: ErrorInfo) -> None:
         if not self._finish():
@@ -239,9 +252,13 @@ class RemoteUpstream(Handler):
         self.stopped = False
         self.remote_capabilities: frozenset[str] = frozenset()
         self.product: str | None = None
+        self.version: str | None = None
         self.binds_exchange_keys = False
         self.modified_ok = True
         self._endpoints: dict[str, Any] = {}
+        self._ended: set[Any] = set()  # sessions the proxy ended, until the broker's end arrives
+        self._waiting: list[Any] = []  # sessions to begin once _ended is empty
+        self._hold_timer = None
         self._names = itertools.count(1)
         self._backoff = 0.1
         self._reconnect_timer = None
@@ -323,15 +340,48 @@ class RemoteUpstream(Handler):
             return None
         session = self.connection.session()
         session.bf_endpoint = endpoint
-        session.open()
         endpoint.session = session
+        if self._ended:
+            self._waiting.append(session)  # it begins, then its link attaches, in _begin_waiting
+            if self._hold_timer is None:
+                self._hold_timer = self.loop.call_later(BEGIN_HOLD, self._begin_waiting)
+        else:
+            session.open()
         return session
+
+    def _ending(self, session: Any) -> None:
+        self._ended.add(session)
+
+    def _ended_answered(self, session: Any) -> None:
+        self._ended.discard(session)
+        if not self._ended and self._waiting:
+            self._begin_waiting()
+
+    def _begin_waiting(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        waiting, self._waiting = self._waiting, []
+        for session in waiting:
+            session.open()
+            # Opened only now: proton sends no attach for a link opened before its session began.
+            session.bf_endpoint.link.open()
+
+    def _drop_waiting(self, session: Any) -> bool:
+        """Forget a session that never began (its endpoint closed while it waited)."""
+        if session is None or session not in self._waiting:
+            return False
+        self._waiting.remove(session)
+        session.bf_endpoint = None
+        session.free()
+        return True
 
     def _attach(self, endpoint: _RemoteLink, name: str, link: Any) -> None:
         link.bf_endpoint = endpoint
         endpoint.link = link
         self._endpoints[name] = endpoint
-        link.open()
+        if endpoint.session not in self._waiting:
+            link.open()
 
     def _forget(self, endpoint: Any) -> None:
         if endpoint.link is not None:
@@ -381,6 +431,11 @@ class RemoteUpstream(Handler):
     def _lost(self, condition: Any) -> None:
         was_connected = self.connected
         self.connected = False
+        self._ended.clear()
+        self._waiting.clear()
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
         conn, self.connection = self.connection, None
         desc = f"upstream {self.name} connection lost"
         if condition is not None and getattr(condition, "description", None):
@@ -413,13 +468,16 @@ class RemoteUpstream(Handler):
         props = conn.remote_properties or {}
         product = props.get(psymbol("product")) if hasattr(props, "get") else None
         self.product = str(product) if product is not None else None
+        version = props.get(psymbol("version")) if hasattr(props, "get") else None
+        self.version = str(version) if version is not None else None
         is_rabbit = self.product is not None and "rabbitmq" in self.product.lower()
         self.binds_exchange_keys = is_rabbit
-        self.modified_ok = not is_rabbit
+        self.modified_ok = not is_rabbit or _major(self.version) >= 4
         self.connected = True
         self._backoff = 0.1
         self._attempt = 0
-        log.info("upstream %s: connected (%s)", self.name, self.product or "unknown product")
+        log.info("upstream %s: connected (%s)", self.name,
+                 " ".join(p for p in (self.product, self.version) if p) or "unknown product")
         self.listener.on_upstream_up(self)
 
     @_guarded
@@ -435,6 +493,8 @@ class RemoteUpstream(Handler):
         endpoint = getattr_or_none(ssn, "bf_endpoint")
         if not (ssn.state & Endpoint.LOCAL_CLOSED):
             ssn.close()
+        else:
+            self._ended_answered(ssn)
         if endpoint is not None and not endpoint.closed:
             c = ssn.remote_condition
             endpoint._closed_by_upstream(ErrorInfo(
@@ -558,6 +618,12 @@ def _endpoint(link) -> Any:
         return link.bf_endpoint
     except AttributeError:
         return None
+
+
+def _major(version: str | None) -> int:
+    """The major number of a `version` connection property ("4.0.5" -> 4); 0 when absent or unreadable."""
+    head = (version or "").split(".", 1)[0].strip()
+    return int(head) if head.isdigit() else 0
 
 
 def _key(k: Any) -> Any:

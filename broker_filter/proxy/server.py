@@ -116,23 +116,27 @@ class FeedBinding:
         self.key = key
         self.spec = spec
         self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
-                         recycle=server.recycle and not subscription, log=log.warning)
+                         recycle=server.recycle and not subscription, token=server.feed_token(),
+                         custody=not getattr(server.upstream, "redelivers_in_place", False),
+                         log=log.warning)
         self.pending: list[Outlet] = []  # attached by clients, waiting for the upstream consumer
         self.ready = False
         self.closed = False
+        self.draining = False  # the last link went: waiting for moves in flight before closing
+        self.draining_closed = False  # ... and it was closed (not only detached)
         self.consumer = None
         self.info: ConsumerInfo | None = None
         metrics = server.metrics
         self.counters = metrics.address(spec.address) if metrics is not None else None
 
     # FeedIO -------------------------------------------------------------
-    def send(self, outlet: Outlet, delivery: UpstreamDelivery) -> Any:
+    def send(self, outlet: Outlet, delivery: UpstreamDelivery, data: bytes) -> Any:
         if self.counters is not None:
             self.counters.forwarded.inc()
         link = outlet.io_ref
         tag = self.server.next_tag()
         dlv = link.delivery(tag)
-        link.send(delivery.data)
+        link.send(data)
         if outlet.presettled:
             dlv.settle()
         link.advance()
@@ -146,8 +150,14 @@ class FeedBinding:
         if self.consumer is not None:
             self.consumer.flow(n)
 
-    def recycle(self, delivery: UpstreamDelivery, done: Callable[[bool], None]) -> None:
-        self.server.recycle_message(self, delivery, done)
+    def recycle(self, delivery: UpstreamDelivery, data: bytes, done: Callable[[bool], None]) -> bool:
+        def moved(ok: bool) -> None:
+            if not self.closed:
+                done(ok)
+                if self.draining and self.feed.moving == 0:
+                    self.server.finish_feed(self)
+
+        return self.server.recycle_message(self, data, moved)
 
     # ConsumerHandler ----------------------------------------------------------
     def on_consumer_ready(self, consumer, info: ConsumerInfo) -> None:
@@ -157,6 +167,7 @@ class FeedBinding:
             if info.subscription is False and self.feed.subscription:
                 # The upstream says this source is shared: never consume a non-match on it.
                 self.feed.subscription = False
+                self.feed.custody = not getattr(self.server.upstream, "redelivers_in_place", False)
             pending, self.pending = self.pending, []
             if info.subscription is True and not self.feed.subscription and self.key[0] == "queue":
                 # A subscription taken for a queue (sharing.decide had no word for it): the first
@@ -279,12 +290,43 @@ class ProxyServer(Handler):
         self._tags = itertools.count(1)
         self._sub_ids = itertools.count(1)
         self._recyclers: dict[str, Any] = {}
+        self._feed_ids = itertools.count(1)
+        self.draining: set[FeedBinding] = set()  # feeds whose last link went, finishing their moves
+        # how long a feed whose last link went waits for its moves in flight
+        self.grace = float(getattr(getattr(config, "shutdown", None), "grace_period", 10.0))
+        self.stopping = False
         self.refused = 0
         self.upstream_up = False
         self._was_up = False
 
     def next_tag(self) -> str:
         return "%x" % next(self._tags)  # proton hands tags back as str
+
+    def feed_token(self) -> str:
+        """Names a feed in the marks on the copies it moves: unique among daemons on one broker."""
+        return f"{self.instance}/{next(self._feed_ids)}"
+
+    # ---------------------------------------------------------------- stopping
+    def quiesce(self) -> None:
+        """Shutdown begins: every feed stops starting moves, pulling and sending (moves in flight
+        finish; `moves_in_flight` tells the shutdown when)."""
+        self.stopping = True
+        for b in list(self.feeds.values()):
+            b.feed.stop()
+
+    def _tick(self) -> None:
+        """Once a second: queue feeds whose search is over look again after a while (forwarding)."""
+        try:
+            for b in list(self.feeds.values()):
+                if not b.closed and b.feed.recycle:
+                    b.feed.tick()
+        except Exception:
+            log.exception("search tick failed")
+        if not self.stopping:
+            self.upstream.loop.call_later(1.0, self._tick)
+
+    def moves_in_flight(self) -> int:
+        return sum(b.feed.moving for b in list(self.feeds.values())) + sum(b.feed.moving for b in self.draining)
 
     # ---------------------------------------------------------------- stats
     def snapshot(self) -> dict:
@@ -303,6 +345,10 @@ class ProxyServer(Handler):
                 "delivered": s.delivered,
                 "filtered": s.filtered,
                 "recycled": s.recycled,
+                "moving": s.moving,
+                "passes": s.passes,
+                "redelivered": s.redelivered,
+                "waited": b.feed.longest_wait(),
                 "undecodable": s.undecodable,
             })
         links = {"consumer": 0, "producer": 0}
@@ -323,6 +369,7 @@ class ProxyServer(Handler):
             "feeds": feeds,
             "held": sum(f["held"] for f in feeds),
             "starved": sum(f["starved"] for f in feeds),
+            "moving": self.moves_in_flight(),
             "refused": self.refused,
         }
 
@@ -330,6 +377,8 @@ class ProxyServer(Handler):
     def on_upstream_up(self, upstream) -> None:
         if self.metrics is not None and self._was_up:
             self.metrics.upstream_reconnects.inc()
+        if not self._was_up:
+            self.upstream.loop.call_later(1.0, self._tick)
         self._was_up = True
         self.upstream_up = True
         self._recyclers.clear()
@@ -573,6 +622,8 @@ class ProxyServer(Handler):
 
     def _open_feed(self, key: Any, spec: ConsumerSpec, subscription: bool, outlet: Outlet) -> FeedBinding:
         binding = FeedBinding(self, key, spec, subscription)
+        if self.stopping:
+            binding.feed.stop()
         self.feeds[key] = binding
         binding.pending.append(outlet)
         outlet.io_ref.bf_binding = binding
@@ -588,6 +639,7 @@ class ProxyServer(Handler):
         self.feeds[binding.key] = binding
         binding.feed.subscription = True
         binding.feed.recycle = False
+        binding.feed.custody = False
         for outlet in binding.pending:
             outlet.io_ref.bf_subscription = True
         for outlet in outlets:
@@ -619,6 +671,7 @@ class ProxyServer(Handler):
         if binding.closed:
             return
         binding.closed = True
+        self.draining.discard(binding)
         if self.feeds.get(binding.key) is binding:
             del self.feeds[binding.key]
         outlets = list(binding.feed.outlets) + binding.pending
@@ -724,12 +777,14 @@ class ProxyServer(Handler):
         if inlet.counters is not None:
             inlet.counters.published.inc()
         if dlv.settled:  # sent pre-settled: at most once, nothing to report
-            inlet.publisher.send(data, _ignore)
+            inlet.publisher.send(data, lambda outcome, address=inlet.address: self.poke(address))
         else:
             inlet.unsettled += 1
 
             def settled(outcome: Outcome, dlv=dlv, inlet=inlet) -> None:
                 inlet.unsettled -= 1
+                if outcome.kind == "accepted":
+                    self.poke(inlet.address)
                 if not inlet.closed:
                     apply_outcome(dlv, outcome)
                     inlet.top_up()
@@ -743,23 +798,44 @@ class ProxyServer(Handler):
         return self.config.route(address)
 
     # ---------------------------------------------------------------- recycling
-    def recycle_message(self, binding: FeedBinding, delivery: UpstreamDelivery, done: Callable[[bool], None]) -> None:
-        """Publish a copy of a held message to the tail of its queue (see forwarding)."""
+    def recycle_message(self, binding: FeedBinding, data: bytes, done: Callable[[bool], None]) -> bool:
+        """Publish a moved copy (see forwarding) to the tail of its queue; False if the publisher
+        has no credit yet (its credit pumps the address's feeds)."""
         address = binding.spec.address
-        loop_call = getattr(self.upstream, "loop").call_soon
         rec = self._recyclers.get(address)
         if rec is None or rec.closed:
             rec = _Recycler(self, address)
             self._recyclers[address] = rec
             rec.publisher = self.upstream.open_publisher(address, rec)
         if not rec.ready or rec.publisher.credit <= 0:
-            loop_call(lambda: done(False))
+            return False
+        rec.send(data, done)
+        return True
+
+    def poke(self, address: str) -> None:
+        """A client published to `address` through the proxy: its queue feeds search once more."""
+        for b in list(self.feeds.values()):
+            if b.spec.address == address and not b.closed:
+                b.feed.poke()
+
+    def finish_feed(self, binding: FeedBinding) -> None:
+        """The moves of a feed whose last link went are done (or the grace is over): return what it
+        holds by ending its upstream consumer."""
+        if binding in self.draining:
+            self.draining.discard(binding)
+        if binding.closed:
             return
-        rec.publisher.send(delivery.data, lambda outcome: done(outcome.kind == "accepted"))
+        binding.closed = True
+        binding.feed.close()
+        if binding.consumer is not None:
+            binding.consumer.close(closed=binding.draining_closed)
+        self._forget_recycler(binding.spec.address)
 
     def _forget_recycler(self, address: str | None) -> None:
         """Close the recycling publisher of an address no feed uses any more."""
         if any(b.spec.address == address for b in self.feeds.values()):
+            return
+        if any(b.spec.address == address for b in self.draining):
             return
         rec = self._recyclers.pop(address, None)
         if rec is not None and rec.publisher is not None:
@@ -781,13 +857,18 @@ class ProxyServer(Handler):
                     binding.pending.remove(outlet)
                 binding.feed.remove_outlet(outlet)
                 if not binding.feed.outlets and not binding.pending:
-                    binding.closed = True
+                    # The last link went: no move starts; the ones in flight finish (their originals
+                    # are accepted), bounded by the shutdown grace; then what is held goes back.
                     if self.feeds.get(binding.key) is binding:
                         del self.feeds[binding.key]
-                    binding.feed.close()
-                    if binding.consumer is not None:
-                        binding.consumer.close(closed=closed)
-                    self._forget_recycler(binding.spec.address)
+                    binding.feed.stop()
+                    binding.draining = True
+                    binding.draining_closed = closed
+                    if binding.feed.moving == 0:
+                        self.finish_feed(binding)
+                    else:
+                        self.draining.add(binding)
+                        self.upstream.loop.call_later(self.grace, lambda b=binding: self.finish_feed(b))
         inlet = _attr(link, "bf_inlet")
         if inlet is not None:
             link.bf_inlet = None
@@ -797,23 +878,42 @@ class ProxyServer(Handler):
 
 
 class _Recycler:
+    """The publisher of moved copies to one address.  A move whose publisher goes before the broker
+    settled it counts as not done (its original is held again)."""
+
     def __init__(self, server: ProxyServer, address: str):
         self.server = server
         self.address = address
         self.publisher = None
         self.ready = False
         self.closed = False
+        self.pending: dict[int, Callable[[bool], None]] = {}
+        self._ids = itertools.count(1)
+
+    def send(self, data: bytes, done: Callable[[bool], None]) -> None:
+        n = next(self._ids)
+        self.pending[n] = done
+
+        def settled(outcome: Outcome) -> None:
+            cb = self.pending.pop(n, None)
+            if cb is not None:
+                cb(outcome.kind == "accepted")
+
+        self.publisher.send(data, settled)
 
     def on_publisher_ready(self, publisher) -> None:
         self.ready = True
 
     def on_publisher_credit(self, publisher) -> None:
         for b in list(self.server.feeds.values()):
-            if b.spec.address == self.address and not b.closed:
+            if b.spec.address == self.address and not b.closed and b.feed.held:
                 b.feed.pump()
 
     def on_publisher_closed(self, publisher, error) -> None:
         self.closed = True
+        pending, self.pending = self.pending, {}
+        for done in pending.values():
+            done(False)
 
 
 _REFUSAL_REASONS = {
@@ -832,10 +932,6 @@ _EXPIRY = {
     Terminus.EXPIRE_WITH_CONNECTION: "connection-close",
     Terminus.EXPIRE_NEVER: "never",
 }
-
-
-def _ignore(outcome: Outcome) -> None:
-    pass
 
 
 def outlet_presettled_requested(link) -> bool:

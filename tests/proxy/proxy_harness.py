@@ -18,7 +18,35 @@ RABBIT_ENV = {
     "ERL_EPMD_ADDRESS": "127.0.0.1",
     "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
 }
-UPSTREAM = "amqp://guest:guest@127.0.0.1:5672"
+RABBITMQ4_ROOT = Path(os.environ.get("BROKER_FILTER_RABBITMQ4_ROOT", "/opt/broker-filter-trixie"))
+
+
+class Broker:
+    """A RabbitMQ node the proxy tests use as the upstream: the system's 3.10 on 5672, or 4.0 from its
+    trixie chroot on 5682 (scripts/rabbitmq4.sh controls it)."""
+
+    def __init__(self, version: str, port: int, ctl: list[str], env: dict | None = None):
+        self.version = version
+        self.major = int(version.split(".")[0])
+        self.port = port
+        self.url = f"amqp://guest:guest@127.0.0.1:{port}"
+        self._ctl = ctl
+        self._env = env or {}
+
+    def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """rabbitmqctl against this node."""
+        return subprocess.run([*self._ctl, *args], env={**os.environ, **self._env}, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"RabbitMQ {self.version} on 127.0.0.1:{self.port}"
+
+
+RABBITMQ3 = Broker("3.10", 5672, ["rabbitmqctl"], RABBIT_ENV)
+RABBITMQ4 = Broker("4.0", 5682, ["bash", str(ROOT / "scripts" / "rabbitmq4.sh"), "ctl"])
+# The upstream of the RabbitMQ run in progress (the `rabbitmq` fixture sets it): `Proxy()`,
+# `rabbitmqctl` and `amqp10_ready` default to it.
+current = RABBITMQ3
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -37,24 +65,26 @@ def wait_port(port: int, timeout: float, want: bool = True) -> None:
 
 
 def rabbitmqctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(["rabbitmqctl", *args], env={**os.environ, **RABBIT_ENV}, capture_output=True,
-                          text=True, timeout=timeout)
+    return current.ctl(*args, timeout=timeout)
 
 
-def amqp10_ready(timeout: float = 30) -> None:
-    """Port 5672 accepts and speaks AMQP 1.0 (the plugin is up)."""
+def amqp10_ready(timeout: float = 30, broker: Broker | None = None) -> dict:
+    """The broker accepts AMQP 1.0 connections; returns its open frame's properties."""
     from proton.utils import BlockingConnection
 
+    url = (broker or current).url
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
         try:
-            BlockingConnection(UPSTREAM, timeout=3).close()
-            return
+            c = BlockingConnection(url, timeout=3)
+            props = {str(k): v for k, v in (c.conn.remote_properties or {}).items()}
+            c.close()
+            return props
         except Exception as e:  # not up yet
             last = e
             time.sleep(0.3)
-    raise TimeoutError(f"RabbitMQ AMQP 1.0 not ready: {last}")
+    raise TimeoutError(f"RabbitMQ AMQP 1.0 on {url} not ready: {last}")
 
 
 RUNNING: set = set()  # every Proxy not yet stopped (conftest stops leftovers when the session ends)
@@ -63,8 +93,10 @@ RUNNING: set = set()  # every Proxy not yet stopped (conftest stops leftovers wh
 class Proxy:
     """A `broker-filter serve` subprocess."""
 
-    def __init__(self, *args: str, upstream: str | None = UPSTREAM):
-        """upstream None: the embedded broker."""
+    def __init__(self, *args: str, upstream: str | None = ""):
+        """upstream None: the embedded broker; "" (default): the RabbitMQ node of the run in progress."""
+        if upstream == "":
+            upstream = current.url
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"broker-filter-{uuid.uuid4().hex[:8]}.log"
         self._log = open(self.log_path, "w+")
         cmd = [sys.executable, "-m", "broker_filter", "serve", "--listen", "127.0.0.1:0", *args]

@@ -17,11 +17,15 @@ PROPS = symbol("amqp:properties-filter")
 APP = ulong(0x174)
 
 
-@pytest.fixture(scope="module", params=["embedded", "rabbitmq"])
+@pytest.fixture(scope="module", params=[
+    "embedded",
+    pytest.param("rabbitmq3", marks=pytest.mark.rabbitmq),
+    pytest.param("rabbitmq4", marks=[pytest.mark.rabbitmq, pytest.mark.rabbitmq4]),
+])
 def daemon(request):
-    if request.param == "rabbitmq":
-        request.getfixturevalue("rabbitmq")
-        p = Proxy()
+    if request.param != "embedded":
+        broker = request.getfixturevalue(request.param)  # RabbitMQ 3.10 or 4.0 (tests/proxy/conftest.py)
+        p = Proxy(upstream=broker.url)
         forms = ("/topic/{}", "/queue/{}")
     else:
         p = Proxy(upstream=None)

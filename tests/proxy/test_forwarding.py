@@ -1,9 +1,15 @@
 """The sans-I/O forwarding rules (broker_filter.forwarding) driven directly: credit bound, what is
-settled upstream and when, holding, blocking, recycling and its budget."""
+settled upstream and when, holding, blocking, custody and redelivery in place, and the search of a
+queue by passes of marked moves (one feed, and two feeds on one simulated broker queue)."""
 
 from __future__ import annotations
 
-from broker_filter.codec import encode_message
+import random
+from collections import deque
+
+import pytest
+
+from broker_filter.codec import decode_message, encode_message
 from broker_filter.filters import compile_selector
 from broker_filter.forwarding import ACCEPTED, Feed, Outcome, Outlet
 from broker_filter.message import Message
@@ -18,11 +24,13 @@ class Recorder:
         self.settled = []  # (delivery, outcome)
         self.flowed = 0
         self.recycled = []
+        self.data = {}  # client tag -> bytes sent
         self._tag = 0
 
-    def send(self, outlet, delivery):
+    def send(self, outlet, delivery, data):
         self._tag += 1
         self.sent.append((outlet.name, delivery))
+        self.data[self._tag] = data
         return self._tag
 
     def settle_upstream(self, delivery, outcome):
@@ -31,8 +39,9 @@ class Recorder:
     def flow_upstream(self, n):
         self.flowed += n
 
-    def recycle(self, delivery, done):
+    def recycle(self, delivery, data, done):
         self.recycled.append((delivery, done))
+        return True
 
 
 def msg(color: str | None, i: int) -> UpstreamDelivery:
@@ -92,55 +101,64 @@ def test_queue_holds_non_matches_and_offers_them_to_a_later_link():
     assert feed.stats.held == 3
 
 
-def test_queue_blocks_when_window_is_full_and_recycles_within_budget():
+def searching_red(window: int, blues: int):
+    """A moving queue feed whose one 'red' outlet has credit 1, fed `blues` blue messages."""
     io = Recorder()
-    feed = Feed(io, subscription=False, window=4, max_credit=10, recycle=True, recycle_budget=3)
-    red = Outlet("red", sel("color = 'red'"))
-    feed.add_outlet(red)
-    feed.set_credit(red, 2)
-    granted = io.flowed
-    assert granted == 2 + 4
-    feed_with_arrivals(feed, io, [msg("blue", i) for i in range(granted)])
-    assert feed.stats.held + feed.recycling == 6
-    assert io.flowed == granted  # blocked: no more credit upstream
-    assert feed.stats.starved == 1 and feed.stats.blocked >= 1
-    # Recycle, and feed the broker's further deliveries (all blue), until nothing more happens.
-    used = granted
-    for _ in range(50):
-        while used < io.flowed:
-            feed.on_upstream_delivery(msg("blue", 100 + used))
-            used += 1
-        if not io.recycled:
-            break
-        d, done = io.recycled.pop(0)
-        done(True)
-        assert io.settled[-1] == (d, ACCEPTED)
-    assert feed.stats.recycled == 3  # budget used up without any delivery: it stops
-    assert feed.stats.held >= 4 and feed.stats.starved == 1
-    # a new link restores the budget
-    feed.add_outlet(Outlet("green", sel("color = 'green'")))
-    assert len(io.recycled) == 1
-
-
-def test_failed_recycle_keeps_the_message_and_budget():
-    io = Recorder()
-    feed = Feed(io, subscription=False, window=1, recycle=True, recycle_budget=1)
+    feed = Feed(io, subscription=False, window=window, recycle=True)
     o = Outlet("o", sel("color = 'red'"))
     feed.add_outlet(o)
     feed.set_credit(o, 1)
-    feed_with_arrivals(feed, io, [msg("blue", 0), msg("blue", 1)])
+    feed_with_arrivals(feed, io, [msg("blue", i) for i in range(blues)])
+    return io, feed, o
+
+
+def test_failed_move_keeps_the_message_held():
+    io, feed, o = searching_red(1, 2)
     d, done = io.recycled.pop(0)
     done(False)
-    assert feed.held[0].delivery is d and io.settled == []
+    assert any(c.delivery is d for c in feed.held) and io.settled == []
     feed.pump()
-    assert len(io.recycled) == 1  # tried again with the budget intact
+    assert all(x is not d for x, _ in io.recycled)  # refused by the broker: not moved again this pass
+
+
+def queue_with(*selectors: str, window: int = 10):
+    """A Recorder, a queue feed and outlets "a", "b", ... with these selectors (not yet added)."""
+    io = Recorder()
+    return io, Feed(io, subscription=False, window=window), [Outlet(chr(97 + i), sel(s)) for i, s in enumerate(selectors)]
+
+
+def test_a_link_that_goes_gives_its_deliveries_to_the_others_as_redeliveries():
+    io, feed, (a, b) = queue_with("color = 'red'", "color = 'red'")
+    feed.add_outlet(a)
+    feed.add_outlet(b)
+    feed.set_credit(a, 3)
+    ds = [msg("red", i) for i in range(3)]
+    feed_with_arrivals(feed, io, ds)
+    assert [d for n, d in io.sent] == ds and all(n == "a" for n, _ in io.sent)
+    feed.set_credit(b, 3)
+    feed.remove_outlet(a)  # killed with three unsettled
+    assert [(n, d) for n, d in io.sent[3:]] == [("b", d) for d in ds]  # at once, in order
+    assert io.settled == []  # nothing went back upstream
+    for tag in (4, 5, 6):
+        h = decode_message(io.data[tag]).header
+        assert h.first_acquirer is False and h.delivery_count == 1  # a detach is a failed attempt
+    assert feed.stats.redelivered == 3
+    # b releases one: it stays in the proxy, not counted as a failed attempt, first-acquirer false
+    feed.on_client_outcome(b, 4, Outcome("released"))
+    assert io.settled == [] and feed.held[0].delivery is ds[0]
+    feed.set_credit(b, 1)
+    assert io.sent[-1] == ("b", ds[0]) and decode_message(io.data[7]).header.delivery_count == 1
+    feed.on_client_outcome(b, 7, Outcome("modified", delivery_failed=True))
+    feed.set_credit(b, 1)
+    assert decode_message(io.data[8]).header.delivery_count == 2
+    feed.on_client_outcome(b, 8, ACCEPTED)
+    assert io.settled == [(ds[0], ACCEPTED)]
+    # only the header is re-encoded: the body section keeps its bytes
+    assert io.data[8].endswith(ds[0].data[-8:])
 
 
 def test_released_in_flight_when_a_link_goes_and_undeliverable_here_skips_that_link():
-    io = Recorder()
-    feed = Feed(io, subscription=False, window=10)
-    a = Outlet("a", sel("TRUE"))
-    b = Outlet("b", sel("TRUE"))
+    io, feed, (a, b) = queue_with("TRUE", "TRUE")
     feed.add_outlet(a)
     feed.set_credit(a, 1)
     d0 = msg(None, 0)
@@ -154,7 +172,171 @@ def test_released_in_flight_when_a_link_goes_and_undeliverable_here_skips_that_l
     feed.set_credit(b, 1)
     assert io.sent[-1] == ("b", d0)
     feed.remove_outlet(b)
-    assert io.settled == [(d0, Outcome("modified", delivery_failed=True))]  # b had it: a failed attempt
+    assert io.settled == [] and feed.held[0].delivery is d0  # held, not returned upstream
+    assert feed.close() == [d0]  # closing the feed returns it
+
+
+# ---------------------------------------------------------------------------------------------
+# A broker queue that cannot filter, simulated: FIFO, deliveries against credit, round robin over
+# its consumers, moved copies appended to the tail, callbacks deferred as a real broker does.
+
+class SimQueue:
+    def __init__(self, messages, lazy=False, seed=None, wall=None):
+        self.wall = wall  # [seconds]: advanced 1 ms a step
+        self.lazy = lazy  # deliver before confirming anything (a slow broker confirm)
+        # seed: which consumer with credit gets the next message varies (as with a real broker,
+        # where credit arrives with network timing); None: strict round robin
+        self.rnd = random.Random(seed) if seed is not None else None
+        self.ready = deque(m.data for m in messages)
+        self.consumers = []
+        self.pending = deque()
+        self._rr = 0
+        self.moves = 0
+
+    def step(self) -> bool:
+        if self.wall is not None:
+            self.wall[0] += 0.001
+            for c in self.consumers:
+                c.feed.tick()
+        if self.pending and not self.lazy:
+            self.pending.popleft()()
+            return True
+        n = len(self.consumers)
+        if self.rnd is not None:
+            self._rr = self.rnd.randrange(n)
+        for i in range(n):
+            c = self.consumers[(self._rr + i) % n]
+            if c.credit > 0 and self.ready:
+                self._rr = (self._rr + i + 1) % n
+                c.credit -= 1
+                d = UpstreamDelivery(self.ready.popleft())
+                c.unsettled.add(id(d))
+                c.feed.on_upstream_delivery(d)
+                return True
+        if self.pending:
+            self.pending.popleft()()
+            return True
+        return False
+
+    def run(self, limit=400_000) -> int:
+        for steps in range(limit):
+            if not self.step():
+                return steps
+        raise AssertionError("the queue never went quiet")
+
+
+class SimConsumer:
+    """FeedIO against a SimQueue; its clients accept everything and give the credit back."""
+
+    def __init__(self, sim, **kw):
+        self.sim = sim
+        self.credit = 0
+        self.unsettled = set()
+        self.received = {}  # outlet name -> bodies
+        self.feed = Feed(self, subscription=False, recycle=True, **kw)
+        sim.consumers.append(self)
+
+    def send(self, outlet, delivery, data):
+        m = decode_message(data)
+        self.received.setdefault(outlet.name, []).append(m.body)
+        tag = object()
+
+        def client():
+            self.feed.on_client_outcome(outlet, tag, ACCEPTED)
+            self.feed.set_credit(outlet, outlet.credit + 1)
+
+        self.sim.pending.append(client)
+        return tag
+
+    def settle_upstream(self, delivery, outcome):
+        assert outcome.kind == "accepted"
+        self.unsettled.remove(id(delivery))
+
+    def flow_upstream(self, n):
+        self.credit += n
+
+    def recycle(self, delivery, data, done):
+        self.sim.moves += 1
+        self.sim.ready.append(data)
+        self.sim.pending.append(lambda: done(True))
+        return True
+
+
+def test_a_match_behind_any_depth_is_found_and_each_non_match_moves_once_per_filter_change():
+    n = 5000
+    sim = SimQueue([msg("blue", i) for i in range(n)] + [msg("red", n)])
+    c = SimConsumer(sim, window=100, token="d1")
+    red = Outlet("red", sel("color = 'red'"))
+    c.feed.add_outlet(red)
+    c.feed.set_credit(red, 10)
+    sim.run()
+    assert c.received == {"red": [f"m{n}"]}
+    assert sim.moves == n  # every non-match moved exactly once, then the pass ended by knowing
+    assert c.feed.stats.passes == 1 and c.feed.stats.recycled == n
+    assert len(c.feed.held) == 100 + 10  # window + credit, each already offered to 'red'
+    # the same filter on a new link: nothing new to learn, no message moves again
+    c.feed.add_outlet(Outlet("red2", sel("color = 'red'")))
+    sim.run()
+    assert sim.moves == n
+    # a new filter: exactly one more pass
+    green = Outlet("green", sel("color = 'green'"))
+    c.feed.add_outlet(green)
+    c.feed.set_credit(green, 10)
+    sim.run()
+    assert n < sim.moves <= 2 * n and c.feed.stats.passes == 2
+    assert len(set(sim.ready)) == len(sim.ready)  # no message twice in the queue
+    assert len(sim.ready) + len(c.feed.held) == n  # and none lost
+
+
+def test_moves_are_pipelined_within_the_window():
+    sim = SimQueue([msg("blue", i) for i in range(1000)], lazy=True)
+    c = SimConsumer(sim, window=50, token="d1")
+    o = Outlet("red", sel("color = 'red'"))
+    c.feed.add_outlet(o)
+    c.feed.set_credit(o, 5)
+    peak = 0
+    for _ in range(20000):
+        if not sim.step():
+            break
+        peak = max(peak, c.feed.moving)
+        assert len(c.feed.held) + c.feed.moving <= 50 + 5
+    assert peak > 10  # many moves in flight at once, not one at a time
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_two_daemons_on_one_queue_each_get_their_matches(seed):
+    wall = [1_000_000.0]
+    colors = ["red", "blue", None]
+    ms = [msg(colors[i % 3], i) for i in range(900)]
+    sim = SimQueue(ms, seed=seed, wall=wall)
+    one = SimConsumer(sim, window=20, token="one", wall=lambda: wall[0], clock=lambda: wall[0])
+    two = SimConsumer(sim, window=20, token="two", wall=lambda: wall[0], clock=lambda: wall[0])
+    red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
+    one.feed.add_outlet(red)
+    two.feed.add_outlet(blue)
+    one.feed.set_credit(red, 5)
+    two.feed.set_credit(blue, 5)
+    sim.run()
+    assert sorted(one.received["red"]) == sorted(f"m{i}" for i in range(0, 900, 3))
+    assert sorted(two.received["blue"]) == sorted(f"m{i}" for i in range(1, 900, 3))
+    left = len(sim.ready) + len(one.feed.held) + len(two.feed.held)
+    assert left == 300  # the colourless ones, each once, and the queue went quiet
+    # once neither daemon offers anything new, each forgets the other and stops moving
+    assert not one.feed._searching() and not two.feed._searching()
+
+
+def test_stop_lets_moves_in_flight_finish_and_starts_none():
+    io, feed, o = searching_red(10, 11)
+    in_flight = list(io.recycled)
+    assert feed.moving == len(in_flight) > 1
+    feed.stop()
+    flowed = io.flowed
+    for d, done in in_flight:
+        done(True)
+    assert feed.moving == 0 and [d for d, _ in io.settled] == [d for d, _ in in_flight]
+    assert len(io.recycled) == len(in_flight) and io.flowed == flowed  # nothing new started
+    feed.set_credit(o, 5)
+    assert io.flowed == flowed and len(io.recycled) == len(in_flight)
 
 
 def test_undecodable_message_selected_only_by_filters_that_read_nothing():
@@ -197,7 +379,7 @@ steps = st.lists(
 def test_feed_invariants(script, subscription, window):
     io = Recorder()
     max_credit = 4
-    feed = Feed(io, subscription=subscription, window=window, max_credit=max_credit, recycle=True, recycle_budget=5)
+    feed = Feed(io, subscription=subscription, window=window, max_credit=max_credit, recycle=True)
     outlets: dict[int, Outlet] = {}
     filters = {i: sel(SELECTORS[i]) for i in range(4)}
     colors: dict[int, str | None] = {}
@@ -220,10 +402,10 @@ def test_feed_invariants(script, subscription, window):
         elif kind == "outcome" and step[1] in outlets and outlets[step[1]].in_flight:
             o = outlets[step[1]]
             tag = next(iter(o.in_flight))
-            d = o.in_flight[tag]
+            d = o.in_flight[tag].delivery
             oc = Outcome(step[2], undeliverable_here=step[2] == "modified")
-            if oc.kind == "modified" and not subscription:
-                reheld += 1
+            if oc.kind in ("modified", "released") and not subscription:
+                reheld += 1  # kept in the proxy
             else:
                 client_outcomes[id(d)] = oc.kind
             feed.on_client_outcome(o, tag, oc)
@@ -232,6 +414,8 @@ def test_feed_invariants(script, subscription, window):
             outlets[step[1]] = o
             feed.add_outlet(o)
         elif kind == "detach" and step[1] in outlets:
+            if not subscription:
+                reheld += len(outlets[step[1]].in_flight)  # kept in the proxy
             feed.remove_outlet(outlets.pop(step[1]))
         elif kind == "recycled" and io.recycled:
             d, done = io.recycled.pop(0)
@@ -242,11 +426,11 @@ def test_feed_invariants(script, subscription, window):
             done(step[1])
         # the proxy's own memory stays bounded
         outstanding = io.flowed - len(delivered)
-        assert len(feed.held) + feed.recycling + outstanding <= window + max_credit + reheld
+        assert len(feed.held) + feed.moving + outstanding <= window + max_credit + reheld
     # each upstream delivery is settled at most once
     assert len({id(d) for d, _ in io.settled}) == len(io.settled)
     settled = {id(d): oc.kind for d, oc in io.settled}
-    in_flight = {id(d) for o in outlets.values() for d in o.in_flight.values()}
+    in_flight = {id(c.delivery) for o in outlets.values() for c in o.in_flight.values()}
     held = {id(h.delivery) for h in feed.held} | {id(d) for d, _ in io.recycled}
     for d in delivered:
         k = id(d)

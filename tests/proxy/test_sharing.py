@@ -2,7 +2,7 @@
 
 Address forms (embedded: `multicast://`, `anycast://`, FQQN, a wildcard subscription, capabilities
 `topic` / `queue`, address rules; a daemon chained in front of another; RabbitMQ `/topic/`,
-`/exchange/`, `/queue/`) x receiver pairs (two plain, two with the same selector, two with different
+`/exchange/`, `/queue/` on RabbitMQ 3.10 and 4.0; RabbitMQ 4's v2 `/queues/` and `/exchanges/`) x receiver pairs (two plain, two with the same selector, two with different
 selectors, one plain and one filtered), each receiver on its own connection.  Every cell asserts the
 exact set each receiver gets: on a subscription every receiver gets every message its filter
 selects; on a queue the receivers' sets are disjoint, each holds only what its filter selects, and
@@ -19,7 +19,7 @@ import pytest
 from proton import Message
 from proton.reactor import Selector
 
-from proxy_clients import connect, receive
+from proxy_clients import bind_queue, connect, declare_queue, receive
 from proxy_harness import Proxy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "embedded"))
@@ -42,12 +42,19 @@ def selects(selector: str | None, i: int) -> bool:
 class Form:
     """An address form: where receivers attach, where the sender publishes, and what it is."""
 
-    def __init__(self, name: str, receive_at, send_to, subscription: bool, capabilities: tuple = ()):
+    def __init__(self, name: str, receive_at, send_to, subscription: bool, capabilities: tuple = (),
+                 prepare=None):
         self.name = name
         self.receive_at = receive_at
         self.send_to = send_to
         self.subscription = subscription
         self.capabilities = capabilities
+        self.prepare = prepare  # (broker URL, name): what must exist upstream first
+
+
+def _declare_and_bind(url: str, name: str) -> None:
+    declare_queue(url, name)
+    bind_queue(url, name, "amq.topic", name)
 
 
 EMBEDDED_FORMS = [
@@ -74,6 +81,15 @@ RABBITMQ_FORMS = [
     Form("rabbitmq-topic", lambda n: f"/topic/{n}", lambda n: f"/topic/{n}", True),
     Form("rabbitmq-exchange", lambda n: f"/exchange/amq.topic/{n}", lambda n: f"/topic/{n}", True),
     Form("rabbitmq-queue", lambda n: f"/queue/{n}", lambda n: f"/queue/{n}", False),
+]
+
+# RabbitMQ 4's v2 addresses: a source is a queue that must exist (`/queues/q`); a target is a queue
+# or an exchange with a routing key (`/exchanges/x/key`).
+RABBITMQ4_FORMS = [
+    Form("rabbitmq4-v2-queue", lambda n: f"/queues/{n}", lambda n: f"/queues/{n}", False, prepare=declare_queue),
+    Form("rabbitmq4-v2-exchange-to-bound-queue", lambda n: f"/queues/{n}", lambda n: f"/exchanges/amq.topic/{n}",
+         False, prepare=_declare_and_bind),
+    Form("rabbitmq4-v2-exchange-to-topic", lambda n: f"/topic/{n}", lambda n: f"/exchanges/amq.topic/{n}", True),
 ]
 
 RULES = """
@@ -121,8 +137,10 @@ def rabbitmq_daemon(rabbitmq):
     assert "Traceback" not in p.log(), p.log()
 
 
-def run_cell(url: str, form: Form, pair: tuple) -> None:
+def run_cell(url: str, form: Form, pair: tuple, broker_url: str | None = None) -> None:
     name = f"s{uuid.uuid4().hex[:10]}"
+    if form.prepare is not None:
+        form.prepare(broker_url, name)
     conns = [connect(url) for _ in range(3)]
     try:
         receivers = []
@@ -177,6 +195,14 @@ def test_chained(chained_daemon, form, pair):
 @pytest.mark.parametrize("form", RABBITMQ_FORMS, ids=[f.name for f in RABBITMQ_FORMS])
 def test_rabbitmq(rabbitmq_daemon, form, pair):
     run_cell(rabbitmq_daemon.url, form, pair)
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.rabbitmq4
+@pytest.mark.parametrize("pair", list(RECEIVER_PAIRS.values()), ids=list(RECEIVER_PAIRS))
+@pytest.mark.parametrize("form", RABBITMQ4_FORMS, ids=[f.name for f in RABBITMQ4_FORMS])
+def test_rabbitmq4_v2(proxy4, rabbitmq4, form, pair):
+    run_cell(proxy4.url, form, pair, broker_url=rabbitmq4.url)
 
 
 def test_embedded_500_connections_two_subscribers_each(embedded_daemon):

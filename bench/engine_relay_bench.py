@@ -1,0 +1,290 @@
+"""A filtering relay on the engine (`broker_filter.engine`) against RabbitMQ direct, same run.
+
+The relay: a client attaches a receiver with a JMS selector to the relay; the relay opens an
+upstream receiver on the same address at RabbitMQ (SASL PLAIN), decodes only the sections the
+selector reads (`broker_filter.codec.decode_message` over the received memoryview), forwards the
+selected messages' bytes with the upstream delivery tag reused, and settles upstream with the
+client's outcome; messages the selector does not select are accepted upstream (the relay's
+consumer does not want them).  Upstream credit is a window topped up in batches; with `--ordered`
+(default) upstream settlement follows delivery-id order, which lets proton-c coalesce dispositions.
+
+Each round: a rhea consumer, then a rhea producer of N messages (half = i % 2) to a fresh queue;
+  * direct: the consumer reads every message from RabbitMQ and selects half = 1 itself;
+  * relay:  the consumer reads through the relay with the selector `half = 1`.
+Rate = N / (producer start .. the consumer's last selected message).  Rounds are interleaved.
+The relay's CPU (user + system, from /proc) per upstream message is reported for relay rounds.
+
+    python bench/engine_relay_bench.py [--messages 40000] [--rounds 3] [--no-ordered]
+    python bench/engine_relay_bench.py --serve [--upstream 127.0.0.1:5672]   (the relay alone)
+
+Needs RabbitMQ with AMQP 1.0 on 127.0.0.1:5672 (guest/guest) and rhea (tests/js/node_modules).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+JS = ROOT / "tests" / "js"
+SELECTOR_DESCRIPTORS = {"apache.org:selector-filter:string", 0x0000468C00000004}
+_PENDING = object()
+
+
+# --------------------------------------------------------------------------------------------------
+# The relay (runs in its own process with --serve)
+
+
+def serve(upstream: str, ordered: bool, window: int) -> None:
+    from broker_filter.codec import CodecError, decode_message
+    from broker_filter.engine import Condition, Handler, SaslClient, Terminus
+    from broker_filter.engine.endpoints import ACCEPTED, MODIFIED, REJECTED, RELEASED
+    from broker_filter.engine.loop import EventLoop
+    from broker_filter.engine.streams import ServerSasl
+    from broker_filter.filters import SelectorError, compile_selector
+
+    up_host, _, up_port = upstream.rpartition(":")
+    loop = EventLoop()
+
+    class Feed:
+        """One client receiver and its upstream receiver."""
+
+        def __init__(self, client, selector):
+            self.client = client
+            self.filter = selector
+            self.reads = selector.reads if selector is not None else frozenset()
+            self.waiting: collections.deque = collections.deque()  # (upstream delivery, bytes)
+            self.order: collections.deque = collections.deque()  # upstream deliveries, arrival order
+            self.settled = 0
+            self.receiver = None
+            self.upstream = None
+
+        def on_upstream_message(self, delivery, data) -> None:
+            selector = self.filter
+            if selector is not None:
+                try:
+                    selected = selector.matches(decode_message(data, self.reads))
+                except CodecError:
+                    selected = False
+            else:
+                selected = True
+            if selected:
+                delivery.context = _PENDING
+                client = self.client
+                if not self.waiting and client.credit > 0:
+                    client.send(data, tag=delivery.raw_tag).context = delivery
+                else:
+                    self.waiting.append((delivery, bytes(data)))
+            else:
+                delivery.context = ACCEPTED
+            if ordered:
+                self.order.append(delivery)
+                if not selected:
+                    self._settle_in_order()
+            elif not selected:
+                self._settle(delivery, ACCEPTED)
+
+        def on_client_flow(self) -> None:
+            client = self.client
+            waiting = self.waiting
+            while waiting and client.credit > 0:
+                delivery, data = waiting.popleft()
+                client.send(data, tag=delivery.raw_tag).context = delivery
+
+        def on_client_outcome(self, out) -> None:
+            delivery = out.context
+            state = out.remote_state or RELEASED
+            out.settle()
+            if ordered:
+                delivery.context = state
+                self._settle_in_order()
+            else:
+                self._settle(delivery, state)
+
+        def _settle_in_order(self) -> None:
+            order = self.order
+            while order and order[0].context is not _PENDING:
+                delivery = order.popleft()
+                self._settle(delivery, delivery.context)
+
+        def _settle(self, delivery, state) -> None:
+            delivery.update(state if state in (ACCEPTED, REJECTED, RELEASED, MODIFIED) else RELEASED)
+            self.settled += 1
+            if self.settled >= window // 2 and self.receiver is not None:
+                self.receiver.flow(self.settled)
+                self.settled = 0
+
+        def close(self) -> None:
+            if self.upstream is not None:
+                if self.receiver is not None:
+                    self.receiver.detach()
+                self.upstream.close()
+
+    class Upstream(Handler):
+        def __init__(self, feed):
+            self.feed = feed
+
+        def on_message(self, delivery, data) -> None:
+            self.feed.on_upstream_message(delivery, data)
+
+        def on_link_open(self, link) -> None:
+            pass
+
+        def on_disconnected(self, connection, error) -> None:
+            self.feed.client.close(Condition("amqp:connection:forced",
+                                             f"upstream connection lost: {error.description if error else ''}"))
+
+    class Clients(Handler):
+        def on_link_open(self, link) -> None:
+            if not link.is_sender:
+                link.close(Condition("amqp:not-implemented", "this relay only delivers to consumers"))
+                return
+            source = link.remote_source
+            link.set_source(source)
+            if source.filter_error:
+                link.open()
+                link.close(Condition("amqp:decode-error", f"the source filter cannot be read: {source.filter_error}"))
+                return
+            text = None
+            for value in (source.filter or {}).values():
+                if getattr(value, "descriptor", None) in SELECTOR_DESCRIPTORS:
+                    text = value.value
+            try:
+                selector = compile_selector(text) if text else None
+            except SelectorError as e:
+                link.open()
+                link.close(Condition("amqp:invalid-field", f"selector: {e}"))
+                return
+            feed = Feed(link, selector)
+            link.context = feed
+            link.open()
+            upstream = loop.connect(up_host, int(up_port), Handler(), sasl=SaslClient("PLAIN", "guest", "guest"))
+            upstream.open(hostname=up_host)
+            session = upstream.session()
+            session.open()
+            receiver = session.receiver(f"relay-{uuid.uuid4()}", source=Terminus(address=source.address),
+                                        handler=Upstream(feed))
+            receiver.open()
+            receiver.flow(window)
+            feed.receiver, feed.upstream = receiver, upstream
+            upstream.handler = Upstream(feed)
+
+        def on_flow(self, link) -> None:
+            if link.context is not None:
+                link.context.on_client_flow()
+
+        def on_delivery_update(self, delivery) -> None:
+            if delivery.remote_settled or delivery.remote_state:
+                delivery.link.context.on_client_outcome(delivery)
+
+        def on_link_close(self, link) -> None:
+            if link.context is not None:
+                link.context.close()
+            super().on_link_close(link)
+
+        def on_disconnected(self, connection, error) -> None:
+            for session in connection.sessions:
+                for link in session.links:
+                    if link.context is not None:
+                        link.context.close()
+
+    listener = loop.listen("127.0.0.1", 0, Clients(), sasl=ServerSasl(("ANONYMOUS",), allow_skip=True))
+    print(json.dumps({"port": listener.port}), flush=True)
+    loop.run()
+
+
+# --------------------------------------------------------------------------------------------------
+# The driver
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def node(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(["node", "rhea_bench.js", *args], cwd=JS, stdout=subprocess.PIPE, text=True)
+
+
+def one_round(port: int, address: str, count: int, through_relay: bool, relay_pid: int | None) -> dict:
+    if through_relay:
+        consumer = node("consume", str(port), address, str(count // 2), "half = 1", "0", "1000", "-", "-")
+    else:
+        consumer = node("consume", "5672", address, str(count // 2), "-", "1", "1000", "guest", "guest")
+    ready = json.loads(consumer.stdout.readline())
+    assert ready.get("ready"), ready
+    cpu0 = cpu_seconds(relay_pid) if relay_pid else 0.0
+    producer = node("produce", "5672", address, str(count), "guest", "guest")
+    produced = json.loads(producer.stdout.readline())
+    consumed = json.loads(consumer.stdout.readline())
+    cpu1 = cpu_seconds(relay_pid) if relay_pid else 0.0
+    producer.wait(30)
+    consumer.wait(30)
+    seconds = (consumed["last"] - produced["t0"]) / 1000
+    return {"rate": count / seconds, "cpu_us_per_msg": (cpu1 - cpu0) * 1e6 / count if relay_pid else None,
+            "selected": consumed["selected"], "received": consumed["received"]}
+
+
+def delete_queue(name: str) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "proxy"))
+    from proxy_harness import rabbitmqctl
+
+    rabbitmqctl("delete_queue", name)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--serve", action="store_true")
+    parser.add_argument("--upstream", default="127.0.0.1:5672")
+    parser.add_argument("--messages", type=int, default=40000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--window", type=int, default=1000)
+    parser.add_argument("--no-ordered", dest="ordered", action="store_false")
+    options = parser.parse_args()
+    if options.serve:
+        serve(options.upstream, options.ordered, options.window)
+        return 0
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, __file__, "--serve", "--upstream", options.upstream, "--window", str(options.window)]
+    if not options.ordered:
+        command.append("--no-ordered")
+    relay = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    port = json.loads(relay.stdout.readline())["port"]
+    results: dict[str, list] = {"direct": [], "relay": []}
+    queues = []
+    try:
+        for n in range(options.rounds):
+            for kind in ("direct", "relay"):
+                name = f"engine-bench-{uuid.uuid4().hex[:12]}"
+                queues.append(name)
+                result = one_round(port, f"/queue/{name}", options.messages, kind == "relay",
+                                   relay.pid if kind == "relay" else None)
+                results[kind].append(result)
+                extra = f", relay CPU {result['cpu_us_per_msg']:.1f} us/msg" if kind == "relay" else ""
+                print(f"round {n + 1} {kind:6}: {result['rate']:8.0f} msg/s (selected {result['selected']}, "
+                      f"received {result['received']}){extra}", flush=True)
+    finally:
+        relay.terminate()
+        relay.wait(10)
+        for name in queues:
+            delete_queue(name)
+    direct = statistics.median(r["rate"] for r in results["direct"])
+    relayed = statistics.median(r["rate"] for r in results["relay"])
+    cpu = statistics.median(r["cpu_us_per_msg"] for r in results["relay"])
+    print(f"\nmedian of {options.rounds} interleaved rounds, {options.messages} messages each, "
+          f"{'ordered' if options.ordered else 'unordered'} upstream settlement:")
+    print(f"  direct {direct:.0f} msg/s, relay {relayed:.0f} msg/s: {relayed / direct:.2f}x direct; "
+          f"relay CPU {cpu:.1f} us per upstream message")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

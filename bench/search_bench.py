@@ -1,0 +1,128 @@
+"""Time to the first match behind N non-matching messages, through the daemon, against draining the
+same N directly from RabbitMQ, in one run.
+
+For each depth N: N messages with `half = 0` and then one with `half = 1` are published to a fresh
+RabbitMQ queue (twice: one queue per measurement).  Then
+  * direct:  a rhea receiver (tests/js/first_match.js, credit 1000, accepting) drains all N + 1
+             messages straight from RabbitMQ: time from its connect to the last message;
+  * daemon:  `broker-filter serve` with the default configuration (limits.upstream_window 100) in
+             front of RabbitMQ, a rhea receiver with the selector `half = 1` attaches through it:
+             time from its connect to the match.
+The daemon's peak resident memory (VmHWM) is reported per depth (a fresh daemon per depth): bounded
+by the window, it should not grow with N.  After the match the daemon is stopped with SIGTERM and
+the queue drained, which must give back exactly the N non-matching messages (no duplicate).
+
+    python bench/search_bench.py [--upstream amqp://guest:guest@127.0.0.1:5672] [--depths 10000 100000]
+
+Needs node with rhea (tests/js/node_modules) and a RabbitMQ with AMQP 1.0 on the upstream URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+JS = ROOT / "tests" / "js"
+sys.path.insert(0, str(ROOT / "tests" / "proxy"))
+
+
+def publish(upstream: str, address: str, depth: int) -> None:
+    from proton import Message
+
+    from proxy_clients import publish_many
+
+    body = b"x" * 64
+    publish_many(upstream, address, [Message(body=body, properties={"half": 0, "i": i}) for i in range(depth)]
+                 + [Message(body=b"match", properties={"half": 1, "i": depth})], timeout=600)
+
+
+def rhea(port: int, address: str, selector: str, count: int, user: str | None, password: str | None,
+         timeout_s: float) -> dict:
+    args = ["node", str(JS / "first_match.js"), str(port), address, selector, str(count), "1000",
+            str(int(timeout_s * 1000))]
+    if user:
+        args += [user, password or ""]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s + 30, cwd=JS)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+class Daemon:
+    def __init__(self, upstream: str, *args: str):
+        self.log = Path("/tmp") / f"search-bench-{uuid.uuid4().hex[:8]}.log"
+        self._out = open(self.log, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "broker_filter", "serve", "--listen", "127.0.0.1:0",
+                                      "--upstream", upstream, *args], stdout=self._out, stderr=subprocess.STDOUT,
+                                     cwd=ROOT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            text = self.log.read_text()
+            m = re.search(r"listening on [^:]+:(\d+)", text)
+            if m and "connected (" in text:
+                self.port = int(m.group(1))
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"daemon did not start:\n{self.log.read_text()}")
+
+    def peak_rss_mb(self) -> float:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+        self._out.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--upstream", default="amqp://guest:guest@127.0.0.1:5672")
+    ap.add_argument("--depths", type=int, nargs="+", default=[10_000, 100_000])
+    args = ap.parse_args()
+    from proxy_clients import drain
+
+    parts = urlsplit(args.upstream)
+    rows = []
+    for depth in args.depths:
+        direct_q, proxied_q = (f"/queue/search-{kind}-{uuid.uuid4().hex[:8]}" for kind in ("direct", "proxied"))
+        publish(args.upstream, direct_q, depth)
+        publish(args.upstream, proxied_q, depth)
+        direct = rhea(parts.port or 5672, direct_q, "-", depth + 1, parts.username, parts.password, 600)
+        assert direct["received"] == depth + 1, direct
+        daemon = Daemon(args.upstream)
+        try:
+            found = rhea(daemon.port, proxied_q, "half = 1", 1, None, None, 600)
+            rss = daemon.peak_rss_mb()
+        finally:
+            daemon.stop()
+        assert found["received"] == 1, found
+        left = drain(args.upstream, proxied_q, idle=3.0, key=lambda m: m.properties["i"])
+        row = {
+            "depth": depth,
+            "direct_drain_s": direct["last_ms"] / 1000,
+            "first_match_s": found["first_ms"] / 1000,
+            "ratio": found["first_ms"] / direct["last_ms"],
+            "daemon_peak_rss_mb": round(rss, 1),
+            "left_after_sigterm": len(left),
+            "duplicates": len(left) - len(set(left)),
+            "lost": depth - len(set(left)),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print("| depth N | direct drain of N (rhea) | first match through the daemon | ratio (target <= 3x) | daemon peak RSS | left after SIGTERM |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['depth']:,} | {r['direct_drain_s']:.2f} s | {r['first_match_s']:.2f} s | {r['ratio']:.2f}x "
+              f"| {r['daemon_peak_rss_mb']} MB | {r['left_after_sigterm']:,} ({r['duplicates']} duplicates) |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""The daemon's proton handlers on the engine loop: a stand-in for the parts of proton's `Container`
+the daemon uses (`broker-filter serve --io engine`).
+
+Theory of operation.  The daemon's handlers (`proxy.server`, `proxy.remote`, `lifecycle`) are
+written against proton's Python API: events with `event.connection`, `event.link`, wrappers with
+attributes.  `EngineContainer` gives them that API over `loop.EventLoop`: every collector event of
+a connection made here is wrapped as proton's `Event` and dispatched to the connection's proton
+handler as the Container would, while the loop owns the sockets (epoll, no descriptor ceiling), TLS,
+the listener's SASL exchange, heartbeats and the limits.  `connect()`, `schedule()`,
+`selectable()`, `handler.add()` (with `on_reactor_quiesced` after each turn), `run()` and `stop()`
+behave as the Container's do for the daemon.
+
+This is the bridge, not the destination: wrapping every event costs what it costs on the
+Container.  Handlers move to the typed API of `endpoints` (no wrappers) one path at a time while the
+same subprocess suites run on both I/O paths.
+
+    container = EngineContainer(container_id, client_tls=client_ssl_context(config.upstream.tls))
+    listening = listen(container, config.listener, handler, max_connections=...)
+    container.run()
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any, Callable
+
+from .. import amqptypes as t
+from ..listener import IDENTITY_ATTRIBUTE, server_ssl_context
+from ..security import UserDatabase
+from ._cproton import ffi, lib
+from .endpoints import Connection, Handler, SaslClient, read_data
+from .loop import EVENT_READ, EventLoop, Limits
+from .streams import ServerSasl, Verify
+
+log = logging.getLogger("broker_filter.engine")
+NULL = ffi.NULL
+
+
+def client_ssl_context(tls: Any) -> ssl.SSLContext:
+    """An `ssl.SSLContext` for amqps:// upstreams from `[upstream.tls]` (verify: peer-name, peer, none)."""
+    context = ssl.create_default_context(cafile=tls.ca_file or None)
+    if tls.cert_file:
+        context.load_cert_chain(tls.cert_file, tls.key_file or None, password=tls.key_password or None)
+    if tls.verify == "none":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif tls.verify == "peer":
+        context.check_hostname = False
+    return context
+
+
+class _Bridge(Handler):
+    """The engine handler of a bridged connection: the engine's own defaults stay out of the way
+    (the proton handler answers opens and closes, and frees its sessions and links)."""
+
+    def on_connection_open(self, connection: Connection) -> None:
+        pass
+
+    def on_connection_close(self, connection: Connection) -> None:
+        pass
+
+
+_BRIDGE = _Bridge()
+
+
+class _Event:
+    """What a timer or selectable handler gets: `context` (the selectable), nothing else."""
+
+    __slots__ = ("context",)
+
+    def __init__(self, context: Any = None):
+        self.context = context
+
+
+class _Task:
+    __slots__ = ("_timer",)
+
+    def __init__(self, timer: Any):
+        self._timer = timer
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+class _Selectable:
+    """A file descriptor a handler watches for reading (the graceful shutdown's wake-up pipe)."""
+
+    def __init__(self, container: EngineContainer, handler: Any, delegate: Any):
+        self._container = container
+        self._handler = handler
+        self._delegate = delegate
+        self._registered = False
+        self.reading = False
+        self._transport = None
+
+    def update(self) -> None:
+        selector = self._container.loop.selector
+        if self.reading and not self._registered and self._delegate is not None:
+            selector.register(self._delegate.fileno(), EVENT_READ, self._readable)
+            self._registered = True
+        elif not self.reading and self._registered:
+            self._unregister()
+
+    def terminate(self) -> None:
+        self.reading = False
+        self._unregister()
+        self._delegate = None
+
+    def _unregister(self) -> None:
+        if self._registered:
+            self._container.loop.selector.unregister(self._delegate.fileno())
+            self._registered = False
+
+    def _readable(self, mask: int) -> None:
+        self._handler.on_selectable_readable(_Event(self))
+
+
+class _Handlers:
+    """`container.handler`: global handlers that hear `on_reactor_quiesced` after each turn."""
+
+    def __init__(self) -> None:
+        self.handlers: list = []
+
+    def add(self, handler: Any) -> None:
+        self.handlers.append(handler)
+
+
+class EngineContainer:
+    """The subset of proton's Container the daemon uses, on an `EventLoop`."""
+
+    def __init__(self, container_id: str | None = None, *, client_tls: ssl.SSLContext | None = None):
+        self.loop = EventLoop(container_id=container_id)
+        self.client_tls = client_tls
+        self.handler = _Handlers()
+        self._proton: dict[Any, Any] = {}  # connection pointer -> its proton handler
+        self._refused: set[Any] = set()  # links refused before their handler saw them
+        self.loop.observers = self._proton
+        self.loop.observe = self._dispatch
+
+    @property
+    def quiesced(self) -> bool:
+        """No engine event is waiting to be handled."""
+        return lib.pn_collector_peek(self.loop.collector) == NULL
+
+    @property
+    def container_id(self) -> str:
+        return self.loop.container_id
+
+    @container_id.setter
+    def container_id(self, value: str) -> None:
+        self.loop.container_id = value
+
+    # connections -------------------------------------------------------------------------------
+
+    def connect(self, url: str, handler: Any, *, reconnect: Any = False, properties: dict | None = None,
+                ssl_domain: Any = None, heartbeat: float | None = None, user: str | None = None,
+                password: str | None = None, allow_insecure_mechs: bool = True,
+                allowed_mechs: str | None = None, **ignored: Any) -> Any:
+        """A client connection like `Container.connect` (no reconnect: the caller reconnects);
+        returns proton's Connection wrapper."""
+        from proton import Connection as ProtonConnection
+        from proton import Url
+
+        parsed = Url(url)
+        user = user if user is not None else parsed.username
+        password = password if password is not None else parsed.password
+        secure = parsed.scheme == "amqps"
+        if secure and self.client_tls is None:
+            raise ValueError(f"{url}: amqps needs [upstream.tls] for the engine's TLS")
+        if user is not None:
+            sasl = SaslClient("PLAIN", user, password or "")
+        else:
+            sasl = SaslClient(allowed_mechs or "ANONYMOUS")
+        host = parsed.host or "127.0.0.1"
+        port = int(parsed.port or (5671 if secure else 5672))
+        connection = self.loop.connect(host, port, _BRIDGE, sasl=sasl, tls=self.client_tls if secure else None,
+                                       idle_timeout=heartbeat or 0.0)
+        self._proton[connection.ptr] = handler
+        connection.open(hostname=host, properties=_symbol_keys(properties))
+        return ProtonConnection.wrap(connection.ptr)
+
+    def adopt(self, connection: Connection, handler: Any) -> None:
+        """Dispatch a server connection's events to a proton handler."""
+        connection.handler = _BRIDGE
+        self._proton[connection.ptr] = handler
+
+    def _dispatch(self, event: Any, handler: Any) -> None:
+        from proton import Event
+
+        kind = lib.pn_event_type(event)
+        if self._refused:
+            pointer = lib.pn_event_link(event)
+            if pointer != NULL and pointer in self._refused:
+                if kind == lib.PN_LINK_FINAL:
+                    self._refused.discard(pointer)
+                return  # a link refused here is none of the handler's business
+        if kind == lib.PN_LINK_REMOTE_OPEN and self._refuse_unreadable_filter(lib.pn_event_link(event)):
+            return
+        wrapped = Event.wrap(event)
+        if wrapped is None:
+            return
+        if kind == lib.PN_CONNECTION_REMOTE_OPEN:
+            connection = self.loop.connections.get(lib.pn_event_connection(event))
+            if connection is not None and connection.identity is not None:
+                setattr(wrapped.connection, IDENTITY_ATTRIBUTE, connection.identity)
+        try:
+            wrapped.dispatch(handler)
+        except Exception:  # noqa: BLE001 - as the daemon's boundaries do: log, keep the loop
+            log.exception("handling %s failed", wrapped.type)
+
+    def _refuse_unreadable_filter(self, pointer: Any) -> bool:
+        """A receiving link whose source filter proton could not decode (a map whose size and count
+        disagree) would reach proton's wrappers as no filter at all, and its consumer would get
+        every message: refuse it here with amqp:decode-error, as the wire contract refuses (an
+        attach with a null source, then a detach with closed=true)."""
+        if not lib.pn_link_is_sender(pointer):
+            return False
+        _, error = read_data(lib.pn_terminus_filter(lib.pn_link_remote_source(pointer)))
+        if error is None:
+            return False
+        self._refused.add(pointer)
+        lib.pn_terminus_set_type(lib.pn_link_source(pointer), lib.PN_UNSPECIFIED)
+        lib.pn_link_open(pointer)
+        condition = lib.pn_link_condition(pointer)
+        lib.pn_condition_set_name(condition, b"amqp:decode-error")
+        lib.pn_condition_set_description(condition, f"the source filter cannot be read: {error}".encode())
+        lib.pn_link_close(pointer)
+        log.info("refused a link with an unreadable source filter", extra={"fields": {"reason": error}})
+        return True
+
+    # timers, selectables, running --------------------------------------------------------------
+
+    def schedule(self, delay: float, handler: Any) -> _Task:
+        return _Task(self.loop.call_later(max(0.0, delay), lambda: handler.on_timer_task(_Event())))
+
+    def selectable(self, handler: Any = None, delegate: Any = None) -> _Selectable:
+        selectable = _Selectable(self, handler, delegate)
+        init = getattr(handler, "on_selectable_init", None)
+        if init is not None:
+            init(_Event(selectable))
+        return selectable
+
+    def run(self) -> None:
+        loop = self.loop
+        loop.after_turn = self._quiesced
+        try:
+            loop.run()
+            self._proton.clear()  # stopped: as with the Container, handlers hear nothing more
+            for _ in range(20):  # but the close frames of what was closed on the way out leave
+                if not any(channel.conn.ptr is not None for channel in loop.channels):
+                    break
+                loop.run_once(0.05)
+        finally:
+            loop.close()
+
+    def _quiesced(self) -> None:
+        for handler in self.handler.handlers:
+            quiesced = getattr(handler, "on_reactor_quiesced", None)
+            if quiesced is not None:
+                quiesced(_Event())
+
+    def stop(self) -> None:
+        self.loop.stop()
+
+
+def _symbol_keys(properties: dict | None) -> dict | None:
+    if not properties:
+        return None
+    return {t.symbol(str(k)): v for k, v in properties.items()}
+
+
+class EngineListening:
+    """`listener.Listening` for the engine: `port`, `stop_accepting()`, `close()`."""
+
+    front_end = True
+
+    def __init__(self, listener: Any):
+        self._listener = listener
+        self.port = listener.port
+
+    def stop_accepting(self) -> None:
+        self._listener.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def listen(container: EngineContainer, listener: Any, handler: Any, *, passthrough: Verify | None = None,
+           max_connections: int = 0, on_refused: Callable[[str, str], None] | None = None) -> EngineListening:
+    """`listener.listen` on the engine: `[listener]` SASL (PLAIN users, pass-through, EXTERNAL, the
+    anonymous policy) and TLS, client connections dispatched to the proton `handler`."""
+    verify: Verify | None = passthrough
+    if verify is None and listener.users:
+        verify = UserDatabase(listener.users).authenticate
+    sasl = ServerSasl(tuple(listener.effective_mechanisms), verify=verify, allow_skip=listener.anonymous_allowed,
+                      keep_password=passthrough is not None)
+    tls = server_ssl_context(listener.tls) if listener.tls.enabled else None
+
+    class Accepting(_Bridge):
+        def on_accepted(self, connection: Connection) -> None:
+            container.adopt(connection, handler)
+
+    engine_listener = container.loop.listen(listener.host, listener.port, Accepting(), sasl=sasl, tls=tls,
+                                            limits=Limits(max_connections=max_connections),
+                                            on_refused=on_refused)
+    return EngineListening(engine_listener)

@@ -1,0 +1,74 @@
+// rhea producer and consumer for the engine relay benchmark (bench/engine_relay_bench.py).
+//   node rhea_bench.js produce PORT ADDRESS COUNT USER PASS
+//     sends COUNT messages (64-byte data body, application properties half = i % 2 and i), prints
+//     {"t0": ms, "t1": ms, "accepted": n} once every message is settled.
+//   node rhea_bench.js consume PORT ADDRESS EXPECT SELECTOR|- LOCAL(0|1) CREDIT USER|- PASS|-
+//     prints {"ready": true} once attached, then {"first": ms, "last": ms, "received": n, "selected": m}
+//     once EXPECT selected messages arrived (LOCAL=1: the consumer selects half = 1 itself).
+'use strict';
+const rhea = require('rhea');
+
+const args = process.argv.slice(2);
+const mode = args[0];
+const port = parseInt(args[1], 10);
+const address = args[2];
+const container = rhea.create_container({ id: 'rhea-bench-' + mode });
+function out(obj) { process.stdout.write(JSON.stringify(obj) + '\n'); }
+function options(user, pass) {
+  const o = { host: '127.0.0.1', port: port, reconnect: false };
+  if (user && user !== '-') { o.username = user; o.password = pass; }
+  return o;
+}
+
+if (mode === 'produce') {
+  const count = parseInt(args[3], 10);
+  const body = rhea.message.data_section(Buffer.alloc(64, 'x'));
+  let sent = 0, settled = 0, t0 = 0;
+  const conn = container.connect(options(args[4], args[5]));
+  const sender = conn.open_sender(address);
+  sender.on('sendable', () => {
+    if (!t0) t0 = Date.now();
+    while (sender.sendable() && sent < count) {
+      sender.send({ body: body, application_properties: { half: sent % 2, i: sent } });
+      sent += 1;
+    }
+  });
+  const done = () => {
+    settled += 1;
+    if (settled === count) {
+      out({ t0: t0, t1: Date.now(), accepted: settled });
+      conn.close();
+    }
+  };
+  sender.on('accepted', done);
+  sender.on('rejected', done);
+  sender.on('released', done);
+  sender.on('modified', done);
+  conn.on('connection_close', () => process.exit(0));
+  conn.on('disconnected', () => setTimeout(() => process.exit(0), 100));
+} else {
+  const expect = parseInt(args[3], 10);
+  const selector = args[4];
+  const local = args[5] === '1';
+  const credit = parseInt(args[6], 10);
+  const conn = container.connect(options(args[7], args[8]));
+  const source = { address: address };
+  if (selector !== '-') source.filter = rhea.filter.selector(selector);
+  const receiver = conn.open_receiver({ source: source, credit_window: credit });
+  let received = 0, selected = 0, first = 0, finished = false;
+  receiver.on('receiver_open', () => out({ ready: true }));
+  receiver.on('message', (ctx) => {
+    if (!first) first = Date.now();
+    received += 1;
+    if (!local || ctx.message.application_properties.half === 1) selected += 1;
+    if (selected >= expect && !finished) {
+      finished = true;
+      out({ first: first, last: Date.now(), received: received, selected: selected });
+      receiver.detach();
+      setTimeout(() => conn.close(), 100);
+    }
+  });
+  receiver.on('receiver_error', () => { out({ error: String(receiver.error && receiver.error.description) }); process.exit(1); });
+  conn.on('connection_close', () => process.exit(0));
+  conn.on('disconnected', () => setTimeout(() => process.exit(0), 100));
+}

@@ -1,0 +1,195 @@
+"""Queue custody through the daemon, with RabbitMQ and clients in processes of their own: a killed
+consumer's messages go to the other consumer at once, a selective consumer finds its match at any
+depth, a graceful stop leaves no duplicate, and two daemons on one queue serve each other's links.
+
+Every test takes the upstream URL as a parameter: RabbitMQ 3.10 here; set BROKER_FILTER_RABBITMQ4 to
+an amqp:// URL of a RabbitMQ 4 node to run the same tests against it.  They pass on both because
+the proxy sends nothing but accepted (and rejected) upstream while a feed lives: released, modified
+and a link's unsettled deliveries stay in the proxy, so RabbitMQ 4 honouring `modified` (3.10 ends
+the session) changes nothing here.  The embedded broker redelivers in place itself (last test)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from proton import Message
+from proton.reactor import Selector
+
+from proxy_clients import connect, drain, free_port, publish_many, receive, scrape, value
+from proxy_harness import UPSTREAM, Proxy
+
+pytestmark = pytest.mark.rabbitmq
+
+HERE = Path(__file__).resolve().parent
+UPSTREAMS = [UPSTREAM] + [u for u in [os.environ.get("BROKER_FILTER_RABBITMQ4")] if u]
+
+
+@pytest.fixture(params=UPSTREAMS, ids=lambda u: "rabbitmq4" if u != UPSTREAM else "rabbitmq3.10")
+def upstream(request, rabbitmq):
+    return request.param
+
+
+def fresh_queue() -> str:
+    return f"/queue/custody-{uuid.uuid4().hex[:10]}"
+
+
+def start_killed_client(url: str, q: str, selector: str, take: int) -> tuple[subprocess.Popen, set]:
+    """A consumer process holding `take` messages unsettled; returns it and the bodies it holds."""
+    child = subprocess.Popen([sys.executable, str(HERE / "killed_client.py"), url, q, selector, str(take), "0"],
+                             stdout=subprocess.PIPE, text=True)
+    held = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line or line.strip() == "ready":
+            break
+        word, body = line.split()
+        assert word == "holding"
+        held.add(int(body))
+    assert len(held) == take, f"the client got {len(held)} of {take}"
+    return child, held
+
+
+def kill(child: subprocess.Popen) -> None:
+    child.send_signal(signal.SIGKILL)
+    child.wait(10)
+    child.stdout.close()
+
+
+def test_killed_consumers_messages_reach_the_other_consumer_at_once(upstream):
+    q = fresh_queue()
+    n = 1000
+    publish_many(upstream, q, [Message(body=i, properties={"half": i % 2}) for i in range(n)])
+    proxy = Proxy(upstream=upstream)
+    b = connect(proxy.url)
+    try:
+        child, held = start_killed_client(proxy.url, q, "half = 1", 500)
+        assert held == {i for i in range(n) if i % 2}
+        other = b.create_receiver(q, credit=1000, options=Selector("half = 1"))  # attached, nothing for it
+        assert receive(other, idle=0.5) == []
+        kill(child)
+        start = time.monotonic()
+        got = receive(other, count=500, idle=2.5, limit=10)
+        elapsed = time.monotonic() - start
+        bodies = [m.body for m in got]
+        assert sorted(bodies) == sorted(held)  # every one, once, to the other consumer
+        assert elapsed <= 2.0, elapsed
+        assert all(m.delivery_count == 1 and not m.first_acquirer for m in got)  # redeliveries
+        assert receive(other, idle=0.5) == []
+        b.close()
+    finally:
+        proxy.stop()
+    rest = drain(upstream, q)
+    assert sorted(rest) == [i for i in range(n) if i % 2 == 0]  # nothing lost, no duplicate
+    assert "Traceback" not in proxy.log()
+
+
+@pytest.mark.parametrize("depth,window", [(5000, 100), (5000, 500), (50000, 5000)])
+def test_a_match_behind_any_depth_is_found_and_a_graceful_stop_duplicates_nothing(upstream, depth, window):
+    q = fresh_queue()
+    publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)]
+                 + [Message(body=depth, properties={"half": 1})])
+    mport = free_port()
+    proxy = Proxy("--metrics", f"127.0.0.1:{mport}", "--set", f"limits.upstream_window={window}", upstream=upstream)
+    c = connect(proxy.url)
+    try:
+        r = c.create_receiver(q, credit=10, options=Selector("half = 1"))
+        got = receive(r, count=1, idle=120, limit=180)
+        assert [m.body for m in got] == [depth]
+        time.sleep(2.5)  # the exporter shows the state of a second ago
+        text = scrape(mport)
+        assert value(text, "broker_filter_search_passes", address=q) >= 1  # the copies came round
+        assert value(text, "broker_filter_link_wait_seconds", address=q) >= 1.0  # credit 9, nothing more
+        assert value(text, "broker_filter_moves_in_flight", address=q) == 0  # the search is over
+        c.close()  # the last link leaves
+    finally:
+        proxy.stop()  # SIGTERM
+    rest = drain(upstream, q)
+    assert len(rest) == depth and sorted(rest) == list(range(depth))  # no loss, no duplicate
+    assert "Traceback" not in proxy.log()
+
+
+def test_two_daemons_on_one_queue_serve_each_others_links(upstream):
+    q = fresh_queue()
+    colors = ["red", "blue", None]
+    n = 600
+    publish_many(upstream, q, [Message(body=i, properties={"i": i, **({"color": colors[i % 3]} if colors[i % 3] else {})})
+                               for i in range(n)])
+    one, two = Proxy("--set", "limits.upstream_window=20", upstream=upstream), Proxy("--set", "limits.upstream_window=20", upstream=upstream)
+    a, b = connect(one.url), connect(two.url)
+    try:
+        red = a.create_receiver(q, credit=20, options=Selector("color = 'red'"))
+        blue = b.create_receiver(q, credit=20, options=Selector("color = 'blue'"))
+        reds, blues = [], []
+        # A daemon that has not met the other looks again after 10 s, 20 s, 40 s ... (forwarding.tick)
+        deadline = time.monotonic() + 240
+        while (len(reds) < n // 3 or len(blues) < n // 3) and time.monotonic() < deadline:
+            reds += [m.body for m in receive(red, idle=0.2, limit=2)]
+            blues += [m.body for m in receive(blue, idle=0.2, limit=2)]
+        reds += [m.body for m in receive(red, idle=0.5)]
+        blues += [m.body for m in receive(blue, idle=0.5)]
+        assert sorted(reds) == list(range(0, n, 3))  # each red once, only at the red link
+        assert sorted(blues) == list(range(1, n, 3))
+        a.close()
+        b.close()
+    finally:
+        one.stop()
+        two.stop()
+    rest = drain(upstream, q)
+    assert sorted(rest) == list(range(2, n, 3))  # the colourless ones, each once
+    assert "Traceback" not in one.log() + two.log()
+
+
+def test_embedded_broker_gives_a_killed_consumers_messages_to_the_other_at_once():
+    proxy = Proxy(upstream=None)
+    q = f"custody-{uuid.uuid4().hex[:8]}"
+    c = connect(proxy.url)
+    try:
+        s = c.create_sender(q)
+        for i in range(100):
+            s.send(Message(body=i, properties={"half": i % 2}))
+        other = c.create_receiver(q, name="other", credit=0, options=Selector("half = 1"))  # attached, no credit
+        child, held = start_killed_client(proxy.url, q, "half = 1", 50)
+        assert held == set(range(1, 100, 2))
+        other.flow(100)
+        assert receive(other, idle=0.5) == []
+        kill(child)
+        start = time.monotonic()
+        got = receive(other, count=50, idle=2.5, limit=10)
+        assert time.monotonic() - start <= 2.0
+        assert sorted(m.body for m in got) == sorted(held)
+        assert all(not m.first_acquirer and m.delivery_count == 1 for m in got)
+        rest = receive(c.create_receiver(q, name="rest", credit=100), idle=1.0)
+        assert sorted(m.body for m in rest) == list(range(0, 100, 2))
+    finally:
+        c.close()
+        proxy.stop()
+    assert "Traceback" not in proxy.log()
+
+
+def test_the_last_link_leaving_and_sigterm_mid_search_duplicate_nothing(upstream):
+    q = fresh_queue()
+    depth = 20000
+    publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)])
+    mport = free_port()
+    proxy = Proxy("--metrics", f"127.0.0.1:{mport}", "--set", "limits.upstream_window=500", upstream=upstream)
+    c = connect(proxy.url)
+    try:
+        c.create_receiver(q, credit=10, options=Selector("half = 1"))
+        deadline = time.monotonic() + 30
+        while value(scrape(mport), "broker_filter_moves_in_flight", address=q) == 0:
+            assert time.monotonic() < deadline, "the search never started"
+            time.sleep(0.2)
+        c.close()  # the last link leaves with moves in flight
+    finally:
+        proxy.stop()  # and SIGTERM at once
+    rest = drain(upstream, q)
+    assert len(rest) == depth and sorted(rest) == list(range(depth))  # no loss, no duplicate
+    assert "Traceback" not in proxy.log()
