@@ -492,19 +492,8 @@ class _SqlClosures:
             return not_
         if isinstance(node, ast.Binary) and node.op in ast.LOGICAL_OPS:
             fns = [self.cond(i) for i in ast.chain_items(node.op, node)]
-            short = node.op == "OR"
-
-            def chain(m: Any, ap: Any) -> Any:
-                unknown = False
-                for f in fns:
-                    v = f(m, ap)
-                    if v is short:
-                        return short
-                    if v is None:
-                        unknown = True
-                return None if unknown else (not short)
-
-            return chain
+            combine = kleene_any if node.op == "OR" else kleene_all  # a generator: short-circuits
+            return lambda m, ap: combine(f(m, ap) for f in fns)
         if isinstance(node, ast.Binary) and node.op in ast.COMPARISON_OPS:
             cmp, left, right = SQL_COMPARATORS[node.op], self.value(node.left), self.value(node.right)
             return lambda m, ap: cmp(left(m, ap), right(m, ap))

@@ -134,14 +134,9 @@ class SqlCompiler:
 
     def keep(self, v: SqlVal, level: int) -> SqlVal:
         """`v` with its components materialized in layer `level` (above what they read)."""
-        out = SqlVal(v.k)
-        for field in ("k", "b", "i", "d", "x"):
-            c = getattr(v, field)
-            if c is not None:
-                ref, at = self.define(level, c)
-                setattr(out, field, ref)
-                out.level = max(out.level, at)
-        return out
+        from .compile import keep_fields
+
+        return keep_fields(self.define, level, v, SqlVal(v.k), ("k", "b", "i", "d", "x"))
 
     def value(self, node: Any) -> SqlVal:
         v = self._value(node)

@@ -267,6 +267,18 @@ def _header_val(name: str) -> Val:
 
 
 # ----------------------------------------------------------------------------- the compiler
+def keep_fields(define: Any, level: int, v: Any, out: Any, fields: tuple) -> Any:
+    """`out` with each of `v`'s `fields` materialized by `define(level, expr)` as a hidden column;
+    `out.level` is the highest layer they landed in."""
+    for field in fields:
+        c = getattr(v, field)
+        if c is not None:
+            ref, at = define(level, c)
+            setattr(out, field, ref)
+            out.level = max(out.level, at)
+    return out
+
+
 class _Compiler:
     def __init__(self, selector: ast.Selector, context: dict | None = None):
         self.context = {} if context is None else context  # SQL text -> (hidden column, layer)
@@ -290,14 +302,7 @@ class _Compiler:
 
     def keep(self, v: Val, level: int) -> Val:
         """`v` with its components materialized at `level`, so parents reference, not copy, them."""
-        out = Val(v.kinds, v.nullable, v.tag, level=0)
-        for field in ("tag", "l", "d", "s", "b", "f32"):
-            c = getattr(v, field)
-            if c is not None:
-                ref, at = self.define(level, c)
-                setattr(out, field, ref)
-                out.level = max(out.level, at)
-        return out
+        return keep_fields(self.define, level, v, Val(v.kinds, v.nullable, v.tag, level=0), ("tag", "l", "d", "s", "b", "f32"))
 
     def fail_when(self, cond: Any) -> None:
         cond = _safe(cond)

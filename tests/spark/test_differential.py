@@ -130,6 +130,18 @@ def literals(kinds: tuple[str, ...]) -> st.SearchStrategy:
     return st.one_of(*options)
 
 
+def logic(predicates: list) -> st.SearchStrategy:
+    """AND / OR / NOT over the predicates."""
+    return st.recursive(
+        st.one_of(*predicates),
+        lambda inner: st.one_of(
+            st.builds(ast.Binary, st.sampled_from(["AND", "OR"]), inner, inner),
+            st.builds(ast.Unary, st.just("NOT"), inner),
+        ),
+        max_leaves=5,
+    )
+
+
 def sql_conditions() -> st.SearchStrategy:
     """amqp-sql: no static types, so any value anywhere; `%`, binaries, IN of expressions (UTC() is left
     out: the two sides read the clock at different moments)."""
@@ -151,14 +163,7 @@ def sql_conditions() -> st.SearchStrategy:
                   st.sampled_from([None, "!", "\\", "%", "a"]), st.booleans()),
         value,
     ]
-    return st.recursive(
-        st.one_of(*predicates),
-        lambda inner: st.one_of(
-            st.builds(ast.Binary, st.sampled_from(["AND", "OR"]), inner, inner),
-            st.builds(ast.Unary, st.just("NOT"), inner),
-        ),
-        max_leaves=5,
-    )
+    return logic(predicates)
 
 
 SQL_FIELDS = ["message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "absolute_expiry_time",
@@ -248,14 +253,7 @@ def conditions(dialect: str) -> st.SearchStrategy:
                 st.booleans(),
             )
         )
-    return st.recursive(
-        st.one_of(*predicates),
-        lambda inner: st.one_of(
-            st.builds(ast.Binary, st.sampled_from(["AND", "OR"]), inner, inner),
-            st.builds(ast.Unary, st.just("NOT"), inner),
-        ),
-        max_leaves=5,
-    )
+    return logic(predicates)
 
 
 def selectors(dialect: str) -> st.SearchStrategy:
