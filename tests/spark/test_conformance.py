@@ -84,7 +84,7 @@ def test_amqp_sql_table_on_spark(evaluate_on_spark):
     msgs = [None] * len(messages)
     for c in cases:
         msgs[messages[json.dumps(c.message_json, sort_keys=True)]] = c.message()
-    results = evaluate_on_spark([parse_selector(text, "amqp-sql") for text in selectors], msgs)
+    results = evaluate_on_spark([parse_selector(text, "amqp-sql") for text in selectors], msgs, batch=15)
     wrong = []
     for c in cases:
         got = results[selectors[c.selector]][messages[json.dumps(c.message_json, sort_keys=True)]]
