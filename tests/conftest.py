@@ -12,6 +12,14 @@ import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+# Under CI (CI=true) every hypothesis test draws the same examples each run, so a red run replays and
+# a green one stays green; elsewhere each run explores new examples.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    _hypothesis_settings.load_profile("ci")
+
 
 @pytest.fixture(scope="session")
 def spark():

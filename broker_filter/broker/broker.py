@@ -9,11 +9,14 @@ clock or a thread, so every rule here is tested without a network.
 Addresses follow the AMQ model (`addresses`): an address has routing types; anycast routes each
 message to one of its anycast queues (round robin; normally the one queue named like the address),
 multicast to every subscription queue of the address plus every wildcard subscription whose pattern
-matches (`wildcards`).  Addresses and queues are created on first use when `auto_create` is on.
+matches (`wildcards`: the trie maps each pattern to its address, whose queues are the pattern's
+subscriptions).  Addresses and queues are created on first use when `auto_create` is on.
 
 Filters: on a queue (anycast) a consumer's filter picks messages out of the shared queue without
 taking the others (`queue`); on a subscription (multicast) the filter is the subscription queue's
 own filter, applied when a message is routed, so a subscription only ever holds what it selects.
+Each address keeps a `SubscriptionIndex` of its multicast queues' filters, so a publish evaluates
+only the filters that may select the message (`broker_filter.filters.index`).
 No-local is a filter like any other: the receiver identity is handed to `Filter.evaluate`.
 
 Limits are per address and count each published message once (queues share it by reference) with
@@ -30,6 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from ..filters.index import SubscriptionIndex
 from .addresses import ANYCAST, MULTICAST, ROUTING_TYPES, AddressError, NodeName, parse_node, subscription_name
 from .queue import Consumer, Entry, Queue, Stored
 from .wildcards import WildcardTrie, is_wildcard
@@ -66,6 +70,8 @@ class BrokerConfig:
     dead_letter_address: str | None = None
     delimiter: str = "."
     dispatch_budget: int = 20_000  # filter evaluations per dispatch() call
+    subscription_index: bool = True  # route a publish through each address's subscription index
+    index_cache_size: int = 1024  # candidate lists remembered per address (0: none)
 
     def __post_init__(self) -> None:
         if self.default_routing_type not in ROUTING_TYPES:
@@ -73,13 +79,16 @@ class BrokerConfig:
 
 
 class Address:
-    __slots__ = ("name", "routing_types", "anycast", "multicast", "limits", "messages", "bytes", "_rr")
+    __slots__ = ("name", "routing_types", "anycast", "multicast", "index", "limits", "messages", "bytes", "_rr")
 
-    def __init__(self, name: str, routing_types: Iterable[str], limits: Limits):
+    def __init__(self, name: str, routing_types: Iterable[str], limits: Limits,
+                 index: SubscriptionIndex | None = None):
         self.name = name
         self.routing_types = set(routing_types)
         self.anycast: dict[str, Queue] = {}
         self.multicast: dict[str, Queue] = {}
+        # The multicast queues' filters, so that a publish evaluates only those that may select it.
+        self.index = index if index is not None else SubscriptionIndex()
         self.limits = limits
         self.messages = 0
         self.bytes = 0
@@ -110,7 +119,8 @@ class Broker:
             routing_types = (routing_types,)
         addr = self.addresses.get(name)
         if addr is None:
-            addr = self.addresses[name] = Address(name, routing_types, self._limits_for(name))
+            index = SubscriptionIndex(indexed=self.config.subscription_index, cache_size=self.config.index_cache_size)
+            addr = self.addresses[name] = Address(name, routing_types, self._limits_for(name), index)
         else:
             addr.routing_types.update(routing_types)
         return addr
@@ -126,9 +136,11 @@ class Broker:
         queue = Queue(name, addr, routing_type, on_removed=self._on_removed, **kw)
         self.queues[name] = queue
         (addr.anycast if routing_type == ANYCAST else addr.multicast)[name] = queue
+        if routing_type != ANYCAST:
+            addr.index.register(queue, queue.filter)
         if routing_type == MULTICAST and is_wildcard(address, self.config.delimiter):
             queue.binding = address
-            self._wildcards.add(address, name, queue)
+            self._wildcards.add(address, address, addr)  # the pattern's address: its queues and their index
         return queue
 
     def delete_queue(self, queue: Queue) -> None:
@@ -139,9 +151,10 @@ class Broker:
             queue.drop(None, entry)
         self.queues.pop(queue.name, None)
         queue.address.anycast.pop(queue.name, None)
-        queue.address.multicast.pop(queue.name, None)
-        if queue.binding is not None:
-            self._wildcards.remove(queue.binding, queue.name)
+        if queue.address.multicast.pop(queue.name, None) is not None:
+            queue.address.index.unregister(queue)
+        if queue.binding is not None and not queue.address.multicast:  # the pattern's last subscription
+            self._wildcards.remove(queue.binding, queue.binding)
         self._dirty.pop(queue, None)
         addr = queue.address
         if queue.temporary and queue.routing_type == ANYCAST and not addr.anycast and not addr.multicast:
@@ -203,13 +216,21 @@ class Broker:
     # ------------------------------------------------------------------ publishing
     def route(self, address: str, capabilities: Iterable[str] = ()) -> list[Queue]:
         """The queues a message sent to `address` goes to (creating what auto-create allows)."""
+        addr, queues, multicast = self._routing(address, capabilities)
+        if multicast:
+            queues.extend(addr.multicast.values())
+            self._add_wildcards(addr, queues, None)
+        return queues
+
+    def _routing(self, address: str, capabilities: Iterable[str]) -> tuple[Address, list[Queue], bool]:
+        """(address, the anycast or named queue it routes to if any, whether it routes multicast)."""
         try:
             node = parse_node(address, capabilities)
         except AddressError as e:
             raise BrokerError(e.condition, str(e)) from None
         addr, routing = self._resolve(node, for_consumer=False)
         if node.queue is not None:
-            return [self._named_queue(addr, node.queue, routing or self.config.default_routing_type)]
+            return addr, [self._named_queue(addr, node.queue, routing or self.config.default_routing_type)], False
         queues: list[Queue] = []
         if routing in ("", ANYCAST) and ANYCAST in addr.routing_types:
             if not addr.anycast and self.config.auto_create:
@@ -218,24 +239,35 @@ class Broker:
                 ring = list(addr.anycast.values())
                 queues.append(ring[addr._rr % len(ring)])
                 addr._rr += 1
-        if routing in ("", MULTICAST) and MULTICAST in addr.routing_types:
-            seen = {id(q) for q in queues}
-            for q in itertools.chain(addr.multicast.values(), self._wildcards.match(addr.name)):
-                if id(q) not in seen:
-                    seen.add(id(q))
-                    queues.append(q)
-        return queues
+        return addr, queues, routing in ("", MULTICAST) and MULTICAST in addr.routing_types
+
+    def _add_wildcards(self, addr: Address, queues: list[Queue], stored: Stored | None) -> None:
+        """Append the wildcard subscriptions whose pattern matches `addr` (those that select `stored`,
+        through each pattern address's index, when given)."""
+        for pattern in self._wildcards.match(addr.name):
+            if pattern is addr or not pattern.multicast:
+                continue  # a publish to the pattern's own name already has its queues
+            if stored is None:
+                queues.extend(pattern.multicast.values())
+            else:
+                queues.extend(pattern.index.match(stored.message, check=lambda q: q.accepts(stored)))
 
     def publish(self, address: str, payload: Any, *, size: int | None = None, message: Any = None,
                 capabilities: Iterable[str] = (), origin: str | None = None) -> int:
         """Store a message; returns how many queues took it (0: routed nowhere, dropped as for a
-        topic without subscribers).  Raises BrokerError when refused (limits, unknown address)."""
-        queues = self.route(address, capabilities)
+        topic without subscribers).  Raises BrokerError when refused (limits, unknown address).
+
+        The address's multicast subscriptions are found through its `SubscriptionIndex`: only the
+        filters that may select the message are evaluated, each by the queue (`Queue.accepts`)."""
+        addr, queues, multicast = self._routing(address, capabilities)
         if size is None:
             size = len(payload) if isinstance(payload, (bytes, bytearray, memoryview)) else 0
-        addr = self.addresses[parse_node(address, capabilities).address]
         stored = Stored(payload, size, addr, message, self.decode, origin)
         targets = [q for q in queues if q.accepts(stored)]
+        if multicast:
+            if addr.multicast:
+                targets.extend(addr.index.match(stored.message, check=lambda q: q.accepts(stored)))
+            self._add_wildcards(addr, targets, stored)
         if not targets:
             return 0
         self._check_limits(addr, size)
@@ -388,7 +420,8 @@ class Broker:
         return {
             "addresses": {
                 a.name: {"routing_types": sorted(a.routing_types), "messages": a.messages, "bytes": a.bytes,
-                         "queues": sorted([*a.anycast, *a.multicast])}
+                         "queues": sorted([*a.anycast, *a.multicast]),
+                         "subscription_index": a.index.stats()}
                 for a in self.addresses.values()
             },
             "queues": {q.name: {"depth": len(q), "available": q.available, "consumers": len(q.consumers)}

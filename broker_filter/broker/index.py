@@ -3,7 +3,8 @@
 Theory of operation: a selector whose top-level conjunction contains `key = 'text'` or
 `key IN ('a', 'b')` (an application property against string literals) can only be TRUE for a message
 whose application property `key` is a string equal to one of those literals.  Such a selector gets
-an `EqualityHint`; the queue keeps a `PropertyIndex` for `key` (value -> sorted message sequence
+an `EqualityHint` (the filter core's, `broker_filter.filters.index`, shared with the subscription
+index); the queue keeps a `PropertyIndex` for `key` (value -> sorted message sequence
 numbers) while at least one consumer uses it, and the consumer walks only the candidate sequence
 numbers instead of every message.  The index yields a superset: the consumer's full filter still
 decides every candidate, so the index can never change a result, only skip messages that cannot
@@ -14,107 +15,12 @@ message, each message at most once per consumer (see `queue`).
 from __future__ import annotations
 
 import bisect
-import decimal
 import heapq
-from dataclasses import dataclass
 from typing import Any, Iterator
 
-# Dialects whose `=` on strings is plain string equality (no implicit conversions).
-_STRICT_DIALECTS = frozenset({"jms", "artemis"})
+from ..filters.index import EqualityHint, equality_hint, index_key
 
-
-@dataclass(frozen=True)
-class EqualityHint:
-    """Only messages whose application property `key` has an `index_key` in `values` can match."""
-
-    key: str
-    values: frozenset
-
-
-def equality_hint(filter_: Any) -> EqualityHint | None:
-    """The most selective equality hint of a compiled filter or filter-set, or None."""
-    hints = [h for h in _hints(filter_) if h is not None]
-    if not hints:
-        return None
-    return min(hints, key=lambda h: len(h.values))
-
-
-def _hints(filter_: Any) -> Iterator[EqualityHint | None]:
-    if filter_ is None:
-        return
-    entries = getattr(filter_, "entries", None)
-    if entries is not None:  # a FilterSet is the AND of its entries
-        for entry in entries:
-            yield from _hints(entry.filter)
-        return
-    selector = getattr(filter_, "ast", None)
-    if selector is None:
-        return
-    try:
-        from ..filters import ast
-    except ImportError:  # pragma: no cover - filter core absent
-        return
-    if not isinstance(selector, ast.Selector) or selector.expr is None:
-        return
-    if selector.dialect not in _STRICT_DIALECTS or selector.convert_strings:
-        return
-    for conjunct in _conjuncts(selector.expr, ast):
-        yield _conjunct_hint(conjunct, ast)
-
-
-def _conjuncts(node: Any, ast: Any) -> Iterator[Any]:
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, ast.Binary) and n.op == "AND":
-            stack.extend((n.right, n.left))
-        else:
-            yield n
-
-
-def _conjunct_hint(node: Any, ast: Any) -> EqualityHint | None:
-    def prop(n: Any) -> str | None:
-        return n.key if isinstance(n, ast.Ident) and n.kind == "property" and isinstance(n.key, str) else None
-
-    def text(n: Any) -> Any:
-        if not isinstance(n, ast.Literal):
-            return None
-        if n.type == "string" and isinstance(n.value, str):
-            return n.value
-        if n.type in ("int", "long") and isinstance(n.value, int) and not isinstance(n.value, bool):
-            return int(n.value)
-        return None
-
-    if isinstance(node, ast.Binary) and node.op == "=":
-        for a, b in ((node.left, node.right), (node.right, node.left)):
-            key, value = prop(a), text(b)
-            if key is not None and value is not None:
-                return EqualityHint(key, frozenset({value}))
-    if isinstance(node, ast.In) and not node.negated:
-        key = prop(node.operand)
-        values = [text(v) for v in node.values]
-        if key is not None and values and all(v is not None for v in values):
-            return EqualityHint(key, frozenset(values))
-    return None
-
-
-def index_key(value: Any) -> Any:
-    """The key a property value is indexed under, or None if no hinted literal can equal it.
-
-    Strings (and symbols) under themselves; integral numbers under their int value, so 5, long 5,
-    ubyte 5 and 5.0 share a key as they compare equal in JMS."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, (float, decimal.Decimal)):
-        try:
-            return int(value) if value == value and value == int(value) else None
-        except (OverflowError, ValueError, decimal.InvalidOperation):
-            return None
-    return None
+__all__ = ["EqualityHint", "PropertyIndex", "equality_hint", "index_key"]
 
 
 class PropertyIndex:

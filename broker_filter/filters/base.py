@@ -29,7 +29,7 @@ class Filter:
     `matches(message, receiver=None)` -> bool.  Both are plain functions stored on the instance
     (generated code where the filter is a selector), so a call costs no extra Python frame."""
 
-    __slots__ = ("_fn", "evaluate", "matches", "reads", "description", "ast")
+    __slots__ = ("_fn", "evaluate", "matches", "reads", "description", "ast", "terms")
 
     def __init__(
         self,
@@ -38,6 +38,7 @@ class Filter:
         description: str = "",
         ast: Any = None,
         matches: Callable[..., bool] | None = None,
+        terms: tuple | None = None,
     ):
         self._fn = fn
         self.evaluate = fn if _receiver_optional(fn) else _with_default(fn)
@@ -45,6 +46,7 @@ class Filter:
         self.reads = frozenset(reads)
         self.description = description
         self.ast = ast  # the selector AST where there is one (backends such as Spark compile it)
+        self.terms = terms  # what a subscription index may look this filter up by (`index.index_terms`)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.description}>"

@@ -24,6 +24,7 @@ from typing import Any
 from ..amqptypes import amqp_type
 from .base import Filter
 from .errors import FilterError
+from .index import APP, SUBJECT, exact_terms, topic_terms
 from .wildcards import wildcard_matcher
 
 X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
@@ -70,7 +71,7 @@ def direct_binding(key: Any) -> Filter:
         p = m.properties
         return p is not None and p.subject is not None and str(p.subject) == key
 
-    return Filter(fn, frozenset({"properties"}), f"subject = {key!r}")
+    return Filter(fn, frozenset({"properties"}), f"subject = {key!r}", terms=((SUBJECT, None, key),))
 
 
 def topic_binding(key: Any) -> Filter:
@@ -86,7 +87,7 @@ def topic_binding(key: Any) -> Filter:
             return only_hash
         return match(str(s))
 
-    return Filter(fn, frozenset({"properties"}), f"subject matches topic {key!r}")
+    return Filter(fn, frozenset({"properties"}), f"subject matches topic {key!r}", terms=topic_terms(key))
 
 
 def headers_binding(binding: Any) -> Filter:
@@ -126,7 +127,8 @@ def headers_binding(binding: Any) -> Filter:
         return any(pair_matches(props, k, v) for k, v in pairs)
 
     desc = f"headers {mode} {{{', '.join(f'{k}={v!r}' for k, v in pairs)}}}"
-    return Filter(fn, frozenset({"application_properties"}), desc)
+    terms = exact_terms(APP, pairs, any_of=not want_all) if pairs else None
+    return Filter(fn, frozenset({"application_properties"}), desc, terms=terms)
 
 
 def _kind(v: Any) -> str:

@@ -98,7 +98,7 @@ class _Compiler:
         if isinstance(node, ast.Unary):  # sign
             inner = self.value(node.operand)
             if node.op == "+":
-                return f"{self.const(self.sem.arithmetic('+'), ('arith', '+'))}({inner}, {self.const(t.int32(0), ('lit', 'int', 0))})"
+                return f"{self.const(self.sem.plus, ('plus',))}({inner})"
             return f"{self.const(self.sem.negate, ('neg',))}({inner})"
         if isinstance(node, ast.Binary) and node.op in ast.ARITHMETIC_OPS:
             fn = self.const(self.sem.arithmetic(node.op), ("arith", node.op))
@@ -336,8 +336,8 @@ class _Closures:
         if isinstance(node, ast.Unary):
             inner = self.value(node.operand)
             if node.op == "+":
-                plus, zero = self.sem.arithmetic("+"), t.int32(0)
-                return lambda m, ap, ma: plus(inner(m, ap, ma), zero)
+                plus = self.sem.plus
+                return lambda m, ap, ma: plus(inner(m, ap, ma))
             neg = self.sem.negate
             return lambda m, ap, ma: neg(inner(m, ap, ma))
         fn = self.sem.arithmetic(node.op)

@@ -33,6 +33,7 @@ from typing import Any
 from ..amqptypes import Described, symbol, timestamp, uint, ulong
 from .base import Filter
 from .errors import FilterError
+from .index import APP, PROP, exact_terms
 
 MAX_FIELDS = 16  # filtex §7.1: a limit on each expression's complexity (RabbitMQ's figure)
 
@@ -188,7 +189,8 @@ def properties_filter(value: Any) -> Filter:
         return True
 
     description = " AND ".join(f"properties.{a} ~ {r!r}" for a, r in checks)
-    return Filter(fn, frozenset({"properties"}), description, ast=PropertyChecks("properties", tuple(checks)))
+    return Filter(fn, frozenset({"properties"}), description, ast=PropertyChecks("properties", tuple(checks)),
+                  terms=exact_terms(PROP, _indexable(checks)))
 
 
 def application_properties_filter(value: Any) -> Filter:
@@ -211,4 +213,10 @@ def application_properties_filter(value: Any) -> Filter:
         return True
 
     description = " AND ".join(f"{k} ~ {r!r}" for k, r in checks)
-    return Filter(fn, frozenset({"application_properties"}), description, ast=PropertyChecks("application-properties", tuple(checks)))
+    return Filter(fn, frozenset({"application_properties"}), description,
+                  ast=PropertyChecks("application-properties", tuple(checks)), terms=exact_terms(APP, _indexable(checks)))
+
+
+def _indexable(checks: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The checks with their exact reference values; prefix and suffix (like NULL) are not exact."""
+    return [(k, None if isinstance(r, (Prefix, Suffix)) else r) for k, r in checks]

@@ -255,6 +255,16 @@ class Semantics:
         r = _wrap(int(r), bits)
         return t.int32(r) if bits == 32 else r
 
+    def plus(self, a: Any) -> Any:
+        """Unary `+`: the number itself (a byte or short promoted to int, as in Java); UNKNOWN for a
+        non-number.  Not `a + 0`: a string on the left of a binary `+` concatenates."""
+        a = self._number(a)
+        if a is None or a is _NOT_A_NUMBER:
+            return None
+        if isinstance(a, INT32_TYPES):
+            return t.int32(a)
+        return a
+
     def negate(self, a: Any) -> Any:
         a = self._number(a)
         if a is None or a is _NOT_A_NUMBER:

@@ -104,22 +104,27 @@ class WildcardTrie:
         return result
 
     def _states(self, address_words: list[str]) -> Iterable[_Node]:
-        states = _closure({id(self._root): self._root})
+        root = self._root
+        states: Iterable[_Node] = _closure({id(root): root}) if ANY_WORDS in root.children else (root,)
         for word in address_words:
-            step: dict[int, _Node] = {}
+            step: list[_Node] = []
             for node in states:
                 if node.loops:
-                    step[id(node)] = node
+                    step.append(node)
                 children = node.children
-                child = children.get(word)
-                if child is not None:
-                    step[id(child)] = child
-                child = children.get(ONE_WORD)
-                if child is not None:
-                    step[id(child)] = child
+                if children:
+                    child = children.get(word)
+                    if child is not None:
+                        step.append(child)
+                    child = children.get(ONE_WORD)
+                    if child is not None:
+                        step.append(child)
             if not step:
                 return ()
-            states = _closure(step)
+            if len(step) > 1 or ANY_WORDS in step[0].children:  # dedupe, and `#` taking no word
+                states = _closure({id(n): n for n in step})
+            else:
+                states = step
         return states
 
     def patterns(self) -> Iterable[str]:

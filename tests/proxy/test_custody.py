@@ -10,7 +10,6 @@ the session) changes nothing here.  The embedded broker redelivers in place itse
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -23,17 +22,17 @@ from proton import Message
 from proton.reactor import Selector
 
 from proxy_clients import connect, drain, free_port, publish_many, receive, scrape, value
-from proxy_harness import UPSTREAM, Proxy
+from proxy_harness import Proxy
 
 pytestmark = pytest.mark.rabbitmq
 
 HERE = Path(__file__).resolve().parent
-UPSTREAMS = [UPSTREAM] + [u for u in [os.environ.get("BROKER_FILTER_RABBITMQ4")] if u]
 
 
-@pytest.fixture(params=UPSTREAMS, ids=lambda u: "rabbitmq4" if u != UPSTREAM else "rabbitmq3.10")
-def upstream(request, rabbitmq):
-    return request.param
+@pytest.fixture
+def upstream(rabbitmq):
+    """The RabbitMQ node of this run (tests/proxy runs on 3.10 and on 4.0)."""
+    return rabbitmq
 
 
 def fresh_queue() -> str:

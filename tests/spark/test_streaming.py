@@ -146,10 +146,10 @@ def test_unreadable_message_is_rejected_and_an_unreachable_broker_fails_the_quer
 
 def unacknowledged(queue: str) -> int | None:
     """RabbitMQ's count of delivered, unsettled messages of a queue."""
-    from proxy_harness import rabbitmqctl
+    from proxy_harness import RABBITMQ3  # the node of the `rabbitmq` fixture here (tests/proxy also runs 4.0)
 
     for _ in range(3):  # rabbitmqctl itself can time out on a loaded machine
-        r = rabbitmqctl("list_queues", "name", "messages_unacknowledged", "--quiet")
+        r = RABBITMQ3.ctl("list_queues", "name", "messages_unacknowledged", "--quiet")
         if r.returncode == 0:
             break
     counts = dict(line.split("\t") for line in r.stdout.splitlines() if "\t" in line)
