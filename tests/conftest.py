@@ -34,6 +34,8 @@ def spark():
             "spark.sql.shuffle.partitions": "2",
             "spark.sql.codegen.wholeStage": "false",
             "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+            # the conformance tables and the differential test of four dialects share this session
+            "spark.driver.memory": "2g",
         },
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -6,11 +6,14 @@ lives, so backends need no dialect knowledge for lookups:
     kind="property"    key = application-properties key (str)
     kind="annotation"  key = message-annotations key (str, compared as a symbol)   (Artemis `m.`)
     kind="header"      key = a canonical header name from `view.HEADERS` (JMSPriority, AMQSize, TAGS, ...)
+    kind="field"       key = an AMQP header/properties field (amqp-sql `header.priority`, `p.subject`):
+                       "priority" or a properties attribute name (message_id, creation_time, ...)
 
 AND / OR chains are built as balanced trees (a 4,000-term OR chain is 12 levels deep, not 4,000), so
 recursive backends stay shallow; evaluation order (left to right) is unchanged.
 
-Literals carry their JMS type: "string", "boolean", "int" (fits 32 bits, no L suffix), "long", "double".
+Literals carry their JMS type: "string", "boolean", "int" (fits 32 bits, no L suffix), "long", "double";
+amqp-sql adds "binary" (bytes); its integers are "long" of any size, as Erlang's.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Union
 @dataclass(frozen=True, slots=True)
 class Literal:
     value: Any
-    type: str  # string | boolean | int | long | double
+    type: str  # string | boolean | int | long | double | binary
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +59,7 @@ class Between:
 @dataclass(frozen=True, slots=True)
 class In:
     operand: "Node"
-    values: tuple  # of Literal (strings in JMS; numbers allowed in the RocketMQ dialect)
+    values: tuple  # of Literal (strings in JMS; numbers allowed in the RocketMQ dialect; any expression in amqp-sql)
     negated: bool = False
 
 
@@ -85,15 +88,22 @@ class StringTest:
 
 
 @dataclass(frozen=True, slots=True)
+class Call:
+    """An amqp-sql function call: `UTC()` (the current time in milliseconds since the epoch)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tags:
     """RocketMQ tag expression: `TagA || TagB` (tags) or `*` (tags is None)."""
 
     tags: tuple | None
 
 
-Node = Union[Literal, Ident, Unary, Binary, Between, In, Like, IsNull, StringTest, Tags]
+Node = Union[Literal, Ident, Unary, Binary, Between, In, Like, IsNull, StringTest, Call, Tags]
 
-ARITHMETIC_OPS = frozenset({"+", "-", "*", "/"})
+ARITHMETIC_OPS = frozenset({"+", "-", "*", "/", "%"})
 COMPARISON_OPS = frozenset({"=", "<>", "<", "<=", ">", ">="})
 LOGICAL_OPS = frozenset({"AND", "OR"})
 

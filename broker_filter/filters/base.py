@@ -83,7 +83,7 @@ class FilterEntry:
     """One applied entry of a filter-set."""
 
     key: Any  # the client's key, as sent (echo it back unchanged)
-    kind: str  # selector | direct | topic | headers | no-local | or | and | not | properties | application-properties
+    kind: str  # selector | direct | topic | headers | no-local | or | and | not | properties | application-properties | sql
     descriptor: str  # canonical descriptor symbol, e.g. "apache.org:selector-filter:string"
     value: Any  # the client's value, as sent (the Described when it came described)
     filter: Filter

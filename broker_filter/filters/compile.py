@@ -19,7 +19,25 @@ from typing import Any
 
 from .. import amqptypes as t
 from . import ast
-from .runtime import Abort, Semantics, kleene_all, kleene_any, like_form, like_matcher, string_test_matcher
+from .runtime import (
+    SQL_ARITHMETIC,
+    SQL_COMPARATORS,
+    Abort,
+    Semantics,
+    kleene_all,
+    kleene_any,
+    like_form,
+    like_matcher,
+    sql_condition,
+    sql_field,
+    sql_in,
+    sql_equal,
+    sql_like,
+    sql_sign,
+    sql_utc,
+    sql_value,
+    string_test_matcher,
+)
 from .view import HEADERS
 
 # Exact classes whose Python value is their JMS value (ulong is not: >= 2**63 reads as a negative long).
@@ -435,6 +453,96 @@ def _compile_closures(selector: ast.Selector, dialect: Any) -> tuple[Any, frozen
     return evaluate, frozenset(c.reads), "<closures>"
 
 
+class _SqlClosures:
+    """amqp-sql as a tree of closures over `runtime`'s amqp-sql operations.  Functions take (m, ap)."""
+
+    def __init__(self) -> None:
+        self.reads: set[str] = set()
+
+    def value(self, node: Any) -> Any:
+        if isinstance(node, ast.Literal):
+            v = node.value
+            return lambda m, ap: v
+        if isinstance(node, ast.Ident):
+            if node.kind == "property":
+                self.reads.add("application_properties")
+                key, conv = node.key, sql_value
+                return lambda m, ap: conv(ap.get(key))
+            reads, getter = sql_field(node.key)
+            self.reads.update(reads)
+            return lambda m, ap: getter(m)
+        if isinstance(node, ast.Call):  # UTC()
+            return lambda m, ap: sql_utc()
+        if isinstance(node, ast.Unary) and node.op != "NOT":
+            sign, inner = sql_sign(node.op), self.value(node.operand)
+            return lambda m, ap: sign(inner(m, ap))
+        if isinstance(node, ast.Binary) and node.op in ast.ARITHMETIC_OPS:
+            fn, left, right = SQL_ARITHMETIC[node.op], self.value(node.left), self.value(node.right)
+            return lambda m, ap: fn(left(m, ap), right(m, ap))
+        return self.cond(node)  # a condition used as a value: True / False / None
+
+    def cond(self, node: Any) -> Any:
+        if isinstance(node, ast.Unary) and node.op == "NOT":
+            inner = self.cond(node.operand)
+
+            def not_(m: Any, ap: Any) -> Any:
+                v = inner(m, ap)
+                return None if v is None else not v
+
+            return not_
+        if isinstance(node, ast.Binary) and node.op in ast.LOGICAL_OPS:
+            fns = [self.cond(i) for i in ast.chain_items(node.op, node)]
+            combine = kleene_any if node.op == "OR" else kleene_all  # a generator: short-circuits
+            return lambda m, ap: combine(f(m, ap) for f in fns)
+        if isinstance(node, ast.Binary) and node.op in ast.COMPARISON_OPS:
+            cmp, left, right = SQL_COMPARATORS[node.op], self.value(node.left), self.value(node.right)
+            return lambda m, ap: cmp(left(m, ap), right(m, ap))
+        if isinstance(node, ast.IsNull):
+            get = self.value(node.operand)
+            if node.negated:
+                return lambda m, ap: get(m, ap) is not None
+            return lambda m, ap: get(m, ap) is None
+        if isinstance(node, ast.Like):
+            pred, get = sql_like(node.pattern, node.escape, node.negated), self.value(node.operand)
+            return lambda m, ap: pred(get(m, ap))
+        if isinstance(node, ast.In):
+            get = self.value(node.operand)
+            if all(isinstance(x, ast.Literal) for x in node.values):
+                pred = sql_in(tuple(x.value for x in node.values), node.negated)
+                return lambda m, ap: pred(get(m, ap))
+            items, negated = [self.value(x) for x in node.values], node.negated
+
+            def is_in(m: Any, ap: Any) -> Any:
+                v = get(m, ap)
+                if v is None:
+                    return None
+                found = any(sql_equal(v, x) for x in (f(m, ap) for f in items) if x is not None)
+                return not found if negated else found
+
+            return is_in
+        get = self.value(node)  # a literal, identifier or arithmetic as a condition
+        return lambda m, ap: sql_condition(get(m, ap))
+
+
+def _compile_sql(selector: ast.Selector) -> tuple[Any, frozenset[str], str]:
+    c = _SqlClosures()
+    root = c.cond(selector.expr)
+    empty = _EMPTY
+
+    def evaluate(m: Any, r: Any = None) -> Any:
+        ap = m.application_properties
+        try:
+            return root(m, empty if ap is None else ap)
+        except Exception:  # evaluation never raises
+            return None
+
+    def matches(m: Any, r: Any = None) -> bool:
+        return evaluate(m, r) is True  # a non-boolean result does not match
+
+    evaluate.matches = matches  # type: ignore[attr-defined]
+    return evaluate, frozenset(c.reads), "<amqp-sql closures>"
+
+
 def _select_all(m: Any, r: Any = None) -> bool:
     return True
 
@@ -443,6 +551,8 @@ def compile_ast(selector: ast.Selector, dialect: Any) -> tuple[Any, frozenset[st
     """-> (fn(message, receiver) -> True/False/None, sections read, generated source)."""
     if selector.expr is None:
         return _select_all, frozenset(), "def _selector(m, r=None):\n    return True\n"
+    if dialect.filtex_sql:
+        return _compile_sql(selector)
     if sum(1 for _ in itertools.islice(ast.walk(selector.expr), CLOSURE_THRESHOLD + 1)) > CLOSURE_THRESHOLD:
         return _compile_closures(selector, dialect)
     c = _Compiler(selector, dialect)

@@ -33,11 +33,17 @@ class Dialect:
     tags: bool = False  # RocketMQ tag expressions
     numeric_in: bool = False  # IN accepts numbers (RocketMQ)
     strict_literals: bool = False  # RocketMQ: refuse string literals in < <= > >= BETWEEN, low > high
+    # amqp-sql (OASIS filtex §6 as RabbitMQ 4.2 implements it): its own lexer (upper-case keywords,
+    # "..." strings, [..] identifiers, 0x.. binaries, header./properties. fields, != and %, UTC()),
+    # no BETWEEN, no static typing (a mismatch is decided when evaluated) and Erlang-term comparisons
+    filtex_sql: bool = False
+    max_length: int | None = None  # characters of selector text (filtex §7.1: 4,096 for amqp-sql)
+    max_tokens: int | None = None  # tokens of selector text (filtex §7.1: 200 for amqp-sql)
 
     @property
     def or_chain_to_set(self) -> bool:
         """`x = 'a' OR x = 'b'` may become a set lookup only where it means the same as IN."""
-        return self.null_equality == "unknown" and self.mismatch == "false"
+        return self.null_equality == "unknown" and self.mismatch == "false" and not self.filtex_sql
 
 
 JMS = Dialect(name="jms", headers=JMS_HEADERS)
@@ -63,7 +69,17 @@ ROCKETMQ = Dialect(
     strict_literals=True,
 )
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (JMS, ARTEMIS, ROCKETMQ)}
+AMQP_SQL = Dialect(
+    name="amqp-sql",
+    headers=frozenset(),
+    quoted_identifiers=False,
+    numeric_in=True,
+    filtex_sql=True,
+    max_length=4096,
+    max_tokens=200,
+)
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (JMS, ARTEMIS, ROCKETMQ, AMQP_SQL)}
 
 
 def get_dialect(dialect: "str | Dialect") -> Dialect:

@@ -42,6 +42,7 @@ DESCRIPTORS: tuple[tuple[str, str, int, tuple[str, ...]], ...] = (
     # OASIS AMQP Filter Expressions (filtex)
     ("amqp:properties-filter", "properties", 0x173, ()),
     ("amqp:application-properties-filter", "application-properties", 0x174, ()),
+    ("amqp:sql-filter", "sql", 0x120, ()),
 )
 XQUERY_SYMBOL = "apache.org:xquery-filter:string"
 
@@ -124,6 +125,10 @@ class _Compiler:
         self.max_depth = max_depth
         self.json_form = json_form
 
+    def filter_ast(self, described: Any) -> Any:
+        """The AST of one described filter (a selector's, an SQL filter's, a property filter's checks)."""
+        return self.filter(described, 1)[2].ast
+
     def filter(self, described: Any, depth: int) -> tuple[str, str, Filter, str | None]:
         """-> (canonical descriptor, kind, filter, text)."""
         if depth > self.max_depth:
@@ -143,6 +148,11 @@ class _Compiler:
             if not isinstance(value, str):
                 raise FilterError(f"a selector filter's value is a string, not {type(value).__name__}")
             f = compile_selector(str(value), self.dialect, self.limits)
+            return name, kind, f, str(value)
+        if kind == "sql":  # always the amqp-sql dialect, whatever the link's selector dialect
+            if not isinstance(value, str):
+                raise FilterError(f"an SQL filter's value is a string, not {type(value).__name__}")
+            f = compile_selector(str(value), "amqp-sql", self.limits)
             return name, kind, f, str(value)
         if kind == "direct":
             return name, kind, direct_binding(value), value if isinstance(value, str) else None

@@ -27,6 +27,7 @@ evaluates to True or False, never UNKNOWN.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from ..amqptypes import Described, symbol, timestamp, uint, ulong
@@ -57,23 +58,37 @@ PROPERTY_FIELDS: dict[str, tuple[str, tuple[type, ...], str]] = {
 _ABSENT = object()
 
 
-class _Prefix(str):
+class Prefix(str):
+    """A `&p:` reference value (the prefix)."""
+
     __slots__ = ()
 
 
-class _Suffix(str):
+class Suffix(str):
+    """A `&s:` reference value (the suffix)."""
+
     __slots__ = ()
+
+
+@dataclass(frozen=True)
+class PropertyChecks:
+    """What a compiled property filter checks, for other backends (Spark): `kind` is properties or
+    application-properties; `checks` pairs a Properties attribute or an application-properties key
+    with its reference value as matched (None, Prefix, Suffix or a value)."""
+
+    kind: str
+    checks: tuple
 
 
 def _reference(value: Any, where: str) -> Any:
-    """A reference value as matched: strings with `&` modifiers become _Prefix / _Suffix."""
+    """A reference value as matched: strings with `&` modifiers become Prefix / Suffix."""
     if isinstance(value, Described):
         value = value.value
     if isinstance(value, str) and not isinstance(value, symbol) and value.startswith("&"):
         if value.startswith("&p:"):
-            return _Prefix(value[3:])
+            return Prefix(value[3:])
         if value.startswith("&s:"):
-            return _Suffix(value[3:])
+            return Suffix(value[3:])
         if value.startswith("&&"):
             return value[1:]
         raise FilterError(f"{where}: {value!r} starts with '&' but is not '&p:', '&s:' or '&&'")
@@ -88,9 +103,9 @@ def _match(ref: Any, value: Any) -> bool:
     """Whether a message's value (never _ABSENT here) matches a reference value."""
     if ref is None:
         return True
-    if isinstance(ref, _Prefix):
+    if isinstance(ref, Prefix):
         return isinstance(value, str) and value.startswith(ref)
-    if isinstance(ref, _Suffix):
+    if isinstance(ref, Suffix):
         return isinstance(value, str) and value.endswith(ref)
     if _is_number(ref):
         if not _is_number(value):
@@ -174,7 +189,8 @@ def properties_filter(value: Any) -> Filter:
         return True
 
     description = " AND ".join(f"properties.{a} ~ {r!r}" for a, r in checks)
-    return Filter(fn, frozenset({"properties"}), description, terms=exact_terms(PROP, _indexable(checks)))
+    return Filter(fn, frozenset({"properties"}), description, ast=PropertyChecks("properties", tuple(checks)),
+                  terms=exact_terms(PROP, _indexable(checks)))
 
 
 def application_properties_filter(value: Any) -> Filter:
@@ -197,9 +213,10 @@ def application_properties_filter(value: Any) -> Filter:
         return True
 
     description = " AND ".join(f"{k} ~ {r!r}" for k, r in checks)
-    return Filter(fn, frozenset({"application_properties"}), description, terms=exact_terms(APP, _indexable(checks)))
+    return Filter(fn, frozenset({"application_properties"}), description,
+                  ast=PropertyChecks("application-properties", tuple(checks)), terms=exact_terms(APP, _indexable(checks)))
 
 
 def _indexable(checks: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """The checks with their exact reference values; prefix and suffix (like NULL) are not exact."""
-    return [(k, None if isinstance(r, (_Prefix, _Suffix)) else r) for k, r in checks]
+    return [(k, None if isinstance(r, (Prefix, Suffix)) else r) for k, r in checks]

@@ -63,11 +63,20 @@ _TAG_WORD = r"[^\s|'\"()=<>!,]+"
 _TAGS_RE = re.compile(rf"\s*(?:(\*)|({_TAG_WORD}(?:\s*\|\|\s*{_TAG_WORD})*))\s*")
 
 
+_EXTRA_SQL = """| BINARY                                 -> binary
+        | UTC LPAR RPAR                          -> call"""
+_TERMINALS_SQL = r"""
+BINARY: /0x[0-9A-F]+/
+UTC: "UTC"
+"""
+
+
 @functools.lru_cache(maxsize=None)
-def _grammar(quoted: bool, annotations: bool, hyphenated: bool, rocketmq: bool) -> str:
+def _grammar(quoted: bool, annotations: bool, hyphenated: bool, rocketmq: bool, sql: bool = False) -> str:
     text = resources.files(__package__).joinpath("grammar/selector.lark").read_text(encoding="utf-8")
     text = text.replace("@IDENT@", _IDENT_HYPHEN if hyphenated else _IDENT)
     extra = (_EXTRA_QUOTED if quoted else "") + ("\n        " + _EXTRA_ANNOTATION if annotations else "")
+    extra += ("\n        " + _EXTRA_SQL) if sql else ""
     text = text.replace("@EXTRA_PRIMARY@", extra)
     text = text.replace("@STRING_TESTS@", _STRING_TESTS if rocketmq else "")
     if quoted:
@@ -76,6 +85,8 @@ def _grammar(quoted: bool, annotations: bool, hyphenated: bool, rocketmq: bool) 
         text += _TERMINALS_ANNOTATION
     if rocketmq:
         text += _TERMINALS_ROCKETMQ
+    if sql:
+        text += _TERMINALS_SQL
     return text
 
 
@@ -87,6 +98,88 @@ _NUMBER_RE = r"(?:0[xX][0-9a-fA-F]+|[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0
 class _BadCharacter(Exception):
     def __init__(self, pos: int):
         self.pos = pos
+
+
+class _LexError(Exception):
+    """A token the amqp-sql lexer refuses (a reserved word, an unknown field, a bad binary...)."""
+
+    def __init__(self, pos: int, message: str):
+        self.pos = pos
+        self.message = message
+
+
+# amqp-sql (filtex §6, RabbitMQ's rabbit_amqp_sql_lexer.xrl): keywords are upper case; their lower-case
+# spellings and the words filtex reserves for functions are not identifiers.
+_SQL_KEYWORDS = frozenset({"AND", "OR", "NOT", "LIKE", "IN", "IS", "NULL", "ESCAPE", "TRUE", "FALSE", "UTC"})
+_SQL_RESERVED = frozenset(
+    {"and", "or", "not", "like", "in", "is", "null", "escape", "true", "false", "exists", "nan", "inf",
+     "lower", "upper", "left", "right", "substring", "utc", "date"}
+)  # fmt: skip
+# section-qualified fields (filtex §6.4.4.4): header.priority and the properties, underscored
+SQL_PROPERTY_FIELDS = frozenset(
+    {"message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type", "content_encoding",
+     "absolute_expiry_time", "creation_time", "group_id", "group_sequence", "reply_to_group_id"}
+)  # fmt: skip
+_SQL_SECTIONS = {"header": "header", "h": "header", "properties": "properties", "p": "properties",
+                 "application_properties": "application", "a": "application"}  # fmt: skip
+_SQL_MASTER = re.compile(
+    "|".join(
+        (
+            r"(?P<WS>[ \t\f\r\n]+)",
+            r"(?P<STRING>'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\")",
+            r"(?P<BINARY>0x(?:[0-9A-F]{2})+(?![0-9A-Za-z_]))",
+            r"(?P<BADBIN>0x[0-9A-Za-z_]*)",
+            r"(?P<NUMBER>[0-9]+\.[0-9]+(?:E[+-]?[0-9]+)?|[0-9]+)",
+            r"(?P<SECTION>[a-zA-Z][a-zA-Z_-]*\.[a-zA-Z][a-zA-Z0-9_]*)",
+            r"(?P<QIDENT>\[(?:[^\[\]]|\[\[|\]\])*\])",
+            r"(?P<IDENT>[a-zA-Z][a-zA-Z0-9_]*)",
+            r"(?P<COMPARE><>|!=|<=|>=|=|<|>)",
+            r"(?P<ADD>[+-])",
+            r"(?P<MUL>[*/%])",
+            r"(?P<LPAR>\()",
+            r"(?P<RPAR>\))",
+            r"(?P<COMMA>,)",
+        )
+    )
+)
+
+
+def _sql_tokens(text: str) -> list:
+    """The amqp-sql lexer: token types as the shared grammar names them."""
+    match, out, pos, n = _SQL_MASTER.match, [], 0, len(text)
+    while pos < n:
+        m = match(text, pos)
+        if m is None:
+            raise _BadCharacter(pos)
+        kind, value = m.lastgroup, m.group()
+        if kind == "WS":
+            pos = m.end()
+            continue
+        if kind == "BADBIN":
+            raise _LexError(pos, f"bad binary constant {value}: 0x takes pairs of upper-case hex digits (0-9, A-F)")
+        if kind == "IDENT":
+            if value in _SQL_KEYWORDS:
+                kind = value
+            elif value.lower() in _SQL_RESERVED:
+                raise _LexError(pos, f"{value} is a reserved word (keywords are upper case; quote an identifier as [{value}])")
+        elif kind == "SECTION":
+            section, _, field = value.partition(".")
+            where = _SQL_SECTIONS.get(section)
+            if where is None:
+                raise _LexError(pos, f"unknown section {section!r} in {value} (use header., properties. or application_properties.)")
+            if where == "header" and field != "priority":
+                raise _LexError(pos, f"unknown header field {value} (the header section offers priority)")
+            if where == "properties" and field not in SQL_PROPERTY_FIELDS:
+                raise _LexError(pos, f"unknown properties field {value} (names are underscored: p.message_id, p.creation_time, ...)")
+            kind = "IDENT"
+        elif kind == "QIDENT" and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise _LexError(pos, "a delimited identifier cannot contain control characters")
+        elif kind == "COMPARE" and value == "!=":
+            value = "<>"
+        out.append(Tok(kind, value, pos))
+        pos = m.end()
+    out.append(Tok("$END", "", n))
+    return out
 
 
 class Tok:
@@ -116,8 +209,8 @@ class _Grammar:
     Table rows map a token type to ("s", next state) or ("r", size, goto symbol, callback name,
     inline); `inline` marks `?rule` reductions of one child, which pass the child through."""
 
-    def __init__(self, quoted: bool, annotations: bool, hyphenated: bool, rocketmq: bool):
-        grammar = _grammar(quoted, annotations, hyphenated, rocketmq)
+    def __init__(self, quoted: bool, annotations: bool, hyphenated: bool, rocketmq: bool, sql: bool = False):
+        grammar = _grammar(quoted, annotations, hyphenated, rocketmq, sql)
         lark = Lark(grammar, parser="lalr", lexer="basic", maybe_placeholders=False)
         inner = lark.parser.parser.parser  # lark.parsers.lalr_parser._Parser: the LALR tables
         table = inner.parse_table
@@ -154,6 +247,8 @@ class _Grammar:
         ]
         self.master = re.compile("|".join(parts))
         self.words = _STRING_TEST_WORDS if rocketmq else frozenset()
+        if sql:
+            self.tokens = _sql_tokens  # type: ignore[method-assign]
 
     def tokens(self, text: str) -> list:
         """Master-regex lexer: keywords are identifiers found in the keyword table."""
@@ -209,13 +304,13 @@ class _Grammar:
 _CALLBACK_NAMES = (
     "string", "boolean", "null", "number", "ident", "qident", "annotation", "group", "sign", "arith",
     "compare", "between", "not_between", "in_", "not_in", "in_list", "like", "not_like", "is_null",
-    "is_not_null", "strtest", "not_strtest", "not_", "logic", "empty",
+    "is_not_null", "strtest", "not_strtest", "not_", "logic", "empty", "binary", "call",
 )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=None)
-def _grammar_variant(quoted: bool, annotations: bool, hyphenated: bool, rocketmq: bool) -> _Grammar:
-    return _Grammar(quoted, annotations, hyphenated, rocketmq)
+def _grammar_variant(quoted: bool, annotations: bool, hyphenated: bool, rocketmq: bool, sql: bool = False) -> _Grammar:
+    return _Grammar(quoted, annotations, hyphenated, rocketmq, sql)
 
 
 class _Chain:
@@ -243,13 +338,14 @@ _TOKEN_NAMES = {
     "QIDENT": "a quoted identifier",
     "ANNOT": "an annotation reference",
     "STRTEST": "CONTAINS/STARTSWITH/ENDSWITH",
+    "BINARY": "a binary constant",
 }
 
 
 def _describe_token(tok: Tok) -> str:
     if tok.type == "$END":
         return "the end of the selector"
-    if tok.type in ("STRING", "NUMBER", "IDENT", "QIDENT", "ANNOT"):
+    if tok.type in ("STRING", "NUMBER", "IDENT", "QIDENT", "ANNOT", "BINARY"):
         return f"{_TOKEN_NAMES[tok.type]} {tok.value}"
     if tok.type.isupper() and tok.type.isalpha() and tok.type not in _TOKEN_NAMES:
         return f"keyword {tok.value.upper()}"
@@ -318,12 +414,14 @@ class _Builder:
 
     def cond(self, node: Any) -> Any:
         node = self.fin(node)
-        if self.stype(node) in ("cond", "bool", "any"):
+        if self.d.filtex_sql or self.stype(node) in ("cond", "bool", "any"):
             return node
         raise self.err(f"expected a condition, found {self.what(node)}", self.p(node))
 
     def value(self, node: Any) -> Any:
         node = self.fin(node)
+        if self.d.filtex_sql:  # amqp-sql has no static types: a mismatch is UNKNOWN or FALSE when evaluated
+            return node
         if self.stype(node) == "cond":
             raise self.err("a condition cannot be used as a value here", self.p(node))
         return node
@@ -331,14 +429,22 @@ class _Builder:
     def numeric(self, node: Any, context: str) -> Any:
         node = self.value(node)
         st = self.stype(node)
-        if st in ("str", "bool"):
+        if st in ("str", "bool") and not self.d.filtex_sql:
             raise self.err(f"{context} needs a number, found {self.what(node)}", self.p(node))
         return node
 
     # ------------------------------------------------------------------ literals and names
     def string(self, c):
         tok = c[0]
-        return self.at(ast.Literal(tok.value[1:-1].replace("''", "'"), "string"), tok.start_pos)
+        quote = tok.value[0]  # amqp-sql takes "..." strings too
+        return self.at(ast.Literal(tok.value[1:-1].replace(quote * 2, quote), "string"), tok.start_pos)
+
+    def binary(self, c):
+        tok = c[0]
+        return self.at(ast.Literal(bytes.fromhex(tok.value[2:]), "binary"), tok.start_pos)
+
+    def call(self, c):
+        return self.at(ast.Call(c[0].value), c[0].start_pos)
 
     def boolean(self, c):
         tok = c[0]
@@ -350,6 +456,13 @@ class _Builder:
     def number(self, c):
         tok = c[0]
         s, pos = tok.value, tok.start_pos
+        if self.d.filtex_sql:  # digits, or digits.digits[E[+-]digits]: integers of any size, doubles
+            if "." not in s:
+                return self.at(ast.Literal(int(s), "long"), pos)
+            value = float(s)
+            if value == float("inf"):
+                raise self.err(f"number {s} is out of range for a double", pos)
+            return self.at(ast.Literal(value, "double"), pos)
         low = s.lower()
         if low.startswith("0x"):
             long_suffix = low.endswith("l")
@@ -393,6 +506,9 @@ class _Builder:
 
     def qident(self, c):
         tok = c[0]
+        if self.d.filtex_sql:  # [name] with [[ and ]] for brackets: an application property
+            name = tok.value[1:-1].replace("[[", "[").replace("]]", "]")
+            return self.at(ast.Ident(name, "property", name), tok.start_pos)
         return self.at(ast.Ident(tok.value[1:-1].replace('""', '"'), "property", tok.value[1:-1].replace('""', '"')), tok.start_pos)
 
     def annotation(self, c):
@@ -401,6 +517,11 @@ class _Builder:
         return self.at(ast.Ident(key, "annotation", key), tok.start_pos)
 
     def _name(self, name: str) -> ast.Ident:
+        if self.d.filtex_sql and "." in name:  # checked by the lexer: header.priority, p.subject, a.key
+            section, _, field = name.partition(".")
+            if section in ("application_properties", "a"):
+                return ast.Ident(name, "property", field)
+            return ast.Ident(name, "field", field)
         if name in self.d.headers:
             return ast.Ident(name, "header", name)
         return ast.Ident(name, "property", name)
@@ -413,6 +534,8 @@ class _Builder:
     # ------------------------------------------------------------------ arithmetic
     def sign(self, c):
         op, operand = c[0], self.fin(c[1])
+        if self.d.filtex_sql and isinstance(operand, ast.Literal) and operand.type in ("long", "double"):
+            return self.at(ast.Literal(-operand.value if op.value == "-" else operand.value, operand.type), op.start_pos)
         if isinstance(operand, ast.Literal) and operand.type in ("int", "long", "double"):
             if op.value == "+":
                 return self.at(operand, op.start_pos)
@@ -434,6 +557,8 @@ class _Builder:
         left, op, right = c
         if not self.d.arithmetic:
             raise self.err(f"the {self.d.name} dialect has no arithmetic: '{op.value}' is not allowed", op.start_pos)
+        if self.d.filtex_sql:  # numbers only, checked when evaluated (no concatenation)
+            return self.at(ast.Binary(op.value, self.fin(left), self.fin(right)), self.p(left))
         if op.value == "+":
             # Java's createPlus: a string on the left concatenates whatever is on the right.
             left = self.value(left)
@@ -451,6 +576,8 @@ class _Builder:
     def compare(self, c):
         left, op, right = self.value(c[0]), c[1].value, self.value(c[2])
         lt, rt = self.stype(left), self.stype(right)
+        if self.d.filtex_sql:
+            return self.at(ast.Binary(op, left, right), self.p(left))
         if op not in ("=", "<>"):
             for side, st in ((left, lt), (right, rt)):
                 if st in ("str", "bool"):
@@ -497,6 +624,11 @@ class _Builder:
         else:
             items, item = c[0], c[2]
         item = self.fin(item)
+        if self.d.filtex_sql:  # any expression (RabbitMQ: `'London' IN (city, country)`)
+            items.append(item)
+            if len(items) > self.limits.max_in:
+                raise LimitError(f"IN list has more than {self.limits.max_in} elements", self.text, self.p(item) + self.offset)
+            return items
         if not isinstance(item, ast.Literal):
             raise self.err("IN lists take literals only", self.p(item))
         if item.type == "boolean" or (item.type != "string" and not self.d.numeric_in):
@@ -532,6 +664,9 @@ class _Builder:
             if len(esc.value) != 1:
                 raise self.err(f"ESCAPE must be exactly one character, got '{esc.value}'", self.p(esc))
             escape = esc.value
+        if self.d.filtex_sql:
+            _check_sql_pattern(self, pattern, escape)
+            return self.at(ast.Like(operand, pattern.value, escape, negated), self.p(operand))
         if self.stype(operand) in ("num", "bool"):
             raise self.err(f"LIKE needs a string, found {self.what(operand)}", self.p(operand))
         return self.at(ast.Like(operand, pattern.value, escape, negated), self.p(operand))
@@ -542,12 +677,18 @@ class _Builder:
     def not_like(self, c):
         return self._like(c, True)
 
+    def _null_operand(self, node: Any) -> Any:
+        operand = self.value(node)
+        if self.d.filtex_sql and not isinstance(operand, ast.Ident):
+            raise self.err("IS [NOT] NULL tests an identifier", self.p(operand))
+        return operand
+
     def is_null(self, c):
-        operand = self.value(c[0])
+        operand = self._null_operand(c[0])
         return self.at(ast.IsNull(operand, False), self.p(operand))
 
     def is_not_null(self, c):
-        operand = self.value(c[0])
+        operand = self._null_operand(c[0])
         return self.at(ast.IsNull(operand, True), self.p(operand))
 
     def _strtest(self, c, negated: bool):
@@ -586,6 +727,20 @@ class _Builder:
         return None
 
 
+def _check_sql_pattern(builder: "_Builder", pattern: ast.Literal, escape: str | None) -> None:
+    """amqp-sql LIKE patterns (RabbitMQ): no control characters, no escape character at the end."""
+    text = pattern.value
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        raise builder.err("a LIKE pattern cannot contain control characters", builder.p(pattern))
+    i = 0
+    while i < len(text):
+        if text[i] == escape:
+            if i + 1 == len(text):
+                raise builder.err(f"the LIKE pattern ends with its escape character {escape!r}", builder.p(pattern))
+            i += 1
+        i += 1
+
+
 def _nesting_depth(root: Any) -> int:
     """Depth of the tree where a same-operator AND/OR chain counts once (iterative)."""
     best = 0
@@ -615,8 +770,9 @@ def parse(text: str, dialect: "str | Dialect" = "jms", limits: Limits = DEFAULT_
     d = get_dialect(dialect)
     if not isinstance(text, str):
         raise SelectorError(f"a selector is a string, not {type(text).__name__}")
-    if len(text) > limits.max_length:
-        raise LimitError(f"selector is {len(text)} characters long; the limit is {limits.max_length}", text, limits.max_length)
+    max_length = limits.max_length if d.max_length is None else min(limits.max_length, d.max_length)
+    if len(text) > max_length:
+        raise LimitError(f"selector is {len(text)} characters long; the limit is {max_length}", text, max_length)
     if "\x00" in text:
         raise SelectorError("selector contains a NUL character", text, text.index("\x00"))
 
@@ -641,13 +797,24 @@ def parse(text: str, dialect: "str | Dialect" = "jms", limits: Limits = DEFAULT_
     if not body.strip():
         return ast.Selector(None, d.name, convert, hyphenated, text=text)
 
-    grammar = _grammar_variant(d.quoted_identifiers, d.annotation_prefix, hyphenated, d.string_tests)
+    if d.filtex_sql:
+        grammar = _grammar_variant(True, False, False, False, True)
+    else:
+        grammar = _grammar_variant(d.quoted_identifiers, d.annotation_prefix, hyphenated, d.string_tests)
     builder = _Builder(d, text, offset, limits)
     try:
+        if d.max_tokens is not None:
+            count = len(grammar.tokens(body)) - 1
+            if count > d.max_tokens:
+                raise LimitError(f"selector has {count} tokens; the limit is {d.max_tokens}", text, None)
         expr = grammar.parse(body, builder)
+    except _LexError as e:
+        raise SelectorError(e.message, text, e.pos + offset) from None
     except _BadCharacter as e:
         raise _character_error(text, e.pos + offset, d) from None
     except _Unexpected as e:
+        if d.filtex_sql and e.tok.value == "BETWEEN":
+            raise SelectorError("amqp-sql has no BETWEEN: write x >= low AND x <= high", text, e.tok.start_pos + offset) from None
         raise _token_error(e.tok, e.expected, text, offset) from None
     if builder.overflow:
         pos = min(builder.overflow.values())
@@ -664,6 +831,10 @@ def _character_error(text: str, pos: int, d: Dialect) -> SelectorError:
     ch = text[pos] if pos < len(text) else ""
     if ch == "'":
         return SelectorError("unterminated string literal (strings end with a single quote)", text, pos)
+    if ch == '"' and d.filtex_sql:
+        return SelectorError("unterminated string literal (it ends with a double quote)", text, pos)
+    if ch == "[" and d.filtex_sql:
+        return SelectorError("unterminated delimited identifier (it ends with ])", text, pos)
     if ch == '"':
         if d.quoted_identifiers:
             return SelectorError('unterminated quoted identifier (it ends with a double quote)', text, pos)

@@ -46,6 +46,8 @@ def evaluate(selector: ast.Selector, message: Any) -> bool | None:
     """TRUE, FALSE or UNKNOWN (None) for `message` under `selector`."""
     if selector.expr is None:
         return True
+    if selector.dialect == "amqp-sql":
+        return SqlInterpreter(message).condition(selector.expr)
     interpreter = Interpreter(selector.dialect, selector.convert_strings, message)
     try:
         return interpreter.condition(selector.expr)
@@ -540,3 +542,154 @@ def float_divide(a: float, b: float) -> float:
             return math.nan
         return math.copysign(math.inf, a) * math.copysign(1.0, b)
     return a / b
+
+
+# ----------------------------------------------------------------------------- amqp-sql
+class SqlInterpreter:
+    """amqp-sql (docs/selectors.md, "The amqp-sql dialect") restated over Erlang-like terms, as
+    RabbitMQ evaluates it: ("null",), ("bool", b), ("num", x), ("bytes", b) for strings, symbols and
+    binaries alike (strings as their UTF-8 bytes), ("other", v).  Conditions are True/False/None."""
+
+    PROPERTY_FIELDS = (
+        "message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
+        "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
+        "reply_to_group_id",
+    )  # fmt: skip
+
+    def __init__(self, message: Any):
+        self.message = message
+
+    @staticmethod
+    def term(v: Any) -> tuple:
+        import uuid
+
+        if v is None:
+            return ("null",)
+        if v is True or v is False:
+            return ("bool", v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+                return ("other", v)
+            return ("num", v)
+        if isinstance(v, str):
+            return ("bytes", v.encode("utf-8", "surrogatepass"))
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            return ("bytes", bytes(v))
+        if isinstance(v, uuid.UUID):
+            return ("bytes", v.bytes)
+        return ("other", v)
+
+    def lookup(self, node: ast.Ident) -> tuple:
+        m = self.message
+        if node.kind == "property":
+            props = m.application_properties or {}
+            return self.term(props.get(node.key))
+        if node.key == "priority":
+            h = m.header
+            return ("num", 4 if h is None or h.priority is None else int(h.priority))
+        p = m.properties
+        return self.term(None if p is None else getattr(p, node.key))
+
+    def value(self, node: Any) -> tuple:
+        if isinstance(node, ast.Literal):
+            return self.term(node.value)
+        if isinstance(node, ast.Ident):
+            return self.lookup(node)
+        if isinstance(node, ast.Call):
+            import time
+
+            return ("num", int(time.time() * 1000))
+        if isinstance(node, ast.Unary) and node.op in ("+", "-"):
+            v = self.value(node.operand)
+            if v[0] != "num":
+                return ("null",)
+            return ("num", -v[1] if node.op == "-" else v[1])
+        if isinstance(node, ast.Binary) and node.op in ast.ARITHMETIC_OPS:
+            return self.arithmetic(node.op, self.value(node.left), self.value(node.right))
+        c = self.condition(node)
+        return ("null",) if c is None else ("bool", c)
+
+    @staticmethod
+    def arithmetic(op: str, a: tuple, b: tuple) -> tuple:
+        if a[0] != "num" or b[0] != "num":
+            return ("null",)
+        x, y = a[1], b[1]
+        if op == "+":
+            r = x + y
+        elif op == "-":
+            r = x - y
+        elif op == "*":
+            r = x * y
+        elif op == "/":
+            if y == 0:
+                return ("null",)
+            try:
+                r = float(x) / float(y) if not (isinstance(x, int) and isinstance(y, int)) else x / y
+            except OverflowError:
+                return ("null",)
+        else:  # % : integers only, the remainder takes the dividend's sign (Erlang rem)
+            if not (isinstance(x, int) and isinstance(y, int)) or y == 0:
+                return ("null",)
+            r = abs(x) % abs(y) if x >= 0 else -(abs(x) % abs(y))
+        if isinstance(r, float) and (math.isinf(r) or math.isnan(r)):
+            return ("null",)
+        return ("num", r)
+
+    @staticmethod
+    def equal(a: tuple, b: tuple) -> bool:
+        # num 1 == num 1.0; bool only with bool; a value without operations (NaN, a list...) equals nothing
+        return a[0] == b[0] != "other" and a[1] == b[1]
+
+    def condition(self, node: Any) -> bool | None:
+        if isinstance(node, ast.Unary) and node.op == "NOT":
+            return logical_not(self.condition(node.operand))
+        if isinstance(node, ast.Binary) and node.op == "AND":
+            return logical_and(self.condition(node.left), self.condition(node.right))
+        if isinstance(node, ast.Binary) and node.op == "OR":
+            return logical_or(self.condition(node.left), self.condition(node.right))
+        if isinstance(node, ast.Binary) and node.op in ast.COMPARISON_OPS:
+            a, b = self.value(node.left), self.value(node.right)
+            if a[0] == "null" or b[0] == "null":
+                return None
+            if node.op == "=":
+                return self.equal(a, b)
+            if node.op == "<>":
+                return not self.equal(a, b)
+            if a[0] != b[0] or a[0] not in ("num", "bytes"):
+                return False
+            x, y = a[1], b[1]
+            return {"<": x < y, "<=": x <= y, ">": x > y, ">=": x >= y}[node.op]
+        if isinstance(node, ast.IsNull):
+            is_null = self.value(node.operand)[0] == "null"
+            return not is_null if node.negated else is_null
+        if isinstance(node, ast.Like):
+            v = self.value(node.operand)
+            if v[0] != "bytes":
+                return None
+            try:
+                text = v[1].decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+            hit = re.fullmatch(_sql_like_regex(node.pattern, node.escape), text, re.DOTALL) is not None
+            return not hit if node.negated else hit
+        if isinstance(node, ast.In):
+            v = self.value(node.operand)
+            if v[0] == "null":
+                return None
+            hit = any(self.equal(v, self.value(x)) for x in node.values)
+            return not hit if node.negated else hit
+        v = self.value(node)
+        return v[1] if v[0] == "bool" else None
+
+
+def _sql_like_regex(pattern: str, escape: str | None) -> str:
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if escape is not None and ch == escape and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
+        i += 1
+    return "".join(out)

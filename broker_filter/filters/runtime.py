@@ -16,6 +16,8 @@ operand's Java `String.valueOf` text (`java_text`).
 from __future__ import annotations
 
 import decimal
+import time as _time
+import uuid as _uuid
 import math
 import re
 from typing import Any, Callable
@@ -551,3 +553,202 @@ def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
 
 def _segment_regex(seg: list) -> "re.Pattern[str]":
     return re.compile("".join("." if c is None else re.escape(c) for c in seg), re.DOTALL)
+
+
+# ----------------------------------------------------------------------------- amqp-sql
+# OASIS filtex §6 as RabbitMQ 4.2 evaluates it (rabbit_amqp_filter_sql.erl): values are compared as
+# Erlang terms.  Strings, symbols and binaries are all byte strings (a string equals the binary of
+# its UTF-8 bytes), integers of any width and doubles compare by value, booleans only with booleans;
+# `=` between unlike types is FALSE and `<>` TRUE; < <= > >= order two numbers or two byte strings,
+# anything else is FALSE; arithmetic takes numbers only (`/` always divides to a double, `%` takes
+# integers), division by zero and any other mismatch give UNKNOWN.
+
+
+def sql_value(v: Any) -> Any:
+    """The amqp-sql value of an AMQP value: None, bool, int, float, str, bytes or an `Opaque`."""
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        return str(v)
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    if isinstance(v, _uuid.UUID):
+        return v.bytes  # RabbitMQ reads a uuid as its 16 bytes
+    return Opaque(v)
+
+
+def _sql_field_getter(key: str) -> Callable[[Any], Any]:
+    if key == "priority":
+
+        def priority(m: Any) -> Any:
+            h = m.header
+            return 4 if h is None or h.priority is None else int(h.priority)
+
+        return priority
+
+    def get(m: Any) -> Any:
+        p = m.properties
+        return None if p is None else sql_value(getattr(p, key))
+
+    return get
+
+
+SQL_FIELD_SECTIONS = {"priority": frozenset({"header"})}
+
+
+def sql_field(key: str) -> tuple[frozenset, Callable[[Any], Any]]:
+    """(sections read, getter) for an amqp-sql `header.` / `properties.` field."""
+    return SQL_FIELD_SECTIONS.get(key, frozenset({"properties"})), _sql_field_getter(key)
+
+
+def _sql_bytes(v: Any) -> Any:
+    return v.encode("utf-8", "surrogatepass") if v.__class__ is str else v
+
+
+def _sql_number(v: Any) -> bool:
+    # Erlang has no NaN or infinities: such a double is no number here (compared, it is unlike all)
+    return v.__class__ is int or (v.__class__ is float and math.isfinite(v))
+
+
+def sql_equal(a: Any, b: Any) -> bool:
+    """Erlang `==` on two (non-NULL) amqp-sql values."""
+    ca, cb = a.__class__, b.__class__
+    if ca is bool or cb is bool:
+        return ca is cb and a is b
+    if _sql_number(a) and _sql_number(b):
+        return a == b
+    if ca is cb and ca is not Opaque and ca is not float:  # an opaque value, NaN or infinity equals nothing
+        return a == b
+    if (ca is str or ca is bytes) and (cb is str or cb is bytes):
+        return _sql_bytes(a) == _sql_bytes(b)
+    return False
+
+
+def _sql_order(op: str) -> Callable[[Any, Any], Any]:
+    import operator
+
+    fn = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}[op]
+
+    def order(a: Any, b: Any) -> Any:
+        if a is None or b is None:
+            return None
+        if _sql_number(a) and _sql_number(b):
+            return fn(a, b)
+        ca, cb = a.__class__, b.__class__
+        if ca is str and cb is str:
+            return fn(a, b)  # code point order is UTF-8 byte order
+        if (ca is str or ca is bytes) and (cb is str or cb is bytes):
+            return fn(_sql_bytes(a), _sql_bytes(b))
+        return False
+
+    return order
+
+
+def _sql_eq(a: Any, b: Any) -> Any:
+    return None if a is None or b is None else sql_equal(a, b)
+
+
+def _sql_ne(a: Any, b: Any) -> Any:
+    return None if a is None or b is None else not sql_equal(a, b)
+
+
+SQL_COMPARATORS: dict[str, Callable[[Any, Any], Any]] = {
+    "=": _sql_eq,
+    "<>": _sql_ne,
+    **{op: _sql_order(op) for op in ("<", "<=", ">", ">=")},
+}
+
+
+def _sql_finite(x: Any) -> Any:
+    if x.__class__ is float and (x != x or x in (math.inf, -math.inf)):
+        return None  # Erlang has no infinities: the evaluation fails, UNKNOWN here
+    return x
+
+
+def _sql_arith(op: str) -> Callable[[Any, Any], Any]:
+    def arith(a: Any, b: Any) -> Any:
+        if not (_sql_number(a) and _sql_number(b)):
+            return None
+        try:
+            if op == "+":
+                return _sql_finite(a + b)
+            if op == "-":
+                return _sql_finite(a - b)
+            if op == "*":
+                return _sql_finite(a * b)
+            if op == "/":
+                return None if b == 0 else _sql_finite(a / b)
+            if a.__class__ is not int or b.__class__ is not int or b == 0:  # %
+                return None
+            r = abs(a) % abs(b)  # Erlang rem: the sign of the dividend
+            return -r if a < 0 else r
+        except OverflowError:
+            return None
+
+    return arith
+
+
+SQL_ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {op: _sql_arith(op) for op in ("+", "-", "*", "/", "%")}
+
+
+def sql_sign(op: str) -> Callable[[Any], Any]:
+    if op == "-":
+        return lambda v: -v if _sql_number(v) else None
+    return lambda v: v if _sql_number(v) else None
+
+
+def sql_condition(v: Any) -> Any:
+    """A value used as a condition: a boolean is itself, anything else UNKNOWN."""
+    return v if v is True or v is False else None
+
+
+def sql_like_pattern(pattern: str, escape: str | None) -> str:
+    """The JMS-rule LIKE pattern equal to an amqp-sql one: in amqp-sql (RabbitMQ) the escape character
+    makes whatever follows it literal, in JMS only a following `%`, `_` or escape character."""
+    if escape is None or escape not in pattern:
+        return pattern
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == escape and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            out.append(ch + nxt if nxt in ("%", "_", escape) else nxt)
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def sql_like(pattern: str, escape: str | None, negated: bool) -> Callable[[Any], Any]:
+    match = like_matcher(sql_like_pattern(pattern, escape), escape)
+
+    def like(v: Any) -> Any:
+        if v.__class__ is bytes:
+            try:
+                v = v.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        if v.__class__ is not str:
+            return None  # NULL or not a string: UNKNOWN
+        return not match(v) if negated else match(v)
+
+    return like
+
+
+def sql_in(values: tuple, negated: bool) -> Callable[[Any], Any]:
+    def is_in(v: Any) -> Any:
+        if v is None:
+            return None
+        found = any(sql_equal(v, x) for x in values)
+        return not found if negated else found
+
+    return is_in
+
+
+def sql_utc() -> int:
+    return _time.time_ns() // 1_000_000

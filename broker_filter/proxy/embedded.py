@@ -33,7 +33,7 @@ log = logging.getLogger("broker_filter.proxy.embedded")
 
 # Filter kinds the broker evaluates itself (everything but no-local, which needs the client's identity).
 PUSHABLE_KINDS = frozenset(
-    {"selector", "direct", "topic", "headers", "or", "and", "not", "properties", "application-properties"}
+    {"selector", "direct", "topic", "headers", "or", "and", "not", "properties", "application-properties", "sql"}
 )
 PUBLISHER_CREDIT = 1000
 

@@ -62,6 +62,7 @@ BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
 # Property filter expressions are pushed down only to an upstream whose open frame offers them (another
 # broker-filter): RabbitMQ 4 echoes them on classic and quorum queues and applies them only on streams.
 FILTEX_PROP_CAPS = frozenset({"AMQP_FILTEX_PROP_V1_0"})
+FILTEX_SQL_CAPS = frozenset({"AMQP_FILTEX_SQL_V1_0"})  # the SQL filter: the same rule
 
 
 def _caps(data) -> tuple[str, ...]:
@@ -293,6 +294,8 @@ class RemoteUpstream(Handler):
             return bool(self.remote_capabilities & BINDING_CAPS)
         if kind in ("properties", "application-properties"):
             return bool(self.remote_capabilities & FILTEX_PROP_CAPS)
+        if kind == "sql":
+            return bool(self.remote_capabilities & FILTEX_SQL_CAPS)
         return False
 
     def routing_type(self, address: str | None, capabilities: tuple[str, ...] = ()) -> str | None:

@@ -55,6 +55,7 @@ FILTER_CAPABILITIES = (
     "APACHE.ORG:SELECTOR",
     "APACHE.ORG:NO_LOCAL",
     "AMQP_FILTEX_PROP_V1_0",
+    "AMQP_FILTEX_SQL_V1_0",
 )
 _OFFERED = [psymbol(c) for c in FILTER_CAPABILITIES]
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")

@@ -267,6 +267,18 @@ def _header_val(name: str) -> Val:
 
 
 # ----------------------------------------------------------------------------- the compiler
+def keep_fields(define: Any, level: int, v: Any, out: Any, fields: tuple) -> Any:
+    """`out` with each of `v`'s `fields` materialized by `define(level, expr)` as a hidden column;
+    `out.level` is the highest layer they landed in."""
+    for field in fields:
+        c = getattr(v, field)
+        if c is not None:
+            ref, at = define(level, c)
+            setattr(out, field, ref)
+            out.level = max(out.level, at)
+    return out
+
+
 class _Compiler:
     def __init__(self, selector: ast.Selector, context: dict | None = None):
         self.context = {} if context is None else context  # SQL text -> (hidden column, layer)
@@ -290,14 +302,7 @@ class _Compiler:
 
     def keep(self, v: Val, level: int) -> Val:
         """`v` with its components materialized at `level`, so parents reference, not copy, them."""
-        out = Val(v.kinds, v.nullable, v.tag, level=0)
-        for field in ("tag", "l", "d", "s", "b", "f32"):
-            c = getattr(v, field)
-            if c is not None:
-                ref, at = self.define(level, c)
-                setattr(out, field, ref)
-                out.level = max(out.level, at)
-        return out
+        return keep_fields(self.define, level, v, Val(v.kinds, v.nullable, v.tag, level=0), ("tag", "l", "d", "s", "b", "f32"))
 
     def fail_when(self, cond: Any) -> None:
         cond = _safe(cond)
@@ -820,6 +825,11 @@ def compile_selector(selector: ast.Selector, context: dict | None = None) -> Com
     together with `apply_all`)."""
     if selector.expr is None:
         return CompiledSelector([], F.lit(True), selector)
+    if selector.dialect == "amqp-sql":
+        from .amqpsql import compile_sql
+
+        defs, result = compile_sql(selector, context)
+        return CompiledSelector(defs, result, selector)
     compiler = _Compiler(selector, context)
     result = _col(compiler.cond(selector.expr))
     failed = _or(*compiler.failures)
@@ -863,6 +873,18 @@ def _filter_cond(kind: str, value: Any, entry: Any, dialect: str, context: dict,
         return compiled.result
     if kind == "no-local":
         return True
+    if kind in ("sql", "properties", "application-properties"):
+        compiled = getattr(getattr(entry, "filter", None), "ast", None) if entry is not None else None
+        if compiled is None:  # inside and/or/not: compile the entry with the core
+            from ..filters.filterset import _Compiler as _CoreCompiler
+            from ..filters.parser import DEFAULT_LIMITS
+
+            compiled = _CoreCompiler(dialect, DEFAULT_LIMITS, 32, isinstance(value, dict)).filter_ast(value)
+        if kind == "sql":
+            return compile_selector(compiled, context).result
+        from .amqpsql import property_filter_condition
+
+        return property_filter_condition(compiled)
     inner = _described_value(value)
     if kind == "direct":
         return _safe(_props("subject") == F.lit(str(inner)))

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 _PLAIN = re.compile(r"[A-Za-z0-9 _.:%$!-]*")
-_TYPES = {"long": "BIGINT", "int": "INT", "double": "DOUBLE", "float": "FLOAT", "string": "STRING", "boolean": "BOOLEAN"}
+_TYPES = {"long": "BIGINT", "int": "INT", "double": "DOUBLE", "float": "FLOAT", "string": "STRING", "boolean": "BOOLEAN", "binary": "BINARY"}
 
 
 class E:

@@ -100,3 +100,17 @@ def test_version_and_module_entry(module):
     cmd = [sys.executable, "-m", "broker_filter", "--version"] if module else [str(BIN), "--version"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("broker-filter ")
+
+
+def test_check_and_match_take_the_amqp_sql_dialect():
+    r = run("check", "--dialect", "amqp-sql", "[my key] != \"x\"   AND p.subject LIKE 'a%' AND n % 2 = 0x0A")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[my key] <> 'x' AND p.subject LIKE 'a%' AND n % 2 = 0x0A"
+    r = run("check", "--dialect", "amqp-sql", "qty BETWEEN 1 AND 5")
+    assert r.returncode == 2 and "no BETWEEN" in r.stderr and "line 1, column 5" in r.stderr
+    assert run("check", "qty BETWEEN 1 AND 5").returncode == 0  # the JMS dialect has it
+    r = run("match", "--dialect", "amqp-sql", "-s", "qty % 2 = 1 OR p.subject = \"a.b\"", stdin=LINES)
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x) for x in r.stdout.splitlines()] == [MESSAGES[0], MESSAGES[2]]
+    r = run("match", "--dialect", "amqp-sql", "-s", "color > 'q'", stdin=LINES)  # strings order in amqp-sql
+    assert [json.loads(x) for x in r.stdout.splitlines()] == [MESSAGES[0]]

@@ -117,3 +117,37 @@ def params(cases: list, *, honour_xfail: bool | str = True) -> list:
         marks = [pytest.mark.xfail(strict=True, reason=c.xfail)] if honour and c.xfail else []
         out.append(pytest.param(c, id=c.id, marks=marks))
     return out
+
+
+@dataclass(frozen=True)
+class SqlCase:
+    """A row of amqp_sql.json: outcome T F U, N (not TRUE: RabbitMQ's test says it does not match) or E."""
+
+    source: str
+    selector: str
+    outcome: str
+    message_json: Any = field(default_factory=dict)
+    error: str | None = None
+    at: tuple[int, int] | None = None
+
+    def message(self) -> Message:
+        return Message.from_json(self.message_json)
+
+    def accepts(self, got: Any) -> bool:
+        return got is not True if self.outcome == "N" else got is OUTCOMES[self.outcome]
+
+    @property
+    def id(self) -> str:
+        text = self.selector if len(self.selector) <= 60 else self.selector[:57] + "..."
+        return f"{self.source}:{text!r}"
+
+
+def sql_cases() -> list[SqlCase]:
+    """Every row of amqp_sql.json."""
+    table = json.loads((DATA / "amqp_sql.json").read_text(encoding="utf-8"))
+    out = []
+    for i, row in enumerate(table["rows"], 1):
+        message = table["messages"][row["m"]] if "m" in row else {}
+        at = row.get("at")
+        out.append(SqlCase(f"amqp_sql.json#{i} ({row['peer']})", row["s"], row["x"], message, row.get("error"), tuple(at) if at else None))
+    return out

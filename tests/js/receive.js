@@ -1,6 +1,7 @@
 // rhea receiver for the proxy tests.  Usage:
 //   node receive.js PORT ADDRESS SELECTOR|- COUNT TIMEOUT_MS
-// SELECTOR may also be props:{JSON} or app:{JSON} for the OASIS property filters.
+// SELECTOR may also be props:{JSON} or app:{JSON} for the OASIS property filters, or sql:TEXT for the
+// OASIS SQL filter (symbolic descriptor amqp:sql-filter, under the key "sql").
 // Prints one JSON object per line: {"attached": {...}} or {"detached": {...}}, then {"message": {...}}
 // per message (accepted), then {"done": n}.  Exits 0 once COUNT messages arrived or TIMEOUT_MS passed.
 'use strict';
@@ -30,6 +31,8 @@ if (selector.startsWith('props:')) {
 } else if (selector.startsWith('app:')) {
   // OASIS application-properties filter (numeric descriptor 0x174)
   source.filter = { app: rhea.types.wrap_described(rhea.types.wrap_map(JSON.parse(selector.slice(4))), 0x174) };
+} else if (selector.startsWith('sql:')) {
+  source.filter = { sql: rhea.types.wrap_described(rhea.types.wrap_string(selector.slice(4)), 'amqp:sql-filter') };
 } else if (selector !== '-') {
   source.filter = rhea.filter.selector(selector);
 }
