@@ -234,3 +234,12 @@ def run_js(script: str, *args: str, timeout: float = 30) -> list[dict]:
         pytest.fail("node and rhea are required (scripts/setup.sh installs them)")
     p = subprocess.run([node, str(js / script), *args], capture_output=True, text=True, timeout=timeout)
     return [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
+
+
+def rhea_publish_regions(port: int, queue: str, n: int = 10) -> None:
+    """rhea publishes m0..m<n-1>: subject "eu.<i>" for odd i, "us.<i>" for even, total = i * 10."""
+    import json
+
+    batch = [{"body": f"m{i}", "subject": ("eu." if i % 2 else "us.") + str(i),
+              "application_properties": {"total": i * 10}} for i in range(n)]
+    assert run_js("send.js", str(port), queue, json.dumps(batch)) == [{"accepted": n, "other": []}]

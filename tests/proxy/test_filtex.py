@@ -110,14 +110,10 @@ def test_invalid_property_filter_is_refused(daemon):
 @pytest.mark.node
 def test_rhea_property_filters(daemon):
     """rhea (an independent AMQP 1.0 implementation) attaches with both property filters."""
-    import json
-
-    from proxy_clients import run_js
+    from proxy_clients import rhea_publish_regions, run_js
 
     queue = daemon.forms[1].format(f"fxr{uuid.uuid4().hex[:8]}")
-    batch = [{"body": f"m{i}", "subject": ("eu." if i % 2 else "us.") + str(i),
-              "application_properties": {"total": i * 10}} for i in range(10)]
-    assert run_js("send.js", str(daemon.port), queue, json.dumps(batch)) == [{"accepted": 10, "other": []}]
+    rhea_publish_regions(daemon.port, queue)
     lines = run_js("receive.js", str(daemon.port), queue, 'props:{"subject": "&p:eu."}', "5", "8000")
     assert lines[0]["attached"]["filter_keys"] == ["props"]
     assert "AMQP_FILTEX_PROP_V1_0" in lines[0]["attached"]["capabilities"]

@@ -4,7 +4,6 @@ queue (exact and lossless), refusal of an invalid expression naming problem and 
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import pytest
@@ -102,12 +101,10 @@ def test_invalid_sql_filter_is_refused(daemon):
 
 @pytest.mark.node
 def test_rhea_sql_filter(daemon):
-    from proxy_clients import run_js
+    from proxy_clients import rhea_publish_regions, run_js
 
     queue = daemon.forms[1].format(f"sqr{uuid.uuid4().hex[:8]}")
-    batch = [{"body": f"m{i}", "subject": ("eu." if i % 2 else "us.") + str(i),
-              "application_properties": {"total": i * 10}} for i in range(10)]
-    assert run_js("send.js", str(daemon.port), queue, json.dumps(batch)) == [{"accepted": 10, "other": []}]
+    rhea_publish_regions(daemon.port, queue)
     lines = run_js("receive.js", str(daemon.port), queue, "sql:p.subject LIKE 'eu.%' AND total > 40", "3", "8000")
     assert lines[0]["attached"]["filter_keys"] == ["sql"]
     assert "AMQP_FILTEX_SQL_V1_0" in lines[0]["attached"]["capabilities"]
