@@ -151,3 +151,28 @@ def sql_cases() -> list[SqlCase]:
         at = row.get("at")
         out.append(SqlCase(f"amqp_sql.json#{i} ({row['peer']})", row["s"], row["x"], message, row.get("error"), tuple(at) if at else None))
     return out
+
+
+# OASIS property filters (data/filtex.json): rows, both descriptor forms, the reference map of a row.
+FILTEX_ROWS = json.loads((DATA / "filtex.json").read_text())["rows"]
+
+
+def _filtex_descriptors() -> dict:
+    from broker_filter.amqptypes import symbol, ulong
+
+    return {
+        "properties": (symbol("amqp:properties-filter"), ulong(0x173)),
+        "application-properties": (symbol("amqp:application-properties-filter"), ulong(0x174)),
+    }
+
+
+FILTEX_DESCRIPTORS = _filtex_descriptors()
+
+
+def filtex_reference_map(row: dict) -> dict:
+    """A row's reference values as a filter value: typed JSON read, properties keys as symbols."""
+    from broker_filter.amqptypes import symbol
+    from broker_filter.message import value_from_json
+
+    symbol_keys = row["filter"] == "properties" or row.get("symbol_keys", False)
+    return {(symbol(k) if symbol_keys else k): value_from_json(v) for k, v in row["ref"].items()}

@@ -3,25 +3,19 @@ with the symbolic and the numeric descriptor, and nested in and/or/not filters."
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from broker_filter.amqptypes import Described, symbol, ulong
 from broker_filter.filters import FilterError, compile_filter_set
-from broker_filter.message import Message, value_from_json
+from broker_filter.message import Message
 
-ROWS = json.loads((Path(__file__).parent / "data" / "filtex.json").read_text())["rows"]
-DESCRIPTORS = {
-    "properties": (symbol("amqp:properties-filter"), ulong(0x173)),
-    "application-properties": (symbol("amqp:application-properties-filter"), ulong(0x174)),
-}
-
-
-def reference_map(row: dict) -> dict:
-    symbol_keys = row["filter"] == "properties" or row.get("symbol_keys", False)
-    return {(symbol(k) if symbol_keys else k): value_from_json(v) for k, v in row["ref"].items()}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from coretables import FILTEX_DESCRIPTORS as DESCRIPTORS  # noqa: E402
+from coretables import FILTEX_ROWS as ROWS  # noqa: E402
+from coretables import filtex_reference_map as reference_map  # noqa: E402
 
 
 def cases():

@@ -97,8 +97,7 @@ def test_amqp_sql_table_on_spark(evaluate_on_spark):
 def test_filtex_property_filter_table_on_spark(evaluate_on_spark):
     from broker_filter.spark.compile import compile_filter_set as spark_filter_set
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
-    from test_filtex import DESCRIPTORS, ROWS, reference_map
+    from coretables import FILTEX_DESCRIPTORS as DESCRIPTORS, FILTEX_ROWS as ROWS, filtex_reference_map as reference_map
 
     compiled, messages, want = [], [], []
     for row in ROWS:
