@@ -13,6 +13,7 @@ from proton.reactor import Selector
 from proton.utils import LinkDetached
 
 from proxy_clients import bind_queue, connect, declare_queue, receive, receive_all, take
+from proxy_harness import known_rabbitmq4_attach_hang
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -81,10 +82,7 @@ def test_modified_undeliverable_here_on_a_subscription(proxy, rabbitmq_broker):
 def test_quick_link_churn_every_attach_is_answered(proxy, address, rabbitmq_broker, request):
     """Links attached right after others detached: each gets its own upstream session, which must
     not begin while an ended one is still being answered (RabbitMQ 4 would never answer it)."""
-    if rabbitmq_broker.major >= 4:
-        request.applymarker(pytest.mark.xfail(strict=False, reason=(
-            "known: on RabbitMQ 4.0 a fast attach/detach churn can still leave an attach unanswered on a "
-            "loaded machine (intermittent); the upstream session-wait logic in proxy/remote.py needs another look")))
+    known_rabbitmq4_attach_hang(request, rabbitmq_broker)
     q = f"/queue/{address}"
     c = connect(proxy.url)
     try:
