@@ -56,7 +56,7 @@ from .upstream import (
 
 log = logging.getLogger("broker_filter.proxy.upstream")
 
-BEGIN_HOLD = 30.0  # longest wait of a new session for ended ones to be answered (see the module docstring)
+BEGIN_HOLD = 2.0  # longest wait of a new session for ended ones to be answered (see the module docstring)
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
 # Property filter expressions are pushed down only to an upstream whose open frame offers them (another
