@@ -2,9 +2,10 @@
 
     App(config).run()   # blocks until SIGINT/SIGTERM; returns the exit status
 
-Parts: one proton Container (the event loop), the upstream (remote broker or embedded), the
-client-facing `ProxyServer` on the configured listener, and optionally the metrics exporter, which
-receives a snapshot of the proxy's state once a second.
+Parts: the event loop (`io="engine"`, the default: `engine.container.EngineContainer` on an epoll
+loop; `io="container"`: proton's `Container`, which waits in select()), the upstream (remote broker
+or embedded), the client-facing `ProxyServer` on the configured listener, and optionally the metrics
+exporter, which receives a snapshot of the proxy's state once a second.
 """
 
 from __future__ import annotations
@@ -54,10 +55,21 @@ def build_upstream(config: Any) -> Any:
     return EmbeddedUpstream.from_config(config.embedded)
 
 
+IO_LOOPS = ("engine", "container")
+
+
+def default_io() -> str:
+    """The I/O loop when none is named: `BROKER_FILTER_IO` if set, else the engine."""
+    return os.environ.get("BROKER_FILTER_IO") or IO_LOOPS[0]
+
+
 class App:
-    def __init__(self, config: Any, *, instance: str | None = None, io: str = "container"):
+    def __init__(self, config: Any, *, instance: str | None = None, io: str | None = None):
         self.config = config
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}"
+        io = io or default_io()
+        if io not in IO_LOOPS:
+            raise ValueError(f"BROKER_FILTER_IO: unknown I/O loop {io!r} (engine or container)")
         self.io = io
         if io == "engine":  # the epoll engine loop (broker_filter.engine) under the same handlers
             from .engine.container import EngineContainer, client_ssl_context
@@ -106,18 +118,25 @@ class App:
         handler, check = self.server, None
         if self.config.upstream.credentials == "pass-through":
             # Each client's PLAIN credentials: checked against the upstream, then its own upstream connection.
-            from .listener import upstream_login
             from .passthrough import PassThrough
 
             self.passthrough = PassThrough(self.server, self._tenant_server,
                                            lambda upstream, listener: upstream.start(self.loop, listener),
                                            self.loop.call_later)
             handler = self.passthrough
-            check = upstream_login(self.config.upstream.urls, self.config.upstream.tls)
+            if self.io == "engine":  # one more connection of the loop
+                from .engine.container import UpstreamLogin
+
+                check = UpstreamLogin(self.container, self.config.upstream.urls)
+            else:  # a blocking proton connection on the front end's worker thread
+                from .listener import upstream_login
+
+                check = upstream_login(self.config.upstream.urls, self.config.upstream.tls)
         # SASL (PLAIN users, EXTERNAL, the anonymous policy) and TLS as configured in [listener].
         self.registry = ConnectionRegistry(handler)
         self.acceptor = listen(self.container, self.config.listener, self.registry, passthrough=check,
-                               max_connections=self.config.limits.connections, on_refused=self._refused)
+                               max_connections=self.config.limits.connections,
+                               handshake_timeout=self.config.limits.handshake_timeout, on_refused=self._refused)
         self.port = self.acceptor.port
         self.upstream.start(self.loop, self.server)
         log.info("listening on %s:%s, upstream %s, instance %s, io %s", host, self.port, self.upstream.name,

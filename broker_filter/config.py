@@ -314,6 +314,13 @@ class Limits:
     )
     links_per_connection: int = setting(256, "links one client connection may attach", kind="int", minimum=1)
     connections: int = setting(1024, "client connections accepted at once", kind="int", minimum=1)
+    handshake_timeout: float = setting(
+        10.0,
+        "seconds a client connection has from accept to its AMQP open (TLS and SASL included); then it is "
+        "closed and counted (refused: handshake-timeout)",
+        kind="float",
+        minimum=0.001,
+    )
     upstream_window: int = setting(
         100,
         "messages a link may hold from upstream beyond its client's credit",

@@ -618,6 +618,7 @@ def listen(
     *,
     passthrough: Verify | None = None,
     max_connections: int = 0,
+    handshake_timeout: float = 10.0,
     on_refused: Callable[[str, str], None] | None = None,
 ) -> Listening:
     """Start the client listener of `config.listener` on `container`, connections served by `handler`.
@@ -650,6 +651,7 @@ def listen(
         allow_skip=listener.anonymous_allowed,
         keep_password=passthrough is not None,
         max_connections=max_connections,
+        handshake_timeout=handshake_timeout,
         on_refused=on_refused,
     )
     try:

@@ -51,7 +51,8 @@ REFUSAL_REASONS = frozenset(
         "internal-error",
     }
 )
-CONNECTION_REFUSALS = frozenset({"limit", "unauthorized", "tls", "shutdown"})
+CONNECTION_REFUSALS = frozenset({"limit", "unauthorized", "tls", "shutdown", "handshake-timeout",
+                                 "out-of-descriptors"})
 
 
 def bounded(value: str, allowed: frozenset[str]) -> str:

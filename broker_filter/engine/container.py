@@ -29,7 +29,7 @@ from .. import amqptypes as t
 from ..listener import IDENTITY_ATTRIBUTE, server_ssl_context
 from ..security import UserDatabase
 from ._cproton import ffi, lib
-from .endpoints import Connection, Handler, SaslClient, read_data
+from .endpoints import Condition, Connection, Handler, SaslClient, read_data
 from .loop import EVENT_READ, EventLoop, Limits
 from .streams import ServerSasl, Verify
 
@@ -264,6 +264,78 @@ class EngineContainer:
         self.loop.stop()
 
 
+class UpstreamLogin:
+    """The pass-through check on the loop itself: do a client's PLAIN `user` / `password` open an AMQP
+    connection to the upstream?  URLs are tried in order (failover): True on the first that opens,
+    False as soon as one refuses the credentials (`amqp:unauthorized-access`) or when none answers
+    within `timeout`.  No thread and no select(): the attempt is one more client connection of the
+    loop (`listener.upstream_login` does the same with a blocking proton connection of its own)."""
+
+    on_loop = True  # `EventLoop` calls it on its thread as check(user, password, done)
+
+    def __init__(self, container: EngineContainer, urls: tuple[str, ...] | list[str], *, timeout: float = 10.0):
+        from urllib.parse import urlsplit
+
+        self._container = container
+        self._timeout = timeout
+        self._targets = []
+        for url in urls:
+            parts = urlsplit(url)
+            secure = parts.scheme == "amqps"
+            self._targets.append((parts.hostname or "127.0.0.1", parts.port or (5671 if secure else 5672), secure))
+
+    def __call__(self, user: str, password: str, done: Callable[[bool], None]) -> None:
+        self._attempt(0, user, password, done)
+
+    def _attempt(self, index: int, user: str, password: str, done: Callable[[bool], None]) -> None:
+        if index >= len(self._targets):
+            done(False)
+            return
+        host, port, secure = self._targets[index]
+        loop = self._container.loop
+        attempt = _LoginAttempt(done, lambda: self._attempt(index + 1, user, password, done), f"{host}:{port}")
+        try:
+            connection = loop.connect(host, port, attempt, sasl=SaslClient("PLAIN", user, password),
+                                      tls=self._container.client_tls if secure else None,
+                                      name=f"login {host}:{port}")
+        except OSError as e:  # the name does not resolve
+            attempt.on_disconnected(None, Condition("amqp:connection:forced", str(e)))
+            return
+        connection.open(hostname=host)
+        attempt.timer = loop.call_later(self._timeout, lambda: loop.abort(
+            connection, Condition("amqp:connection:forced", f"no answer within {self._timeout:g} s")))
+
+
+class _LoginAttempt(Handler):
+    """One pass-through login attempt: decided at the upstream's open (True) or its refusal."""
+
+    def __init__(self, decide: Callable[[bool], None], next_url: Callable[[], None], where: str):
+        self.decide = decide
+        self.next_url = next_url
+        self.where = where
+        self.decided = False
+        self.timer: Any = None
+
+    def on_connection_open(self, connection: Connection) -> None:
+        if not self.decided:
+            self.decided = True
+            self.decide(True)
+        connection.close()
+
+    def on_disconnected(self, connection: Connection | None, error: Condition | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.decided:
+            return
+        self.decided = True
+        if error is not None and error.name == "amqp:unauthorized-access":
+            self.decide(False)
+            return
+        log.warning("pass-through check: upstream %s failed: %s", self.where,
+                    error.description or error.name if error is not None else "closed")
+        self.next_url()
+
+
 def _symbol_keys(properties: dict | None) -> dict | None:
     if not properties:
         return None
@@ -287,9 +359,11 @@ class EngineListening:
 
 
 def listen(container: EngineContainer, listener: Any, handler: Any, *, passthrough: Verify | None = None,
-           max_connections: int = 0, on_refused: Callable[[str, str], None] | None = None) -> EngineListening:
+           max_connections: int = 0, handshake_timeout: float = 10.0,
+           on_refused: Callable[[str, str], None] | None = None) -> EngineListening:
     """`listener.listen` on the engine: `[listener]` SASL (PLAIN users, pass-through, EXTERNAL, the
-    anonymous policy) and TLS, client connections dispatched to the proton `handler`."""
+    anonymous policy) and TLS, client connections dispatched to the proton `handler`; a connection
+    that has not opened AMQP `handshake_timeout` seconds after accept is closed and counted."""
     verify: Verify | None = passthrough
     if verify is None and listener.users:
         verify = UserDatabase(listener.users).authenticate
@@ -302,6 +376,7 @@ def listen(container: EngineContainer, listener: Any, handler: Any, *, passthrou
             container.adopt(connection, handler)
 
     engine_listener = container.loop.listen(listener.host, listener.port, Accepting(), sasl=sasl, tls=tls,
-                                            limits=Limits(max_connections=max_connections),
+                                            limits=Limits(max_connections=max_connections,
+                                                          handshake_timeout=handshake_timeout),
                                             on_refused=on_refused)
     return EngineListening(engine_listener)

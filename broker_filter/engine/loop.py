@@ -589,6 +589,9 @@ class EventLoop(Engine):
         if verify is None:
             done(False)
             return
+        if getattr(verify, "on_loop", False):  # asynchronous on this loop: verify(user, password, done)
+            verify(user, password, lambda ok: self.call_soon_threadsafe(done, bool(ok)))
+            return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="broker-filter-sasl")
 

@@ -114,3 +114,12 @@ def test_check_and_match_take_the_amqp_sql_dialect():
     assert [json.loads(x) for x in r.stdout.splitlines()] == [MESSAGES[0], MESSAGES[2]]
     r = run("match", "--dialect", "amqp-sql", "-s", "color > 'q'", stdin=LINES)  # strings order in amqp-sql
     assert [json.loads(x) for x in r.stdout.splitlines()] == [MESSAGES[0]]
+
+
+def test_serve_with_an_unknown_io_loop_exits_2_naming_the_variable():
+    cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "broker_filter"]
+    r = subprocess.run(cmd + ["serve", "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "BROKER_FILTER_IO": "epoll"})
+    assert r.returncode == 2
+    assert r.stderr.strip() == "broker-filter: BROKER_FILTER_IO: must be one of engine, container, got 'epoll'"
+    assert "listening" not in r.stdout + r.stderr

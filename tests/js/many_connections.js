@@ -1,14 +1,15 @@
 // Many rhea connections at once, for the engine's scale tests.  Usage:
-//   node many_connections.js PORT COUNT
-// Opens COUNT connections (AMQP without SASL), each with a session, a receiver on "scale-<i % 10>"
-// and credit 1.  Prints {"opened": n, "failed": m, "errors": {...}} once every connection opened or
+//   node many_connections.js PORT COUNT [PREFIX]
+// Opens COUNT connections (AMQP without SASL), each with a session, a receiver on "<PREFIX><i % 10>"
+// (PREFIX "scale-" unless given; "-": no session and no receiver, the connection only) and credit 1.  Prints {"opened": n, "failed": m, "errors": {...}} once every connection opened or
 // failed, then {"alive": n} for each line read on stdin, and closes everything when stdin ends,
 // printing {"closed": n}.
 'use strict';
 const rhea = require('rhea');
 const readline = require('readline');
 
-const [port, countText] = process.argv.slice(2);
+const [port, countText, prefixArg] = process.argv.slice(2);
+const prefix = prefixArg === undefined ? 'scale-' : prefixArg;
 const count = parseInt(countText, 10);
 const container = rhea.create_container({ id: 'rhea-many' });
 const connections = [];
@@ -35,7 +36,7 @@ function openOne(i) {
   conn.on('connection_open', () => {
     conn.phase = 'open';
     opened += 1;
-    conn.open_receiver({ source: 'scale-' + (i % 10), credit_window: 1 });
+    if (prefix !== '-') conn.open_receiver({ source: prefix + (i % 10), credit_window: 1 });
     maybeReport();
   });
   const fail = (why) => {
