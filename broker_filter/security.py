@@ -16,10 +16,11 @@ import hashlib
 import hmac
 import re
 import secrets
+import ssl
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from struct import error as struct_error
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -34,6 +35,34 @@ _KEY_BYTES = 32
 _SCRYPT_MAXMEM = 64 * 1024 * 1024
 
 REDACTED = "***"
+
+
+IDENTITY_ATTRIBUTE = "broker_filter_identity"  # where a listener puts the Identity on a proton Connection
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a client connection authenticated as."""
+
+    user: str | None
+    mechanism: str  # PLAIN, ANONYMOUS, EXTERNAL, "" (no SASL)
+    password: str | None = field(default=None, repr=False)  # pass-through only
+    tls: bool = False  # TLS terminated by the daemon (proton's own acceptor does not report it)
+    peer: str = ""  # "host:port" of the client
+
+
+ANONYMOUS = Identity("anonymous", "ANONYMOUS")
+
+
+def server_ssl_context(tls: Any) -> ssl.SSLContext:
+    """An `ssl.SSLContext` for `[listener.tls]`."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(tls.cert_file, tls.key_file, password=tls.key_password or None)
+    if tls.ca_file:
+        context.load_verify_locations(tls.ca_file)
+    context.verify_mode = ssl.CERT_REQUIRED if tls.verify_client else ssl.CERT_NONE
+    return context
 
 
 class PasswordHashError(ValueError):
