@@ -17,6 +17,16 @@ The relay's CPU (user + system, from /proc) per upstream message is reported for
     python bench/engine_relay_bench.py [--messages 40000] [--rounds 3] [--no-ordered]
     python bench/engine_relay_bench.py --serve [--upstream 127.0.0.1:5672]   (the relay alone)
 
+The daemon itself (`broker-filter serve`) takes part with `--targets`: `engine` / `container` run the
+consumer through the daemon on that I/O loop (`--io`), `engine-both` / `container-both` the producer
+too (every message crosses the daemon twice); their CPU is the daemon's, per upstream message:
+
+    python bench/engine_relay_bench.py --targets direct,engine,container,engine-both,container-both --topic
+
+`--topic` publishes to a fresh `/topic/<name>` instead of a queue: a selective consumer on a queue
+through the daemon leaves the messages it does not select in the queue (moved to its tail, queue
+custody), which measures custody rather than I/O; on a topic the daemon drops them.
+
 Needs RabbitMQ with AMQP 1.0 on 127.0.0.1:5672 (guest/guest) and rhea (tests/js/node_modules).
 """
 
@@ -213,7 +223,8 @@ def node(*args: str) -> subprocess.Popen:
     return subprocess.Popen(["node", "rhea_bench.js", *args], cwd=JS, stdout=subprocess.PIPE, text=True)
 
 
-def one_round(port: int, address: str, count: int, through_relay: bool, relay_pid: int | None) -> dict:
+def one_round(port: int, address: str, count: int, through_relay: bool, relay_pid: int | None,
+              produce_through: bool = False) -> dict:
     if through_relay:
         consumer = node("consume", str(port), address, str(count // 2), "half = 1", "0", "1000", "-", "-")
     else:
@@ -221,7 +232,10 @@ def one_round(port: int, address: str, count: int, through_relay: bool, relay_pi
     ready = json.loads(consumer.stdout.readline())
     assert ready.get("ready"), ready
     cpu0 = cpu_seconds(relay_pid) if relay_pid else 0.0
-    producer = node("produce", "5672", address, str(count), "guest", "guest")
+    if produce_through:
+        producer = node("produce", str(port), address, str(count), "-", "-")
+    else:
+        producer = node("produce", "5672", address, str(count), "guest", "guest")
     produced = json.loads(producer.stdout.readline())
     consumed = json.loads(consumer.stdout.readline())
     cpu1 = cpu_seconds(relay_pid) if relay_pid else 0.0
@@ -230,6 +244,31 @@ def one_round(port: int, address: str, count: int, through_relay: bool, relay_pi
     seconds = (consumed["last"] - produced["t0"]) / 1000
     return {"rate": count / seconds, "cpu_us_per_msg": (cpu1 - cpu0) * 1e6 / count if relay_pid else None,
             "selected": consumed["selected"], "received": consumed["received"]}
+
+
+def start_daemon(io: str, upstream: str) -> tuple[subprocess.Popen, int, Path]:
+    """`broker-filter serve --io IO` in front of RabbitMQ: the process, its port and its log."""
+    import re
+    import tempfile
+    import time
+
+    log = Path(tempfile.mkstemp(prefix=f"broker-filter-bench-{io}-", suffix=".log")[1])
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "broker_filter", "serve", "--io", io, "--listen",
+                                 "127.0.0.1:0", "--upstream", f"amqp://guest:guest@{upstream}"],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        m = re.search(r"listening on [^:]+:(\d+)", text)
+        if m and "connected (" in text:
+            return proc, int(m.group(1)), log
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"broker-filter serve --io {io} did not start:\n{log.read_text()[-2000:]}")
 
 
 def delete_queue(name: str) -> None:
@@ -247,42 +286,69 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window", type=int, default=1000)
     parser.add_argument("--no-ordered", dest="ordered", action="store_false")
+    parser.add_argument("--topic", action="store_true", help="a fresh /topic/<name> per round instead of a queue")
+    parser.add_argument("--targets", default="direct,relay",
+                        help="comma-separated: direct, relay, engine, container, engine-both, container-both")
     options = parser.parse_args()
     if options.serve:
         serve(options.upstream, options.ordered, options.window)
         return 0
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, __file__, "--serve", "--upstream", options.upstream, "--window", str(options.window)]
-    if not options.ordered:
-        command.append("--no-ordered")
-    relay = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    port = json.loads(relay.stdout.readline())["port"]
-    results: dict[str, list] = {"direct": [], "relay": []}
+    targets = [t for t in options.targets.split(",") if t]
+    unknown = set(targets) - {"direct", "relay", "engine", "container", "engine-both", "container-both"}
+    if unknown or "direct" not in targets:
+        parser.error(f"--targets: direct and any of relay, engine, container, engine-both, container-both "
+                     f"(unknown: {', '.join(sorted(unknown)) or 'none'})")
+    servers: dict[str, tuple[subprocess.Popen, int]] = {}  # target -> (process, port)
+    logs = []
     queues = []
+    results: dict[str, list] = {kind: [] for kind in targets}
     try:
+        if "relay" in targets:
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            command = [sys.executable, __file__, "--serve", "--upstream", options.upstream,
+                       "--window", str(options.window)]
+            if not options.ordered:
+                command.append("--no-ordered")
+            relay = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+            servers["relay"] = (relay, json.loads(relay.stdout.readline())["port"])
+        for io in ("engine", "container"):
+            if io in targets or f"{io}-both" in targets:
+                proc, port, log = start_daemon(io, options.upstream)
+                logs.append(log)
+                servers[io] = servers[f"{io}-both"] = (proc, port)
         for n in range(options.rounds):
-            for kind in ("direct", "relay"):
+            for kind in targets:
                 name = f"engine-bench-{uuid.uuid4().hex[:12]}"
-                queues.append(name)
-                result = one_round(port, f"/queue/{name}", options.messages, kind == "relay",
-                                   relay.pid if kind == "relay" else None)
+                if not options.topic:
+                    queues.append(name)
+                proc, port = servers.get(kind, (None, 0))
+                address = f"/topic/{name}" if options.topic else f"/queue/{name}"
+                result = one_round(port, address, options.messages, proc is not None,
+                                   proc.pid if proc is not None else None, kind.endswith("-both"))
                 results[kind].append(result)
-                extra = f", relay CPU {result['cpu_us_per_msg']:.1f} us/msg" if kind == "relay" else ""
-                print(f"round {n + 1} {kind:6}: {result['rate']:8.0f} msg/s (selected {result['selected']}, "
+                extra = f", CPU {result['cpu_us_per_msg']:.1f} us/msg" if proc is not None else ""
+                print(f"round {n + 1} {kind:14}: {result['rate']:8.0f} msg/s (selected {result['selected']}, "
                       f"received {result['received']}){extra}", flush=True)
     finally:
-        relay.terminate()
-        relay.wait(10)
+        for proc, _ in {id(p): (p, port) for p, port in servers.values()}.values():
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         for name in queues:
             delete_queue(name)
+        for log in logs:
+            log.unlink()
     direct = statistics.median(r["rate"] for r in results["direct"])
-    relayed = statistics.median(r["rate"] for r in results["relay"])
-    cpu = statistics.median(r["cpu_us_per_msg"] for r in results["relay"])
     print(f"\nmedian of {options.rounds} interleaved rounds, {options.messages} messages each, "
-          f"{'ordered' if options.ordered else 'unordered'} upstream settlement:")
-    print(f"  direct {direct:.0f} msg/s, relay {relayed:.0f} msg/s: {relayed / direct:.2f}x direct; "
-          f"relay CPU {cpu:.1f} us per upstream message")
+          f"{'ordered' if options.ordered else 'unordered'} upstream settlement (relay):")
+    print(f"  direct {direct:.0f} msg/s")
+    for kind in [t for t in targets if t != "direct"]:
+        rate = statistics.median(r["rate"] for r in results[kind])
+        cpu = statistics.median(r["cpu_us_per_msg"] for r in results[kind])
+        print(f"  {kind:14} {rate:8.0f} msg/s: {rate / direct:.2f}x direct; CPU {cpu:.1f} us per upstream message")
     return 0
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import resource
 import subprocess
 import sys
 import threading
@@ -89,3 +91,27 @@ def closed_at_once(port: int, count: int) -> int:
             except ConnectionResetError:
                 closed += 1
     return closed
+
+
+@contextlib.contextmanager
+def descriptors(need: int):
+    """Raise this process's descriptor limit to `need` (subprocesses started meanwhile inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.fail(f"this test needs {need} file descriptors; the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def end_many(many: subprocess.Popen | None) -> None:
+    """Close the connections of a running `many_connections.js` (its stdin ends) and wait for it."""
+    if many is None or many.poll() is not None:
+        return
+    many.stdin.close()
+    try:
+        many.wait(30)
+    except subprocess.TimeoutExpired:
+        many.kill()

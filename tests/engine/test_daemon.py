@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import shutil
 import socket
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import client_result, closed_at_once, run_client, start_client
+from .conftest import client_result, closed_at_once, descriptors, end_many, run_client, start_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
 from proxy_harness import Proxy  # noqa: E402
@@ -39,13 +38,8 @@ EXTRA = 20
 @pytest.fixture
 def many_files():
     """Descriptors for the test's own sockets and for the daemon it starts (which inherits the limit)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 2 * (AMQP_CONNECTIONS + IDLE + EXTRA) + 1024
-    if hard != resource.RLIM_INFINITY and hard < need:
-        pytest.fail(f"this test needs {need} file descriptors; the hard limit is {hard}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with descriptors(2 * (AMQP_CONNECTIONS + IDLE + EXTRA) + 1024):
+        yield
 
 
 def _wait_for(predicate, timeout: float, step: float = 0.1) -> bool:
@@ -95,12 +89,7 @@ def test_the_daemon_serves_a_filtered_consumer_past_a_thousand_connections_and_r
     finally:
         for s in idle:
             s.close()
-        if many is not None and many.poll() is None:
-            many.stdin.close()
-            try:
-                many.wait(30)
-            except subprocess.TimeoutExpired:
-                many.kill()
+        end_many(many)
         if receiver is not None and receiver.poll() is None:
             receiver.kill()
         proxy.stop()

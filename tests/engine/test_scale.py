@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import socket
 import subprocess
@@ -23,7 +22,7 @@ from broker_filter.engine.loop import Limits
 from broker_filter.engine.streams import ServerSasl
 
 from .apps import EchoServer
-from .conftest import client_result, closed_at_once, start_client
+from .conftest import client_result, closed_at_once, descriptors, end_many, start_client
 
 JS = Path(__file__).resolve().parents[1] / "js"
 AMQP_CONNECTIONS, IDLE_SOCKETS = (int(n) for n in os.environ.get("BROKER_FILTER_ENGINE_SCALE", "500,200").split(","))
@@ -39,13 +38,8 @@ def _rss_kib() -> int:
 
 @pytest.fixture
 def many_files():
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = 2 * (AMQP_CONNECTIONS + IDLE_SOCKETS + EXTRA) + 1024
-    if hard != resource.RLIM_INFINITY and hard < need:
-        pytest.fail(f"this test needs {need} file descriptors; the hard limit is {hard}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with descriptors(2 * (AMQP_CONNECTIONS + IDLE_SOCKETS + EXTRA) + 1024):
+        yield
 
 
 @pytest.mark.node
@@ -108,12 +102,7 @@ def test_thousands_of_connections_and_idle_sockets_stay_up_refuse_beyond_the_lim
     finally:
         for s in idle:
             s.close()
-        if many is not None and many.poll() is None:
-            many.stdin.close()
-            try:
-                many.wait(30)
-            except subprocess.TimeoutExpired:
-                many.kill()
+        end_many(many)
         if receiver.poll() is None:
             receiver.kill()
     deadline = time.monotonic() + 60
