@@ -115,3 +115,11 @@ def end_many(many: subprocess.Popen | None) -> None:
         many.wait(30)
     except subprocess.TimeoutExpired:
         many.kill()
+
+
+def rss_kib(pid: int | str = "self") -> int:
+    """Resident memory of a process (this one by default), KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0

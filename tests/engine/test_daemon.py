@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import client_result, closed_at_once, descriptors, end_many, run_client, start_client
+from .conftest import client_result, closed_at_once, descriptors, end_many, rss_kib, run_client, start_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
 from proxy_harness import Proxy  # noqa: E402
@@ -65,14 +65,20 @@ def test_the_daemon_serves_a_filtered_consumer_past_a_thousand_connections_and_r
         address = f"/topic/engine-{uuid.uuid4().hex[:10]}"
         receiver = start_client(proxy.url, "receive", address, "10", "--selector", "half = 1", "--wait", "120")
         time.sleep(3.0)  # the upstream subscription is in place once the client's attach is answered
+        rss_before = rss_kib(proxy.proc.pid)
         many = subprocess.Popen([node, str(JS / "many_connections.js"), str(proxy.port), str(AMQP_CONNECTIONS), "-"],
                                 cwd=JS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         report = json.loads(many.stdout.readline())
         assert report["opened"] == AMQP_CONNECTIONS and report["failed"] == 0, report
+        rss_amqp = rss_kib(proxy.proc.pid)
         for _ in range(IDLE):
             idle.append(socket.create_connection(("127.0.0.1", proxy.port)))
         time.sleep(0.5)
         assert proxy.proc.poll() is None, proxy.log()[-3000:]
+        rss_full = rss_kib(proxy.proc.pid)
+        print(f"\ndaemon RSS {rss_before // 1024} MiB; {AMQP_CONNECTIONS} AMQP connections: "
+              f"{(rss_amqp - rss_before) / AMQP_CONNECTIONS:.1f} KiB each; {IDLE} idle sockets: "
+              f"{(rss_full - rss_amqp) / IDLE:.1f} KiB each; all: {rss_full // 1024} MiB")
 
         assert closed_at_once(proxy.port, EXTRA) == EXTRA  # the listener is full: a clean close, at once
 

@@ -22,18 +22,11 @@ from broker_filter.engine.loop import Limits
 from broker_filter.engine.streams import ServerSasl
 
 from .apps import EchoServer
-from .conftest import client_result, closed_at_once, descriptors, end_many, start_client
+from .conftest import client_result, closed_at_once, descriptors, end_many, rss_kib, start_client
 
 JS = Path(__file__).resolve().parents[1] / "js"
 AMQP_CONNECTIONS, IDLE_SOCKETS = (int(n) for n in os.environ.get("BROKER_FILTER_ENGINE_SCALE", "500,200").split(","))
 EXTRA = 50
-
-
-def _rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 @pytest.fixture
@@ -53,7 +46,7 @@ def test_thousands_of_connections_and_idle_sockets_stay_up_refuse_beyond_the_lim
         "127.0.0.1", 0, echo, sasl=ServerSasl(("ANONYMOUS",), allow_skip=True),
         limits=Limits(max_connections=limit, handshake_timeout=600)))
     url = f"amqp://127.0.0.1:{listener.port}"
-    rss_before = _rss_kib()
+    rss_before = rss_kib()
 
     receiver = start_client(url, "receive", "served", "20", "--wait", "120")
     deadline = time.monotonic() + 30
@@ -68,7 +61,7 @@ def test_thousands_of_connections_and_idle_sockets_stay_up_refuse_beyond_the_lim
         deadline = time.monotonic() + 60
         while loop_thread.call(lambda: listener.active) < IDLE_SOCKETS + 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        rss_idle = _rss_kib()
+        rss_idle = rss_kib()
         many = subprocess.Popen([node, str(JS / "many_connections.js"), str(listener.port), str(AMQP_CONNECTIONS)],
                                 cwd=JS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         report = json.loads(many.stdout.readline())
@@ -77,7 +70,7 @@ def test_thousands_of_connections_and_idle_sockets_stay_up_refuse_beyond_the_lim
         while loop_thread.call(lambda: listener.active) < limit and time.monotonic() < deadline:
             time.sleep(0.1)
         assert loop_thread.call(lambda: listener.active) == limit
-        rss_full = _rss_kib()
+        rss_full = rss_kib()
 
         assert closed_at_once(listener.port, EXTRA) == EXTRA  # the listener is full
         assert loop_thread.call(lambda: listener.refused["limit"]) == EXTRA
