@@ -169,6 +169,13 @@ class Metrics:
             ["address", "outcome"],
             registry=r,
         )
+        self.filter_pushdown = Counter(
+            "broker_filter_filter_pushdown",
+            "Filter expressions offered to the upstream on an attach, by kind and by who evaluates them "
+            "as the attach reply decided (upstream or local)",
+            ["kind", "result"],
+            registry=r,
+        )
         self.attach_refused = Counter(
             "broker_filter_attach_refused", "Link attaches refused, by reason", ["reason"], registry=r
         )
