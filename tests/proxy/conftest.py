@@ -21,7 +21,18 @@ import pytest
 # test folder on the path; the names are unique so no other folder shadows them).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proxy_harness  # noqa: E402
-from proxy_harness import RABBITMQ3, RABBITMQ4, RABBITMQ4_ROOT, ROOT, RUNNING, Proxy, amqp10_ready, port_open  # noqa: E402
+from proxy_harness import (  # noqa: E402
+    RABBITMQ3,
+    RABBITMQ4,
+    RABBITMQ4_ROOT,
+    RABBITMQ_LATEST,
+    RABBITMQ_LATEST_ROOT,
+    ROOT,
+    RUNNING,
+    Proxy,
+    amqp10_ready,
+    port_open,
+)
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +63,39 @@ def rabbitmq4():
         if started and not os.environ.get("BROKER_FILTER_KEEP_RABBITMQ"):
             out = subprocess.run([*control, "stop"], capture_output=True, text=True, timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_latest():
+    """The newest RabbitMQ Debian ships (4.1 or later: it applies filter expressions on streams), on
+    127.0.0.1:5692 from its own chroot: optional, so every test on it is skipped, with the reason,
+    where it is not installed (`scripts/rabbitmq-latest.sh install`) or does not start."""
+    control = ["bash", str(ROOT / "scripts" / "rabbitmq-latest.sh")]
+    started = False
+    if not port_open(RABBITMQ_LATEST.port):
+        if not (RABBITMQ_LATEST_ROOT / "usr/sbin/rabbitmq-server").exists():
+            pytest.skip(f"RabbitMQ 4.1+ is not installed (no chroot at {RABBITMQ_LATEST_ROOT}; optional: "
+                        "scripts/rabbitmq-latest.sh install)")
+        out = subprocess.run([*control, "start"], capture_output=True, text=True, timeout=120)
+        started = True
+        if out.returncode != 0:
+            subprocess.run([*control, "stop"], capture_output=True, timeout=120)
+            pytest.skip(f"RabbitMQ 4.1+ did not start: {out.stdout}{out.stderr}")
+    try:
+        try:
+            props = amqp10_ready(60, RABBITMQ_LATEST)
+        except TimeoutError as e:
+            pytest.skip(f"RabbitMQ 4.1+ does not answer: {e}")
+        version = str(props.get("version", ""))
+        major, _, rest = version.partition(".")
+        minor = rest.partition(".")[0]
+        if not (major.isdigit() and minor.isdigit() and (int(major), int(minor)) >= (4, 1)):
+            pytest.skip(f"the node on 127.0.0.1:{RABBITMQ_LATEST.port} is RabbitMQ {version}, not 4.1+")
+        RABBITMQ_LATEST.version = version
+        yield RABBITMQ_LATEST
+    finally:
+        if started and not os.environ.get("BROKER_FILTER_KEEP_RABBITMQ"):
+            subprocess.run([*control, "stop"], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="session", params=["3.10", pytest.param("4.0", marks=pytest.mark.rabbitmq4)],

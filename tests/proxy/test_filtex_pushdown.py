@@ -166,3 +166,57 @@ def _delete(url, name):
         _management(url, "DELETE", f"/queues/{name}", None)
     except Exception:  # noqa: BLE001 - cleanup only
         pass
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.rabbitmq_latest
+def test_rabbitmq_stream_evaluates_the_filters_its_attach_reply_offers(rabbitmq_latest):
+    """RabbitMQ 4.1+ offers AMQP_FILTEX_PROP_V1_0 and AMQP_FILTEX_SQL_V1_0 on a stream's attach reply
+    and echoes what it applies (one property filter per section, or SQL alone, and SQL only under the
+    key `sql-filter`): those are pushed down, and only their matches cross the upstream connection.
+    A SQL filter under another key is not echoed although the capability is offered, and a classic
+    queue echoes the filter without the capability: both evaluated in the daemon."""
+    url = rabbitmq_latest.url
+    stream, classic = f"fxs{uuid.uuid4().hex[:8]}", f"fxc{uuid.uuid4().hex[:8]}"
+    declare_queue(url, stream, "stream")
+    declare_queue(url, classic, "classic")
+    mport = free_port()
+    front = Proxy("--metrics", f"127.0.0.1:{mport}", upstream=url)
+    conns = [connect(front.url) for _ in range(4)]
+    try:
+        on_stream = f"/queues/{stream}"
+        r_props = conns[0].create_receiver(on_stream, credit=50, options=Filter(
+            {symbol("p"): Described(PROPS, {symbol("subject"): "&p:eu."}), symbol("a"): Described(APP, {"total": 70})}))
+        r_sql = conns[1].create_receiver(on_stream, credit=50, options=Filter(
+            {symbol("sql-filter"): Described(SQL, "total >= 60 AND p.subject LIKE 'us.%'")}))
+        r_other_key = conns[2].create_receiver(on_stream, credit=50, options=Filter(
+            {symbol("s"): Described(SQL, "total = 110")}))
+        on_queue = f"/queues/{classic}"
+        r_queue = conns[2].create_receiver(on_queue, credit=50, options=Filter({symbol("s"): Described(SQL, "total = 30")}))
+        s_stream, s_queue = conns[3].create_sender(on_stream), conns[3].create_sender(on_queue)
+        for m in messages():
+            s_stream.send(m)
+        for m in messages():
+            s_queue.send(m)
+        assert collect(r_props, [7]) == [7]
+        assert collect(r_sql, [6, 8, 10]) == [6, 8, 10]
+        assert collect(r_other_key, [11]) == [11]
+        assert collect(r_queue, [3]) == [3]
+        # the stream sent the first two links only their matches (1 + 3), the third every message (12)
+        assert counted(mport, on_stream, "broker_filter_messages_filtered_out_total", 11) == 11
+        text = scrape(mport)
+        assert value(text, "broker_filter_messages_received_total", address=on_stream) == 1 + 3 + 12
+        assert value(text, "broker_filter_messages_forwarded_total", address=on_stream) == 1 + 3 + 1
+        assert value(text, "broker_filter_messages_received_total", address=on_queue) >= 12  # not pushed
+        assert pushdown(mport, "properties", "upstream") == 1
+        assert pushdown(mport, "application-properties", "upstream") == 1
+        assert pushdown(mport, "sql", "upstream") == 1
+        assert pushdown(mport, "sql", "local") == 2  # key `s` on the stream, and the classic queue's
+        assert f"evaluates sql filter sql-filter on {on_stream}" in front.log()
+    finally:
+        for c in conns:
+            c.close()
+        front.stop()
+        _delete(url, stream)
+        _delete(url, classic)
+    assert "Traceback" not in front.log()
