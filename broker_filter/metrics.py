@@ -468,6 +468,7 @@ def reference_table() -> str:
     metrics.refuse_attach("limit")
     metrics.refuse_connection("limit")
     metrics.authentication_failed("PLAIN")
+    metrics.filter_pushdown.labels(kind="sql", result="local").inc()
     metrics.publish(Snapshot(links={"consumer": 1}, held={"a": 1}, credit={"a": 1}, stalled={"a": True},
                              moving={"a": 1}, passes={"a": 1}, waited={"a": 1.0}))
     lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]

@@ -170,7 +170,8 @@ def _delete(url, name):
 
 @pytest.mark.rabbitmq
 @pytest.mark.rabbitmq_latest
-def test_rabbitmq_stream_evaluates_the_filters_its_attach_reply_offers(rabbitmq_latest):
+@pytest.mark.parametrize("io", ["container", "engine"])
+def test_rabbitmq_stream_evaluates_the_filters_its_attach_reply_offers(rabbitmq_latest, io):
     """RabbitMQ 4.1+ offers AMQP_FILTEX_PROP_V1_0 and AMQP_FILTEX_SQL_V1_0 on a stream's attach reply
     and echoes what it applies (one property filter per section, or SQL alone, and SQL only under the
     key `sql-filter`): those are pushed down, and only their matches cross the upstream connection.
@@ -181,7 +182,7 @@ def test_rabbitmq_stream_evaluates_the_filters_its_attach_reply_offers(rabbitmq_
     declare_queue(url, stream, "stream")
     declare_queue(url, classic, "classic")
     mport = free_port()
-    front = Proxy("--metrics", f"127.0.0.1:{mport}", upstream=url)
+    front = Proxy("--metrics", f"127.0.0.1:{mport}", "--io", io, upstream=url)
     conns = [connect(front.url) for _ in range(4)]
     try:
         on_stream = f"/queues/{stream}"
@@ -220,3 +221,48 @@ def test_rabbitmq_stream_evaluates_the_filters_its_attach_reply_offers(rabbitmq_
         _delete(url, stream)
         _delete(url, classic)
     assert "Traceback" not in front.log()
+
+
+# ---------------------------------------------------------------------------- the rule, on its own
+def _entries(filters):
+    from broker_filter.amqptypes import Described as D, symbol as sym, ulong as ul
+    from broker_filter.filters import compile_filter_set
+
+    return compile_filter_set({sym(k): D(sym(d) if isinstance(d, str) else ul(d), v) for k, (d, v) in filters.items()},
+                              "amqp-sql").entries
+
+
+def test_reply_rule_needs_the_capability_and_the_echo_under_the_key():
+    from broker_filter.amqptypes import Described as D, symbol as sym
+    from broker_filter.proxy.upstream import evaluated_offers
+
+    props, sql = _entries({"p": ("amqp:properties-filter", {sym("subject"): "a"}), "sql-filter": (0x120, "n > 1")})
+    both = ("AMQP_FILTEX_PROP_V1_0", "AMQP_FILTEX_SQL_V1_0")
+    echo = {sym("p"): props.value, sym("sql-filter"): sql.value}
+    assert evaluated_offers((props, sql), both, echo) == (props, sql)
+    assert evaluated_offers((props, sql), (), echo) == ()  # the echo alone proves nothing
+    assert evaluated_offers((props, sql), ("AMQP_FILTEX_SQL_V1_0",), echo) == (sql,)
+    assert evaluated_offers((props, sql), both, {sym("p"): props.value}) == (props,)  # SQL left out
+    assert evaluated_offers((props, sql), both, {sym("p"): D(sym("amqp:properties-filter"), {sym("subject"): "b"})},
+                            ) == ()  # another value under the key
+    assert evaluated_offers((props,), both, None) == ()
+
+
+def test_attach_reply_capabilities_are_read_from_the_frame_trace():
+    """RabbitMQ 4.1+ puts the filter capabilities in the attach's own offered-capabilities, which
+    python-qpid-proton does not expose: the upstream reads them from proton's frame trace (this line
+    is one, as proton prints a RabbitMQ 4.3 stream's attach reply)."""
+    from broker_filter.proxy.remote import RemoteUpstream
+
+    up = RemoteUpstream("amqp://127.0.0.1:1")
+    up._endpoints = {'c"q\'1-1': object(), "other-2": object()}
+    up._on_trace(None, 'FRAME: 0 <- @attach(18) [name="c\\x22q\\x271-1", handle=0x0, role=false, '
+                 'source=@source(40) [address="/queues/s", filter={:p=@:"amqp:properties-filter" {:subject="x"}}, '
+                 'outcomes=@<symbol>[:"amqp:accepted:list", :"amqp:released:list"]], initial-delivery-count=0x0, '
+                 'offered-capabilities=@<symbol>[:"AMQP_FILTEX_PROP_V1_0", :"AMQP_FILTEX_SQL_V1_0"]]')
+    up._on_trace(None, 'FRAME: 0 <- @attach(18) [name="other-2", handle=0x1, role=false, '
+                 'offered-capabilities=:AMQP_FILTEX_PROP_V1_0]')
+    up._on_trace(None, 'FRAME: 0 <- @attach(18) [name="unknown-3", handle=0x2, role=false, '
+                 'offered-capabilities=:AMQP_FILTEX_PROP_V1_0]')
+    assert up._traced == {'c"q\'1-1': {"AMQP_FILTEX_PROP_V1_0", "AMQP_FILTEX_SQL_V1_0"},
+                          "other-2": {"AMQP_FILTEX_PROP_V1_0"}}
