@@ -140,7 +140,7 @@ class FeedBinding:
         self.draining_closed = False  # ... and it was closed (not only detached)
         self.consumer = None
         self.info: ConsumerInfo | None = None
-        self.evaluated: frozenset[str] = frozenset()  # keys of offered filters the upstream evaluates
+        self.evaluated: frozenset = frozenset()  # `_offer_identity` of each offered filter the upstream evaluates
         self.aliases: list = []  # keys of `ProxyServer.feed_aliases` naming this feed
         metrics = server.metrics
         self.counters = metrics.address(spec.address) if metrics is not None else None
@@ -670,8 +670,8 @@ class ProxyServer(Handler):
         """The attach reply of a feed that offered filter expressions: the ones it evaluates are no
         longer evaluated here (for every link of the feed: they share its key, so its filters); when
         it evaluates none, the feed serves every link of its queue (an alias key without them)."""
-        binding.evaluated = frozenset(str(e.key) for e in evaluated)
-        kept = [e for e in binding.spec.offered if str(e.key) not in binding.evaluated]
+        binding.evaluated = frozenset(_offer_identity(e) for e in evaluated)
+        kept = [e for e in binding.spec.offered if _offer_identity(e) not in binding.evaluated]
         if self.metrics is not None:
             for e in evaluated:
                 self.metrics.filter_pushdown.labels(kind=e.kind, result="upstream").inc()
@@ -710,8 +710,7 @@ class ProxyServer(Handler):
             return
         if binding.evaluated:
             # What the upstream evaluates for this feed is not evaluated again here.
-            outlet.filter = outlet.filter.subset(lambda e: not (e.kind in FILTEX_KINDS
-                                                                and str(e.key) in binding.evaluated))
+            outlet.filter = outlet.filter.subset(lambda e: _offer_identity(e) not in binding.evaluated)
             outlet.identity = filter_identity(outlet.filter, outlet.receiver)
         fs: FilterSet = link.bf_fs
         src = link.remote_source
@@ -991,6 +990,11 @@ _EXPIRY = {
     Terminus.EXPIRE_WITH_CONNECTION: "connection-close",
     Terminus.EXPIRE_NEVER: "never",
 }
+
+
+def _offer_identity(entry: Any) -> tuple:
+    """An offered filter as the links of one feed all have it (their entries are objects of their own)."""
+    return (entry.kind, str(entry.key), repr(entry.value))
 
 
 def outlet_presettled_requested(link) -> bool:
