@@ -508,8 +508,8 @@ class RemoteUpstream(Handler):
                 return
             name = _TRACED_ESCAPE.sub(lambda x: bytes([int(x.group(1), 16)]),
                                       m.group(1).encode("utf-8", "surrogateescape")).decode("utf-8", "replace")
-            if name not in self._endpoints:
-                return
+            if not getattr(self._endpoints.get(name), "offer_pending", False):
+                return  # not a consumer attach awaiting its reply
             caps = _TRACED_OFFERED.search(message, m.end())
             self._traced[name] = frozenset(a or b for a, b in _TRACED_SYMBOL.findall(caps.group(1))) \
                 if caps is not None else frozenset()

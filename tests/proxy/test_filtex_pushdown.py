@@ -255,14 +255,16 @@ def test_attach_reply_capabilities_are_read_from_the_frame_trace():
     from broker_filter.proxy.remote import RemoteUpstream
 
     up = RemoteUpstream("amqp://127.0.0.1:1")
-    up._endpoints = {'c"q\'1-1': object(), "other-2": object()}
+    waiting = type("Consumer", (), {"offer_pending": True})
+    up._endpoints = {'c"q\'1-1': waiting(), "other-2": waiting(), "publisher-3": object()}
     up._on_trace(None, 'FRAME: 0 <- @attach(18) [name="c\\x22q\\x271-1", handle=0x0, role=false, '
                  'source=@source(40) [address="/queues/s", filter={:p=@:"amqp:properties-filter" {:subject="x"}}, '
                  'outcomes=@<symbol>[:"amqp:accepted:list", :"amqp:released:list"]], initial-delivery-count=0x0, '
                  'offered-capabilities=@<symbol>[:"AMQP_FILTEX_PROP_V1_0", :"AMQP_FILTEX_SQL_V1_0"]]')
     up._on_trace(None, 'FRAME: 0 <- @attach(18) [name="other-2", handle=0x1, role=false, '
                  'offered-capabilities=:AMQP_FILTEX_PROP_V1_0]')
-    up._on_trace(None, 'FRAME: 0 <- @attach(18) [name="unknown-3", handle=0x2, role=false, '
-                 'offered-capabilities=:AMQP_FILTEX_PROP_V1_0]')
+    for name in ("unknown-4", "publisher-3"):
+        up._on_trace(None, f'FRAME: 0 <- @attach(18) [name="{name}", handle=0x2, role=true, '
+                     'offered-capabilities=:AMQP_FILTEX_PROP_V1_0]')
     assert up._traced == {'c"q\'1-1': {"AMQP_FILTEX_PROP_V1_0", "AMQP_FILTEX_SQL_V1_0"},
                           "other-2": {"AMQP_FILTEX_PROP_V1_0"}}
