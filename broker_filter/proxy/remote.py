@@ -7,7 +7,13 @@ session, which must take down only the endpoint concerned.  A new session never 
 the proxy ended still waits for the broker's `end`: proton reuses the lowest free channel number
 as soon as its own `end` is out, and RabbitMQ 4 hands a `begin` arriving on a channel whose
 session is still ending to that session, which never answers it (the link would hang).  Such
-sessions wait (at most `BEGIN_HOLD` seconds) and begin when the ends are in.  Deliveries are
+sessions wait (at most `BEGIN_HOLD` seconds) and begin when the ends are in.  RabbitMQ 4 frees the
+channel a moment *after* answering an `end` (its reader forgets the channel when the session process
+exits), so even a `begin` sent right after the answer can go to the dying session; but RabbitMQ 4
+also returns a detached link's unsettled messages itself.  On RabbitMQ 4 (by its `version`
+property) a link's session therefore outlives the link: once the detach is answered the session
+waits, idle, for the next link (`SESSION_IDLE` seconds, then it ends), new links take idle sessions
+first, and a `begin` after an `end` waits `END_SETTLE` seconds past the answer.  Deliveries are
 received as raw bytes and settled with the client's outcome; nothing is settled upstream on the
 proxy's own initiative except what the forwarding rules decide.  When the connection drops, every
 consumer and publisher is reported closed with a transient `amqp:connection:forced` error (the
@@ -18,6 +24,14 @@ What the remote evaluates (push-down) is decided from its open frame, never from
 (RabbitMQ 3.10 echoes a selector and still delivers everything): selectors only if it offers
 `APACHE.ORG:SELECTOR` or `APACHE.ORG:JMS_FILTERS`, legacy bindings only if it offers
 `APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS`, unless the configuration declares the kinds itself.
+Filter expressions (filtex) are decided by each attach reply instead (`can_offer`): every consumer
+attach carries the client's property and SQL filters (RabbitMQ 3.10, 4.0 and 4.1+ echo them and
+refuse nothing; another broker-filter evaluates them), and the upstream evaluates one only when the
+reply offers its capability and echoes it under its key (`upstream.evaluated_offers`).  RabbitMQ 4.1+
+offers `AMQP_FILTEX_PROP_V1_0` / `AMQP_FILTEX_SQL_V1_0` in the attach frame's own
+offered-capabilities, on streams only; python-qpid-proton 0.40 does not expose a link's remote
+offered-capabilities, so the proxy reads them from proton's frame trace of the attach reply, traced
+only while a consumer attach that offers filters awaits its reply.
 RabbitMQ (by its `product` connection property) takes a binding key as part of an `/exchange/X/key`
 address (`binds_exchange_keys`).  RabbitMQ 3.x ends the session on a `modified` outcome, so
 `modified` is sent to it as `released`; RabbitMQ 4 (by its `version` property) honours `modified`
@@ -32,10 +46,12 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import re
+import time
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
-from proton import Disposition, Endpoint, Handler, Terminus
+from proton import Disposition, Endpoint, Handler, Terminus, Transport
 from proton import symbol as psymbol
 
 from .. import amqptypes as t
@@ -52,17 +68,22 @@ from .upstream import (
     PublisherHandler,
     UpstreamDelivery,
     UpstreamListener,
+    FILTEX_KINDS,
+    evaluated_offers,
 )
 
 log = logging.getLogger("broker_filter.proxy.upstream")
 
 BEGIN_HOLD = 2.0  # longest wait of a new session for ended ones to be answered (see the module docstring)
+SESSION_IDLE = 30.0  # RabbitMQ 4: how long a session whose link detached waits for another link before it ends
+END_SETTLE = 0.25  # RabbitMQ 4: how long after an end is answered its channel is still taken to be busy
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
-# Property filter expressions are pushed down only to an upstream whose open frame offers them (another
-# broker-filter): RabbitMQ 4 echoes them on classic and quorum queues and applies them only on streams.
-FILTEX_PROP_CAPS = frozenset({"AMQP_FILTEX_PROP_V1_0"})
-FILTEX_SQL_CAPS = frozenset({"AMQP_FILTEX_SQL_V1_0"})  # the SQL filter: the same rule
+# An attach reply in proton's frame trace: the link name, and the attach's own offered-capabilities
+_TRACED_ATTACH = re.compile(r'<- @attach\(18\) \[name="((?:[^"\\]|\\.)*)"')
+_TRACED_OFFERED = re.compile(r'offered-capabilities=(@<symbol>\[[^\]]*\]|:"[^"]*"|:[^\s,\]]+)')
+_TRACED_SYMBOL = re.compile(r':"([^"]*)"|:([^\s,\]"]+)')
+_TRACED_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 
 
 def _caps(data) -> tuple[str, ...]:
@@ -131,6 +152,9 @@ class _RemoteLink:
             return
         if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
             self.link.close()
+        if self.upstream.recycles_sessions and self.link is not None and self.session is not None:
+            self.upstream._recycle_after_detach(self.session, self.link)
+            return
         if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
             self.session.close()
             self.upstream._ending(self.session)
@@ -150,6 +174,7 @@ class RemoteConsumer(_RemoteLink):
     def __init__(self, upstream: "RemoteUpstream", spec: ConsumerSpec, handler: ConsumerHandler):
         super().__init__(upstream, handler)
         self.spec = spec
+        self.offer_pending = False  # its attach offers filters and the reply is not in yet
 
     @property
     def credit(self) -> int:
@@ -260,6 +285,9 @@ class RemoteUpstream(Handler):
         self.version: str | None = None
         self.binds_exchange_keys = False
         self.modified_ok = True
+        self.recycles_sessions = False  # RabbitMQ 4: sessions outlive their links (see the module docstring)
+        self._idle: list[Any] = []  # recycled sessions with no link, oldest first
+        self._idle_timer = None
         self._endpoints: dict[str, Any] = {}
         self._ended: set[Any] = set()  # sessions the proxy ended, until the broker's end arrives
         self._waiting: list[Any] = []  # sessions to begin once _ended is empty
@@ -268,6 +296,8 @@ class RemoteUpstream(Handler):
         self._backoff = 0.1
         self._reconnect_timer = None
         self.connects = 0
+        self._awaiting_offers = 0  # consumer attaches offering filters whose reply is not in yet
+        self._traced: dict[str, frozenset[str]] = {}  # link name -> its attach reply's offered-capabilities
 
     # ------------------------------------------------------------------ Upstream
     def start(self, loop: Loop, listener: UpstreamListener) -> None:
@@ -292,11 +322,11 @@ class RemoteUpstream(Handler):
             return bool(self.remote_capabilities & SELECTOR_CAPS)
         if kind in ("direct", "topic", "headers"):
             return bool(self.remote_capabilities & BINDING_CAPS)
-        if kind in ("properties", "application-properties"):
-            return bool(self.remote_capabilities & FILTEX_PROP_CAPS)
-        if kind == "sql":
-            return bool(self.remote_capabilities & FILTEX_SQL_CAPS)
         return False
+
+    def can_offer(self, entry: Any) -> bool:
+        """Filter expressions go on every consumer attach: the reply decides (module docstring)."""
+        return getattr(entry, "kind", None) in FILTEX_KINDS
 
     def routing_type(self, address: str | None, capabilities: tuple[str, ...] = ()) -> str | None:
         return address_form_routing(address)
@@ -309,8 +339,11 @@ class RemoteUpstream(Handler):
             return consumer
         link = session.receiver(name)
         link.source.address = spec.address
-        if spec.filters:
-            put_value(link.source.filter, {_key(e.key): e.value for e in spec.filters})
+        if spec.filters or spec.offered:
+            put_value(link.source.filter, {_key(e.key): e.value for e in spec.filters + spec.offered})
+        if spec.offered:
+            consumer.offer_pending = True
+            self._trace_attaches(+1)
         _put_routing_capabilities(link.source, spec.capabilities)
         if spec.distribution_mode == "copy":
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
@@ -343,6 +376,11 @@ class RemoteUpstream(Handler):
             self.loop.call_soon(lambda: endpoint._closed_by_upstream(
                 ErrorInfo("amqp:connection:forced", f"upstream {self.name} is not connected", transient=True)))
             return None
+        if self._idle:
+            session = self._idle.pop()  # the most recently used: the oldest may soon end
+            session.bf_endpoint = endpoint
+            endpoint.session = session
+            return session
         session = self.connection.session()
         session.bf_endpoint = endpoint
         endpoint.session = session
@@ -358,11 +396,58 @@ class RemoteUpstream(Handler):
         self._ended.add(session)
 
     def _ended_answered(self, session: Any) -> None:
+        if self.recycles_sessions and session in self._ended:
+            # The broker forgets the channel only after it answered: keep it busy a moment longer.
+            self.loop.call_later(END_SETTLE, functools.partial(self._channel_free, session, self.connection))
+            return
+        self._channel_free(session, self.connection)
+
+    def _channel_free(self, session: Any, connection: Any) -> None:
+        if connection is not self.connection:
+            return  # from a connection since lost, whose state went with it
         self._ended.discard(session)
         if not self._ended and self._waiting:
             self._begin_waiting()
 
+    def _recycle_after_detach(self, session: Any, link: Any) -> None:
+        """Keep `session` for the next link once `link`'s detach is answered (RabbitMQ 4)."""
+        if session.state & Endpoint.LOCAL_CLOSED:
+            return
+        if link.state & Endpoint.REMOTE_CLOSED:
+            self._park(session)
+        else:
+            link.bf_recycle = session  # on_link_remote_close parks it
+
+    def _park(self, session: Any) -> None:
+        session.bf_endpoint = None
+        if (self.connection is None or session.connection != self.connection or session in self._idle
+                or session.state & (Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED)):
+            return
+        session.bf_idle_since = _now()
+        self._idle.append(session)
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_later(SESSION_IDLE, self._end_idle)
+
+    def _end_idle(self) -> None:
+        """End the sessions idle for SESSION_IDLE seconds; look again while some are left."""
+        self._idle_timer = None
+        cutoff = _now() - SESSION_IDLE
+        keep = []
+        for session in self._idle:
+            if session.bf_idle_since <= cutoff:
+                session.close()
+                self._ending(session)
+            else:
+                keep.append(session)
+        self._idle = keep
+        if keep:
+            self._idle_timer = self.loop.call_later(
+                max(0.1, keep[0].bf_idle_since + SESSION_IDLE - _now()), self._end_idle)
+
     def _begin_waiting(self) -> None:
+        if self._ended:
+            log.warning("upstream %s: %d ended session(s) unanswered after %.0f s; beginning %d waiting session(s)",
+                        self.name, len(self._ended), BEGIN_HOLD, len(self._waiting))
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
@@ -391,6 +476,45 @@ class RemoteUpstream(Handler):
     def _forget(self, endpoint: Any) -> None:
         if endpoint.link is not None:
             self._endpoints.pop(endpoint.link.name, None)
+            self._traced.pop(endpoint.link.name, None)
+        if getattr(endpoint, "offer_pending", False):
+            self._offer_answered(endpoint)
+
+    # ------------------------------------------------------------------ attach replies in the frame trace
+    def _trace_attaches(self, delta: int) -> None:
+        """Trace frames while a consumer attach that offers filters awaits its reply (proton has no
+        accessor for a link's remote offered-capabilities; see the module docstring)."""
+        before = self._awaiting_offers
+        self._awaiting_offers = max(0, before + delta)
+        if self.connection is None or (before > 0) == (self._awaiting_offers > 0):
+            return
+        transport = self.connection.transport
+        if transport is None:
+            return
+        if self._awaiting_offers:
+            transport.tracer = self._on_trace
+            transport.trace(Transport.TRACE_FRM)
+        else:
+            transport.trace(Transport.TRACE_OFF)
+
+    def _offer_answered(self, consumer: "RemoteConsumer") -> None:
+        consumer.offer_pending = False
+        self._trace_attaches(-1)
+
+    def _on_trace(self, transport: Any, message: str) -> None:
+        try:
+            m = _TRACED_ATTACH.search(message)
+            if m is None:
+                return
+            name = _TRACED_ESCAPE.sub(lambda x: bytes([int(x.group(1), 16)]),
+                                      m.group(1).encode("utf-8", "surrogateescape")).decode("utf-8", "replace")
+            if not getattr(self._endpoints.get(name), "offer_pending", False):
+                return  # not a consumer attach awaiting its reply
+            caps = _TRACED_OFFERED.search(message, m.end())
+            self._traced[name] = frozenset(a or b for a, b in _TRACED_SYMBOL.findall(caps.group(1))) \
+                if caps is not None else frozenset()
+        except Exception:
+            log.exception("upstream %s: reading an attach reply's capabilities failed", self.name)
 
     # ------------------------------------------------------------------ connection
     def _connect(self) -> None:
@@ -438,10 +562,14 @@ class RemoteUpstream(Handler):
         self.connected = False
         self._ended.clear()
         self._waiting.clear()
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
+        self._idle.clear()
+        for timer in (self._hold_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._hold_timer = self._idle_timer = None
         conn, self.connection = self.connection, None
+        self._awaiting_offers = 0
+        self._traced.clear()
         desc = f"upstream {self.name} connection lost"
         if condition is not None and getattr(condition, "description", None):
             desc += f": {condition.description}"
@@ -478,6 +606,7 @@ class RemoteUpstream(Handler):
         is_rabbit = self.product is not None and "rabbitmq" in self.product.lower()
         self.binds_exchange_keys = is_rabbit
         self.modified_ok = not is_rabbit or _major(self.version) >= 4
+        self.recycles_sessions = is_rabbit and _major(self.version) >= 4
         self.connected = True
         self._backoff = 0.1
         self._attempt = 0
@@ -503,6 +632,8 @@ class RemoteUpstream(Handler):
         if event.connection != self.connection:
             return
         endpoint = getattr_or_none(ssn, "bf_endpoint")
+        if ssn in self._idle:
+            self._idle.remove(ssn)  # the broker ended an idle session: it is freed below
         if not (ssn.state & Endpoint.LOCAL_CLOSED):
             ssn.close()
         else:
@@ -537,11 +668,22 @@ class RemoteUpstream(Handler):
             if src.type == Terminus.UNSPECIFIED:
                 return  # refused: a detach with the reason follows
             echoed = data_value(src.filter)
+            source_caps = _caps(src.capabilities)
+            evaluated: tuple = ()
+            if ep.spec.offered:
+                # The attach's offered-capabilities, and the source's ones the proxy did not ask for
+                # (RabbitMQ echoes a client's source capabilities).
+                asked = set(ep.spec.capabilities)
+                caps = self._traced.pop(link.name, frozenset()) | {c for c in source_caps if c not in asked}
+                evaluated = evaluated_offers(ep.spec.offered, caps, echoed)
+                if ep.offer_pending:
+                    self._offer_answered(ep)
             info = ConsumerInfo(
                 address=src.address,
                 subscription=True if src.distribution_mode == Terminus.DIST_MODE_COPY else None,
                 filters_applied=tuple(echoed) if isinstance(echoed, dict) else (),
-                capabilities=_caps(src.capabilities),
+                capabilities=source_caps,
+                evaluated=evaluated,
             )
             ep.ready = True
             ep.handler.on_consumer_ready(ep, info)
@@ -567,6 +709,10 @@ class RemoteUpstream(Handler):
                 transient=False,
             )
             ep._closed_by_upstream(err)
+        parked = getattr_or_none(link, "bf_recycle")
+        if parked is not None:
+            link.bf_recycle = None
+            self._park(parked)
         # Detached on both ends: free it, or a long-lived connection accumulates dead links.
         link.bf_endpoint = None
         link.free()
@@ -630,6 +776,10 @@ def _endpoint(link) -> Any:
         return link.bf_endpoint
     except AttributeError:
         return None
+
+
+def _now() -> float:
+    return time.monotonic()
 
 
 def _major(version: str | None) -> int:

@@ -44,6 +44,9 @@ class Broker:
 
 RABBITMQ3 = Broker("3.10", 5672, ["rabbitmqctl"], RABBIT_ENV)
 RABBITMQ4 = Broker("4.0", 5682, ["bash", str(ROOT / "scripts" / "rabbitmq4.sh"), "ctl"])
+# Optional: the newest RabbitMQ Debian ships (4.1+: filter expressions on streams), from its own chroot.
+RABBITMQ_LATEST_ROOT = Path(os.environ.get("BROKER_FILTER_RABBITMQ_LATEST_ROOT", "/opt/broker-filter-sid"))
+RABBITMQ_LATEST = Broker("4.1+", 5692, ["bash", str(ROOT / "scripts" / "rabbitmq-latest.sh"), "ctl"])
 # The upstream of the RabbitMQ run in progress (the `rabbitmq` fixture sets it): `Proxy()`,
 # `rabbitmqctl` and `amqp10_ready` default to it.
 current = RABBITMQ3
@@ -136,15 +139,3 @@ class Proxy:
                 self.proc.kill()
                 self.proc.wait(10)
         self._log.close()
-
-
-def known_rabbitmq4_attach_hang(request, broker) -> None:
-    """Mark a churn-heavy test on RabbitMQ 4.0 as a known intermittent failure (non-strict xfail):
-    under load a link attach can go unanswered (the upstream session-wait logic of
-    broker_filter/proxy/remote.py); on 3.10 the test asserts as usual."""
-    import pytest
-
-    if broker.major >= 4:
-        request.applymarker(pytest.mark.xfail(strict=False, reason=(
-            "known: on RabbitMQ 4.0 fast attach/detach churn can leave an attach unanswered on a loaded "
-            "machine (intermittent); the upstream session-wait logic in proxy/remote.py needs another look")))
