@@ -25,8 +25,8 @@ import logging
 import ssl
 from typing import Any, Callable
 
-from .. import amqptypes as t
-from ..listener import IDENTITY_ATTRIBUTE, server_ssl_context
+from ..amqp import types as t
+from ..proxy.listener import IDENTITY_ATTRIBUTE, server_ssl_context
 from ..security import UserDatabase
 from ._cproton import ffi, lib
 from .endpoints import Connection, Handler, SaslClient, read_data

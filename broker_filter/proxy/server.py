@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every client receiving link becomes an `Outlet` on a `Feed` (see `broker_filter.forwarding`), and
+Every client receiving link becomes an `Outlet` on a `Feed` (see `broker_filter.proxy.forwarding`), and
 every feed is one upstream consumer.  Which links share a feed is one rule, in
 `broker_filter.proxy.sharing`: subscription sources get a feed of their own (a named shared
 subscription one per name); links on the same queue (and the same pushed-down filters) share one.
@@ -38,10 +38,10 @@ from proton import Condition, Disposition, Endpoint, Link, Terminus
 from proton import symbol as psymbol
 from proton import Handler
 
-from .. import amqptypes as t
-from ..codec import CodecError, set_message_annotation
+from ..amqp import types as t
+from ..amqp import CodecError, set_message_annotation
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
-from ..forwarding import Feed, FeedStats, Outcome, Outlet
+from .forwarding import Feed, FeedStats, Outcome, Outlet
 from . import sharing
 from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
 from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery

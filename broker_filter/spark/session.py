@@ -8,7 +8,7 @@ from typing import Any
 
 from pyarrow import Table
 
-from .. import archive as _archive
+from ..archive import parquet as _archive
 
 
 def get_session(master: str | None = "local[*]", app_name: str = "broker-filter", **conf: str) -> Any:

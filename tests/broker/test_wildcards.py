@@ -7,7 +7,7 @@ import pytest
 from broker_filter.broker import WildcardTrie, is_wildcard
 from broker_filter.config import AddressRule
 from broker_filter.filters import compile_filter_set
-from broker_filter.message import Message
+from broker_filter.amqp.message import Message
 
 TOPIC_ROWS = tomllib.loads((Path(__file__).parents[1] / "core" / "data" / "topic.toml").read_text())["rows"]
 

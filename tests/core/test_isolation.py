@@ -9,8 +9,8 @@ import sys
 def test_filter_core_imports_neither_proton_nor_pyspark() -> None:
     probe = (
         "import sys\n"
-        "import broker_filter.filters, broker_filter.filters.reference, broker_filter.message, broker_filter.amqptypes\n"
-        "broker_filter.filters.compile_selector(\"a = 1\").evaluate(broker_filter.message.Message())\n"
+        "import broker_filter.filters, broker_filter.filters.reference, broker_filter.amqp.message, broker_filter.amqp.types\n"
+        "broker_filter.filters.compile_selector(\"a = 1\").evaluate(broker_filter.amqp.message.Message())\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('proton', '_proton', 'cproton', 'pyspark', 'py4j'))\n"
         "print(','.join(loaded))\n"
     )

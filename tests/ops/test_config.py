@@ -351,7 +351,7 @@ upstream = "orders"
 
 
 def test_virtual_addresses_compile_and_route(tmp_path):
-    from broker_filter.message import Message
+    from broker_filter.amqp.message import Message
 
     config = load(parse("--config", write(tmp_path, VIRTUAL)), {})
     red = config.route("orders.red")
@@ -378,7 +378,7 @@ def test_virtual_addresses_compile_and_route(tmp_path):
 
 def test_virtual_filter_combines_with_the_client_filter_and_echoes_only_the_client_part(tmp_path):
     from broker_filter.filters import compile_filter_set
-    from broker_filter.message import Message
+    from broker_filter.amqp.message import Message
 
     config = load(parse("--config", write(tmp_path, VIRTUAL)), {})
     red = config.virtual_addresses["orders.red"]

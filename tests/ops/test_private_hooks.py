@@ -23,10 +23,10 @@ def test_proton_iohandler_update():
     except ImportError:
         IOHandler = None  # noqa: N806
     hook(IOHandler is not None and hasattr(IOHandler, "update"), "proton._handlers.IOHandler.update",
-         "broker_filter.listener.Adopter (registers an adopted socket's transport)")
+         "broker_filter.proxy.listener.Adopter (registers an adopted socket's transport)")
     params = list(inspect.signature(IOHandler.update).parameters)
     hook(params == ["transport", "selectable", "now"], "IOHandler.update(transport, selectable, now)",
-         "broker_filter.listener.Adopter")
+         "broker_filter.proxy.listener.Adopter")
 
 
 def test_proton_connection_acceptor_flag_skips_connecting():
@@ -34,7 +34,7 @@ def test_proton_connection_acceptor_flag_skips_connecting():
 
     source = inspect.getsource(IOHandler.on_connection_bound)
     hook("c._acceptor" in source, "IOHandler.on_connection_bound's check of connection._acceptor",
-         "broker_filter.listener.Adopter (marks adopted connections so proton does not dial out)")
+         "broker_filter.proxy.listener.Adopter (marks adopted connections so proton does not dial out)")
 
 
 def test_proton_selectable_and_transport_link_each_other():
@@ -44,16 +44,16 @@ def test_proton_selectable_and_transport_link_each_other():
 
     for name in ("on_selectable_readable", "on_selectable_writable", "on_selectable_expired"):
         hook("s._transport" in inspect.getsource(getattr(IOHandler, name)), f"IOHandler.{name} reading "
-             "selectable._transport", "broker_filter.listener.Adopter and lifecycle.GracefulShutdown")
+             "selectable._transport", "broker_filter.proxy.listener.Adopter and lifecycle.GracefulShutdown")
     hook("t._selectable" in inspect.getsource(IOHandler.on_transport), "IOHandler.on_transport reading "
-         "transport._selectable", "broker_filter.listener.Adopter")
+         "transport._selectable", "broker_filter.proxy.listener.Adopter")
     container = Container()
     selectable = container.selectable()
     transport = Transport(Transport.SERVER)
     selectable._transport = transport
     transport._selectable = selectable
     hook(selectable._transport is transport and transport._selectable is selectable,
-         "settable Selectable._transport / Transport._selectable", "broker_filter.listener.Adopter")
+         "settable Selectable._transport / Transport._selectable", "broker_filter.proxy.listener.Adopter")
     selectable.terminate()
 
 
@@ -65,7 +65,7 @@ def test_proton_acceptor_listening_socket():
     try:
         socket = getattr(getattr(acceptor, "_selectable", None), "_delegate", None)
         hook(socket is not None and hasattr(socket, "getsockname"), "Acceptor._selectable._delegate (its socket)",
-             "broker_filter.listener.listen (reports the port bound for port 0)")
+             "broker_filter.proxy.listener.listen (reports the port bound for port 0)")
         assert socket.getsockname()[1] > 0
     finally:
         acceptor.close()

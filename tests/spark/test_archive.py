@@ -10,8 +10,8 @@ import uuid
 import pyarrow.parquet as pq
 import pytest
 
-from broker_filter import amqptypes as t
-from broker_filter.archive import (
+from broker_filter.amqp import types as t
+from broker_filter.archive.parquet import (
     SCHEMA,
     ArchiveError,
     JournalWriter,
@@ -23,7 +23,7 @@ from broker_filter.archive import (
     rows_table,
 )
 from broker_filter.cli import main
-from broker_filter.message import Header, Message, Properties
+from broker_filter.amqp.message import Header, Message, Properties
 
 TYPED_VALUES = {
     "ub": t.ubyte(200),
@@ -192,5 +192,5 @@ def test_the_archive_module_does_not_load_spark():
     import subprocess
     import sys
 
-    code = "import sys, broker_filter.archive; sys.exit('pyspark' in sys.modules or 'proton' in sys.modules)"
+    code = "import sys, broker_filter.archive.parquet; sys.exit('pyspark' in sys.modules or 'proton' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

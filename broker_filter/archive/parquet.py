@@ -27,8 +27,8 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import amqptypes as t
-from .message import HEADER_FIELDS, PROPERTIES_FIELDS, Header, Message, Properties, value_from_json, value_to_json
+from ..amqp import types as t
+from ..amqp.message import HEADER_FIELDS, PROPERTIES_FIELDS, Header, Message, Properties, value_from_json, value_to_json
 
 SCHEMA_VERSION = 1
 

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .security import SaslServer, UserDatabase, certificate_subject
+from ..security import SaslServer, UserDatabase, certificate_subject
 
 log = logging.getLogger("broker_filter.listener")
 

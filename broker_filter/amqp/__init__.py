@@ -9,7 +9,7 @@
 """
 
 from .sections import ALL_SECTIONS, decode_message, encode_message, redelivery_bytes, scan, set_message_annotation
-from .types import CodecError, decode, encode, skip
+from .encoding import CodecError, decode, encode, skip
 
 __all__ = [
     "ALL_SECTIONS",
