@@ -1,5 +1,7 @@
 """Secrets: password hashes for the PLAIN user database, constant-time verification, and redaction of
-credentials in URLs before they reach a log line, a metric or an error description.
+credentials in URLs before they reach a log line, a metric or an error description.  Also who a
+client connection is (`Identity`, from the SASL exchange) and the listener's TLS context: both I/O
+layers (the proton listener in `proxy` and `engine`) use them.
 
 Password hashes are PHC-style strings, so an operator can tell the algorithm and its cost by eye:
 
@@ -16,10 +18,11 @@ import hashlib
 import hmac
 import re
 import secrets
+import ssl
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from struct import error as struct_error
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -208,6 +211,45 @@ def certificate_subject(cert: Any) -> str | None:
         for key, value in rdn:
             parts.append(f"{key}={value}")
     return ",".join(parts) or None
+
+
+# --------------------------------------------------------------------------------------------------
+# Who a client connection is, and the TLS context of the client listener (both I/O layers use them)
+
+IDENTITY_ATTRIBUTE = "broker_filter_identity"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a client connection authenticated as."""
+
+    user: str | None
+    mechanism: str  # PLAIN, ANONYMOUS, EXTERNAL, "" (no SASL)
+    password: str | None = field(default=None, repr=False)  # pass-through only
+    tls: bool = False  # TLS terminated by the front end (proton's own acceptor does not report it)
+    peer: str = ""  # "host:port" of the client
+
+
+ANONYMOUS = Identity("anonymous", "ANONYMOUS")
+
+
+def identity_of(connection: Any) -> Identity:
+    """The Identity a listener attached to a proton Connection (ANONYMOUS for proton's own acceptor)."""
+    try:
+        return getattr(connection, IDENTITY_ATTRIBUTE)
+    except AttributeError:
+        return ANONYMOUS
+
+
+def server_ssl_context(tls: Any) -> ssl.SSLContext:
+    """An `ssl.SSLContext` for `[listener.tls]`."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(tls.cert_file, tls.key_file, password=tls.key_password or None)
+    if tls.ca_file:
+        context.load_verify_locations(tls.ca_file)
+    context.verify_mode = ssl.CERT_REQUIRED if tls.verify_client else ssl.CERT_NONE
+    return context
 
 
 # --------------------------------------------------------------------------------------------------

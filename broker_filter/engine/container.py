@@ -26,8 +26,7 @@ import ssl
 from typing import Any, Callable
 
 from ..amqp import types as t
-from ..proxy.listener import IDENTITY_ATTRIBUTE, server_ssl_context
-from ..security import UserDatabase
+from ..security import IDENTITY_ATTRIBUTE, UserDatabase, server_ssl_context
 from ._cproton import ffi, lib
 from .endpoints import Connection, Handler, SaslClient, read_data
 from .loop import EVENT_READ, EventLoop, Limits
