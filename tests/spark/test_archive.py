@@ -186,11 +186,3 @@ def test_text_that_utf8_cannot_hold_is_a_clear_error():
     rows, errors = import_jsonl(['{"application_properties": {"a": "\\ud800"}}', '{"properties": {"to": "\\udfff"}}'])
     assert rows == [] and [n for n, _ in errors] == [1, 2]
     assert "not valid Unicode" in errors[0][1]
-
-
-def test_the_archive_module_does_not_load_spark():
-    import subprocess
-    import sys
-
-    code = "import sys, broker_filter.archive.parquet; sys.exit('pyspark' in sys.modules or 'proton' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
