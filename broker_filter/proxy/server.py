@@ -43,6 +43,7 @@ from ..amqp import CodecError, set_message_annotation
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from .forwarding import Feed, FeedStats, Outcome, Outlet
 from . import sharing
+from .routing import Routing
 from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
 from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
 
@@ -278,6 +279,7 @@ class ProxyServer(Handler):
         super().__init__()
         self.metrics = metrics  # broker_filter.metrics.Metrics, or None
         self.config = config  # broker_filter.config.Config: address rules, virtual addresses, limits
+        self.routing = Routing.from_config(config) if config is not None else None
         self.upstream = upstream
         self.instance = instance
         self.dialect = dialect
@@ -793,9 +795,9 @@ class ProxyServer(Handler):
         inlet.top_up()
 
     def _route(self, address: str | None) -> Any:
-        if self.config is None or address is None:
+        if self.routing is None or address is None:
             return None
-        return self.config.route(address)
+        return self.routing.route(address)
 
     # ---------------------------------------------------------------- recycling
     def recycle_message(self, binding: FeedBinding, data: bytes, done: Callable[[bool], None]) -> bool:
