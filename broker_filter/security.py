@@ -39,6 +39,34 @@ _SCRYPT_MAXMEM = 64 * 1024 * 1024
 REDACTED = "***"
 
 
+IDENTITY_ATTRIBUTE = "broker_filter_identity"  # where a listener puts the Identity on a proton Connection
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a client connection authenticated as."""
+
+    user: str | None
+    mechanism: str  # PLAIN, ANONYMOUS, EXTERNAL, "" (no SASL)
+    password: str | None = field(default=None, repr=False)  # pass-through only
+    tls: bool = False  # TLS terminated by the daemon (proton's own acceptor does not report it)
+    peer: str = ""  # "host:port" of the client
+
+
+ANONYMOUS = Identity("anonymous", "ANONYMOUS")
+
+
+def server_ssl_context(tls: Any) -> ssl.SSLContext:
+    """An `ssl.SSLContext` for `[listener.tls]`."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(tls.cert_file, tls.key_file, password=tls.key_password or None)
+    if tls.ca_file:
+        context.load_verify_locations(tls.ca_file)
+    context.verify_mode = ssl.CERT_REQUIRED if tls.verify_client else ssl.CERT_NONE
+    return context
+
+
 class PasswordHashError(ValueError):
     """A stored password hash that cannot be used (unknown algorithm, bad parameters, bad base64)."""
 
@@ -211,45 +239,6 @@ def certificate_subject(cert: Any) -> str | None:
         for key, value in rdn:
             parts.append(f"{key}={value}")
     return ",".join(parts) or None
-
-
-# --------------------------------------------------------------------------------------------------
-# Who a client connection is, and the TLS context of the client listener (both I/O layers use them)
-
-IDENTITY_ATTRIBUTE = "broker_filter_identity"
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who a client connection authenticated as."""
-
-    user: str | None
-    mechanism: str  # PLAIN, ANONYMOUS, EXTERNAL, "" (no SASL)
-    password: str | None = field(default=None, repr=False)  # pass-through only
-    tls: bool = False  # TLS terminated by the front end (proton's own acceptor does not report it)
-    peer: str = ""  # "host:port" of the client
-
-
-ANONYMOUS = Identity("anonymous", "ANONYMOUS")
-
-
-def identity_of(connection: Any) -> Identity:
-    """The Identity a listener attached to a proton Connection (ANONYMOUS for proton's own acceptor)."""
-    try:
-        return getattr(connection, IDENTITY_ATTRIBUTE)
-    except AttributeError:
-        return ANONYMOUS
-
-
-def server_ssl_context(tls: Any) -> ssl.SSLContext:
-    """An `ssl.SSLContext` for `[listener.tls]`."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(tls.cert_file, tls.key_file, password=tls.key_password or None)
-    if tls.ca_file:
-        context.load_verify_locations(tls.ca_file)
-    context.verify_mode = ssl.CERT_REQUIRED if tls.verify_client else ssl.CERT_NONE
-    return context
 
 
 # --------------------------------------------------------------------------------------------------

@@ -32,11 +32,27 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..security import IDENTITY_ATTRIBUTE, Identity, SaslServer, UserDatabase, certificate_subject, server_ssl_context
+from ..security import (  # noqa: F401 - Identity, ANONYMOUS, IDENTITY_ATTRIBUTE, server_ssl_context: re-exported
+    ANONYMOUS,
+    IDENTITY_ATTRIBUTE,
+    Identity,
+    SaslServer,
+    UserDatabase,
+    certificate_subject,
+    server_ssl_context,
+)
 
 log = logging.getLogger("broker_filter.listener")
 
 _CHUNK = 64 * 1024
+
+
+def identity_of(connection: Any) -> Identity:
+    """The Identity a listener attached to a proton Connection (ANONYMOUS for proton's own acceptor)."""
+    try:
+        return getattr(connection, IDENTITY_ATTRIBUTE)
+    except AttributeError:
+        return ANONYMOUS
 
 
 # --------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..security import identity_of
+from .listener import identity_of
 
 log = logging.getLogger("broker_filter.passthrough")
 

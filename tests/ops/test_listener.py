@@ -14,8 +14,7 @@ from proton.reactor import ApplicationEvent, Container, EventInjector
 from proton.utils import BlockingConnection
 
 from broker_filter.config import add_serve_arguments, load
-from broker_filter.proxy.listener import listen, needs_front_end
-from broker_filter.security import identity_of
+from broker_filter.proxy.listener import identity_of, listen, needs_front_end
 from broker_filter.security import hash_password
 
 ALICE = hash_password("wonderland", algorithm="pbkdf2-sha256")
