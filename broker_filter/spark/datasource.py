@@ -30,7 +30,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceStreamReader,
@@ -178,17 +177,13 @@ class AmqpStreamReader(DataSourceStreamReader):
         return b.parts
 
     def _ipc(self, rows: list[dict]) -> bytes:
-        table = _archive.rows_table(rows).cast(self.arrow_schema)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as w:
-            w.write_table(table)
-        return sink.getvalue().to_pybytes()
+        return _archive.rows_stream(rows, self.arrow_schema)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         data = getattr(partition, "data", None)
         if not data:
             return iter(())
-        return iter(pa.ipc.open_stream(data).read_all().to_batches())
+        return iter(_archive.stream_batches(data))
 
     def commit(self, end: dict) -> None:
         self._settle_through(int(end["seq"]))

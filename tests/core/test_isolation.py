@@ -46,7 +46,7 @@ THIRD_PARTY: dict[str, set[str]] = {
     "prometheus_client": {"metrics"},
     "proton": {"engine", "proxy", "app", "spark"},
     "cproton_ffi": {"engine"},
-    "pyarrow": {"archive", "spark"},  # spark: pyspark's Python data source exchanges Arrow batches
+    "pyarrow": {"archive"},
     "pyspark": {"spark"},
     "tqdm": {"commands"},
 }
