@@ -9,6 +9,7 @@ not reach, none of the optional or I/O libraries it may not use, and no logging 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import subprocess
 import sys
@@ -160,6 +161,7 @@ print(json.dumps({{
 }}))
 """
 
+PROTON = {"proton", "_proton", "cproton", "cproton_ffi"}
 MESSAGE = "broker_filter.amqp.message.Message(application_properties={'a': 1})"
 EVALUATE = f"assert broker_filter.filters.compile_selector('a = 1').evaluate({MESSAGE})"
 # floor -> (the libraries it may load, what runs after its modules are imported)
@@ -170,13 +172,18 @@ FLOORS = {
     "archive": ({"lark", "pyarrow"}, ""),
     "security": (set(), ""),
     "config": ({"lark"}, "broker_filter.config.load(None, {})"),
-    "engine": ({"cproton_ffi", "proton", "_proton", "cproton"}, ""),
+    "engine": (PROTON, ""),
+    "proxy": (PROTON | {"lark", "sortedcontainers"}, ""),
+    # pyspark loads pyarrow and py4j itself
+    "spark": (PROTON | {"lark", "pyarrow", "pyspark", "py4j"}, ""),
 }
 
 
 @pytest.mark.parametrize("floor", sorted(FLOORS))
 def test_importing_a_floor_loads_nothing_above_it(floor: str) -> None:
     libraries, then = FLOORS[floor]
+    if floor == "spark" and importlib.util.find_spec("pyspark") is None:
+        pytest.skip("the spark extra is not installed")
     probe = PROBE.format(names=[f"broker_filter.{floor}"], then=then, probed=PROBED)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
