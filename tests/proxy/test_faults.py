@@ -16,7 +16,7 @@ from proton import Message
 from proton.reactor import Selector
 from proton.utils import LinkDetached
 
-from proxy_harness import Proxy, amqp10_ready, known_rabbitmq4_attach_hang, rabbitmqctl
+from proxy_harness import Proxy, amqp10_ready, rabbitmqctl
 from proxy_clients import connect, receive, take
 
 pytestmark = pytest.mark.rabbitmq
@@ -24,8 +24,7 @@ pytestmark = pytest.mark.rabbitmq
 HERE = Path(__file__).resolve().parent
 
 
-def test_killed_client_loses_nothing(proxy, address, rabbitmq_broker, request):
-    known_rabbitmq4_attach_hang(request, rabbitmq_broker)
+def test_killed_client_loses_nothing(proxy, address):
     q = f"/queue/{address}"
     c = connect(proxy.url)
     try:
