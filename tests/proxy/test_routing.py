@@ -8,6 +8,7 @@ import json
 import pytest
 
 from broker_filter.config import VIRTUAL_FILTER_KEY, AddressRule, load
+from broker_filter.filters import FilterSet
 from broker_filter.proxy.routing import Routing, rule_matches
 
 
@@ -122,6 +123,9 @@ def test_virtual_filter_combines_with_the_client_filter_and_echoes_only_the_clie
     config = loaded(tmp_path, VIRTUAL)
     red = Routing.from_config(config).virtual["orders.red"]
     assert [e.kind for e in red.filter_set.entries] == ["selector"]
+    # the compiled filter lives with the routing; the setting holds what was written
+    setting = config.virtual_addresses["orders.red"]
+    assert not [name for name, value in vars(setting).items() if isinstance(value, FilterSet)]
     client = compile_filter_set({"jms-selector": {"descriptor": "apache.org:selector-filter:string",
                                                   "value": "size = 'L'"}})
     combined = red.combine(client)
