@@ -44,6 +44,9 @@ class Broker:
 
 RABBITMQ3 = Broker("3.10", 5672, ["rabbitmqctl"], RABBIT_ENV)
 RABBITMQ4 = Broker("4.0", 5682, ["bash", str(ROOT / "scripts" / "rabbitmq4.sh"), "ctl"])
+# Optional: the newest RabbitMQ Debian ships (4.1+: filter expressions on streams), from its own chroot.
+RABBITMQ_LATEST_ROOT = Path(os.environ.get("BROKER_FILTER_RABBITMQ_LATEST_ROOT", "/opt/broker-filter-sid"))
+RABBITMQ_LATEST = Broker("4.1+", 5692, ["bash", str(ROOT / "scripts" / "rabbitmq-latest.sh"), "ctl"])
 # The upstream of the RabbitMQ run in progress (the `rabbitmq` fixture sets it): `Proxy()`,
 # `rabbitmqctl` and `amqp10_ready` default to it.
 current = RABBITMQ3
