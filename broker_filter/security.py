@@ -1,5 +1,7 @@
 """Secrets: password hashes for the PLAIN user database, constant-time verification, and redaction of
-credentials in URLs before they reach a log line, a metric or an error description.
+credentials in URLs before they reach a log line, a metric or an error description.  Also who a
+client connection is (`Identity`, from the SASL exchange) and the listener's TLS context: both I/O
+layers (the proton listener in `proxy` and `engine`) use them.
 
 Password hashes are PHC-style strings, so an operator can tell the algorithm and its cost by eye:
 
@@ -396,8 +398,8 @@ class SaslServer:
         return body
 
     def _on_init(self, body: bytes) -> None:
-        from . import amqptypes as t
-        from .codec import decode
+        from .amqp import types as t
+        from .amqp import decode
 
         value, _ = decode(body, 0)
         if not isinstance(value, t.Described) or value.descriptor not in _SASL_INIT:
@@ -447,20 +449,20 @@ class SaslServer:
 
 
 def _ubyte(n: int) -> Any:
-    from . import amqptypes as t
+    from .amqp import types as t
 
     return t.ubyte(n)
 
 
 def _symbol_array(names: tuple[str, ...]) -> Any:
-    from . import amqptypes as t
+    from .amqp import types as t
 
     return t.Array("symbol", [t.symbol(n) for n in names])
 
 
 def _sasl_frame(code: int, fields: list) -> bytes:
-    from . import amqptypes as t
-    from .codec import encode
+    from .amqp import types as t
+    from .amqp import encode
 
     body = encode(t.Described(t.ulong(code), fields))
     return (8 + len(body)).to_bytes(4, "big") + bytes((2, _SASL_FRAME_TYPE, 0, 0)) + body

@@ -1,11 +1,11 @@
 """The daemon's proton handlers on the engine loop: a stand-in for the parts of proton's `Container`
 the daemon uses (`broker-filter serve --io engine`).
 
-Theory of operation.  The daemon's handlers (`proxy.server`, `proxy.remote`, `lifecycle`) are
+Theory of operation.  The daemon's handlers (`proxy.server`, `proxy.remote`, `proxy.lifecycle`) are
 written against proton's Python API: events with `event.connection`, `event.link`, wrappers with
 attributes.  `EngineContainer` gives them that API over `loop.EventLoop`: every collector event of
-a connection made here is wrapped as proton's `Event` and dispatched to the connection's proton
-handler as the Container would, while the loop owns the sockets (epoll, no descriptor ceiling), TLS,
+a connection made here that the handlers answer (`HANDED_ON`) is wrapped as proton's `Event` and
+dispatched to the connection's proton handler as the Container would, while the loop owns the sockets (epoll, no descriptor ceiling), TLS,
 the listener's SASL exchange, heartbeats and the limits.  `connect()`, `schedule()`,
 `selectable()`, `handler.add()` (with `on_reactor_quiesced` after each turn), `run()` and `stop()`
 behave as the Container's do for the daemon.
@@ -25,7 +25,7 @@ import logging
 import ssl
 from typing import Any, Callable
 
-from .. import amqptypes as t
+from ..amqp import types as t
 from ..security import IDENTITY_ATTRIBUTE, UserDatabase, server_ssl_context
 from ._cproton import ffi, lib
 from .endpoints import Condition, Connection, Handler, SaslClient, read_data
@@ -49,7 +49,7 @@ def client_ssl_context(tls: Any) -> ssl.SSLContext:
     return context
 
 
-# The proton events the daemon's handlers answer (`lifecycle`, `passthrough`, `proxy`).  The rest
+# The proton events the daemon's handlers answer (`broker_filter.proxy`).  The rest
 # (PN_TRANSPORT after every change, the init, bound, local-state and final events of sessions and
 # links) would be wrapped as proton's Event and dispatched to no method at all: wrapping is most of
 # this bridge's cost, so they are not handed on.  tests/engine/test_bridge.py checks that no daemon

@@ -11,7 +11,7 @@ import pkgutil
 import broker_filter.proxy
 from broker_filter.engine.container import HANDED_ON
 
-DAEMON_MODULES = ["broker_filter.app", "broker_filter.lifecycle", "broker_filter.passthrough"] + [
+DAEMON_MODULES = ["broker_filter.app"] + [
     f"broker_filter.proxy.{m.name}" for m in pkgutil.iter_modules(broker_filter.proxy.__path__)]
 
 

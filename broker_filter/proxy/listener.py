@@ -32,7 +32,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .security import (  # noqa: F401 - Identity, ANONYMOUS, IDENTITY_ATTRIBUTE, server_ssl_context: re-exported
+from ..security import (  # noqa: F401 - Identity, ANONYMOUS, IDENTITY_ATTRIBUTE, server_ssl_context: re-exported
     ANONYMOUS,
     IDENTITY_ATTRIBUTE,
     Identity,
