@@ -233,8 +233,8 @@ def one_round(port: int, address: str, count: int, through_relay: bool, relay_pi
 
 
 def delete_queue(name: str) -> None:
-    sys.path.insert(0, str(ROOT / "tests" / "proxy"))
-    from proxy_harness import rabbitmqctl
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from rabbitmq_nodes import rabbitmqctl
 
     rabbitmqctl("delete_queue", name)
 

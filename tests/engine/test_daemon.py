@@ -4,17 +4,14 @@ descriptors that proton's Container (select) cannot go beyond."""
 from __future__ import annotations
 
 import socket
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from .conftest import client_result, closed_at_once, run_client, start_client
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
-from proxy_harness import Proxy  # noqa: E402
+from launcher import Daemon
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -23,7 +20,7 @@ IDLE = 1100
 
 def test_the_daemon_on_the_engine_serves_a_filtered_consumer_past_a_thousand_idle_sockets(rabbitmq):
     limit = IDLE + 1  # the idle sockets and the consumer
-    proxy = Proxy("--io", "engine", "--set", f"limits.connections={limit}")
+    proxy = Daemon("--io", "engine", "--set", f"limits.connections={limit}", upstream=rabbitmq)
     idle: list[socket.socket] = []
     receiver = None
     try:

@@ -18,8 +18,9 @@ import pytest
 from proton import Message
 from proton.reactor import Selector
 
-from proxy_clients import connect, receive
-from proxy_harness import Proxy, known_rabbitmq4_attach_hang
+from clients import connect, receive_until_quiet
+from launcher import Daemon
+from rabbitmq_nodes import known_rabbitmq4_attach_hang
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -38,7 +39,7 @@ def test_random_clients_lose_nothing_and_duplicate_nothing(rabbitmq, rabbitmq_br
     known_rabbitmq4_attach_hang(request, rabbitmq_broker)
     rnd = random.Random(SEED * 1_000_003 + MESSAGES)
     replay = f"replay: BROKER_FILTER_SOAK_SEED={SEED} BROKER_FILTER_SOAK_MESSAGES={MESSAGES}"
-    proxy = Proxy("--set", "limits.upstream_window=8")
+    proxy = Daemon("--set", "limits.upstream_window=8", upstream=rabbitmq)
     q = f"/queue/soak-{uuid.uuid4().hex[:8]}"
     published: set[int] = set()
     received: list[int] = []
@@ -63,7 +64,7 @@ def test_random_clients_lose_nothing_and_duplicate_nothing(rabbitmq, rabbitmq_br
                 receivers.append((r, text))
             elif receivers:
                 r, text = receivers.pop(rnd.randrange(len(receivers)))
-                for m in receive(r, idle=0.2, limit=2):
+                for m in receive_until_quiet(r, idle=0.2, limit=2):
                     assert SELECTS[text](m.properties["c"]), (text, m.properties, replay)
                     received.append(m.body)
                 if rnd.random() < 0.5:
@@ -71,7 +72,7 @@ def test_random_clients_lose_nothing_and_duplicate_nothing(rabbitmq, rabbitmq_br
                 else:
                     r.link.detach()
         for r, text in receivers:
-            for m in receive(r, idle=0.2, limit=2):
+            for m in receive_until_quiet(r, idle=0.2, limit=2):
                 assert SELECTS[text](m.properties["c"]), (text, m.properties, replay)
                 received.append(m.body)
     finally:
@@ -80,7 +81,7 @@ def test_random_clients_lose_nothing_and_duplicate_nothing(rabbitmq, rabbitmq_br
         proxy.stop()
     direct = connect(rabbitmq)
     try:
-        rest = [m.body for m in receive(direct.create_receiver(q, credit=500), idle=2.0, limit=60)]
+        rest = [m.body for m in receive_until_quiet(direct.create_receiver(q, credit=500), idle=2.0, limit=60)]
     finally:
         direct.close()
     counts = collections.Counter(received + rest)
