@@ -7,7 +7,13 @@ session, which must take down only the endpoint concerned.  A new session never 
 the proxy ended still waits for the broker's `end`: proton reuses the lowest free channel number
 as soon as its own `end` is out, and RabbitMQ 4 hands a `begin` arriving on a channel whose
 session is still ending to that session, which never answers it (the link would hang).  Such
-sessions wait (at most `BEGIN_HOLD` seconds) and begin when the ends are in.  Deliveries are
+sessions wait (at most `BEGIN_HOLD` seconds) and begin when the ends are in.  RabbitMQ 4 frees the
+channel a moment *after* answering an `end` (its reader forgets the channel when the session process
+exits), so even a `begin` sent right after the answer can go to the dying session; but RabbitMQ 4
+also returns a detached link's unsettled messages itself.  On RabbitMQ 4 (by its `version`
+property) a link's session therefore outlives the link: once the detach is answered the session
+waits, idle, for the next link (`SESSION_IDLE` seconds, then it ends), new links take idle sessions
+first, and a `begin` after an `end` waits `END_SETTLE` seconds past the answer.  Deliveries are
 received as raw bytes and settled with the client's outcome; nothing is settled upstream on the
 proxy's own initiative except what the forwarding rules decide.  When the connection drops, every
 consumer and publisher is reported closed with a transient `amqp:connection:forced` error (the
@@ -32,6 +38,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import time
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
@@ -57,6 +64,8 @@ from .upstream import (
 log = logging.getLogger("broker_filter.proxy.upstream")
 
 BEGIN_HOLD = 2.0  # longest wait of a new session for ended ones to be answered (see the module docstring)
+SESSION_IDLE = 30.0  # RabbitMQ 4: how long a session whose link detached waits for another link before it ends
+END_SETTLE = 0.25  # RabbitMQ 4: how long after an end is answered its channel is still taken to be busy
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
 # Property filter expressions are pushed down only to an upstream whose open frame offers them (another
@@ -131,6 +140,9 @@ class _RemoteLink:
             return
         if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
             self.link.close()
+        if self.upstream.recycles_sessions and self.link is not None and self.session is not None:
+            self.upstream._recycle_after_detach(self.session, self.link)
+            return
         if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
             self.session.close()
             self.upstream._ending(self.session)
@@ -260,6 +272,9 @@ class RemoteUpstream(Handler):
         self.version: str | None = None
         self.binds_exchange_keys = False
         self.modified_ok = True
+        self.recycles_sessions = False  # RabbitMQ 4: sessions outlive their links (see the module docstring)
+        self._idle: list[Any] = []  # recycled sessions with no link, oldest first
+        self._idle_timer = None
         self._endpoints: dict[str, Any] = {}
         self._ended: set[Any] = set()  # sessions the proxy ended, until the broker's end arrives
         self._waiting: list[Any] = []  # sessions to begin once _ended is empty
@@ -343,6 +358,11 @@ class RemoteUpstream(Handler):
             self.loop.call_soon(lambda: endpoint._closed_by_upstream(
                 ErrorInfo("amqp:connection:forced", f"upstream {self.name} is not connected", transient=True)))
             return None
+        if self._idle:
+            session = self._idle.pop()  # the most recently used: the oldest may soon end
+            session.bf_endpoint = endpoint
+            endpoint.session = session
+            return session
         session = self.connection.session()
         session.bf_endpoint = endpoint
         endpoint.session = session
@@ -358,11 +378,58 @@ class RemoteUpstream(Handler):
         self._ended.add(session)
 
     def _ended_answered(self, session: Any) -> None:
+        if self.recycles_sessions and session in self._ended:
+            # The broker forgets the channel only after it answered: keep it busy a moment longer.
+            self.loop.call_later(END_SETTLE, functools.partial(self._channel_free, session, self.connection))
+            return
+        self._channel_free(session, self.connection)
+
+    def _channel_free(self, session: Any, connection: Any) -> None:
+        if connection is not self.connection:
+            return  # from a connection since lost, whose state went with it
         self._ended.discard(session)
         if not self._ended and self._waiting:
             self._begin_waiting()
 
+    def _recycle_after_detach(self, session: Any, link: Any) -> None:
+        """Keep `session` for the next link once `link`'s detach is answered (RabbitMQ 4)."""
+        if session.state & Endpoint.LOCAL_CLOSED:
+            return
+        if link.state & Endpoint.REMOTE_CLOSED:
+            self._park(session)
+        else:
+            link.bf_recycle = session  # on_link_remote_close parks it
+
+    def _park(self, session: Any) -> None:
+        session.bf_endpoint = None
+        if (self.connection is None or session.connection != self.connection or session in self._idle
+                or session.state & (Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED)):
+            return
+        session.bf_idle_since = _now()
+        self._idle.append(session)
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_later(SESSION_IDLE, self._end_idle)
+
+    def _end_idle(self) -> None:
+        """End the sessions idle for SESSION_IDLE seconds; look again while some are left."""
+        self._idle_timer = None
+        cutoff = _now() - SESSION_IDLE
+        keep = []
+        for session in self._idle:
+            if session.bf_idle_since <= cutoff:
+                session.close()
+                self._ending(session)
+            else:
+                keep.append(session)
+        self._idle = keep
+        if keep:
+            self._idle_timer = self.loop.call_later(
+                max(0.1, keep[0].bf_idle_since + SESSION_IDLE - _now()), self._end_idle)
+
     def _begin_waiting(self) -> None:
+        if self._ended:
+            log.warning("upstream %s: %d ended session(s) unanswered after %.0f s; beginning %d waiting session(s)",
+                        self.name, len(self._ended), BEGIN_HOLD, len(self._waiting))
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
@@ -438,9 +505,11 @@ class RemoteUpstream(Handler):
         self.connected = False
         self._ended.clear()
         self._waiting.clear()
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
+        self._idle.clear()
+        for timer in (self._hold_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._hold_timer = self._idle_timer = None
         conn, self.connection = self.connection, None
         desc = f"upstream {self.name} connection lost"
         if condition is not None and getattr(condition, "description", None):
@@ -478,6 +547,7 @@ class RemoteUpstream(Handler):
         is_rabbit = self.product is not None and "rabbitmq" in self.product.lower()
         self.binds_exchange_keys = is_rabbit
         self.modified_ok = not is_rabbit or _major(self.version) >= 4
+        self.recycles_sessions = is_rabbit and _major(self.version) >= 4
         self.connected = True
         self._backoff = 0.1
         self._attempt = 0
@@ -503,6 +573,8 @@ class RemoteUpstream(Handler):
         if event.connection != self.connection:
             return
         endpoint = getattr_or_none(ssn, "bf_endpoint")
+        if ssn in self._idle:
+            self._idle.remove(ssn)  # the broker ended an idle session: it is freed below
         if not (ssn.state & Endpoint.LOCAL_CLOSED):
             ssn.close()
         else:
@@ -567,6 +639,10 @@ class RemoteUpstream(Handler):
                 transient=False,
             )
             ep._closed_by_upstream(err)
+        parked = getattr_or_none(link, "bf_recycle")
+        if parked is not None:
+            link.bf_recycle = None
+            self._park(parked)
         # Detached on both ends: free it, or a long-lived connection accumulates dead links.
         link.bf_endpoint = None
         link.free()
@@ -630,6 +706,10 @@ def _endpoint(link) -> Any:
         return link.bf_endpoint
     except AttributeError:
         return None
+
+
+def _now() -> float:
+    return time.monotonic()
 
 
 def _major(version: str | None) -> int:

@@ -18,15 +18,14 @@ from proton.utils import LinkDetached
 
 from clients import connect, receive_n_and_extras, receive_until_quiet
 from launcher import Daemon
-from rabbitmq_nodes import amqp10_ready, known_rabbitmq4_attach_hang, rabbitmqctl
+from rabbitmq_nodes import amqp10_ready, rabbitmqctl
 
 pytestmark = pytest.mark.rabbitmq
 
 HERE = Path(__file__).resolve().parent
 
 
-def test_killed_client_loses_nothing(proxy, address, rabbitmq_broker, request):
-    known_rabbitmq4_attach_hang(request, rabbitmq_broker)
+def test_killed_client_loses_nothing(proxy, address):
     q = f"/queue/{address}"
     c = connect(proxy.url)
     try:

@@ -65,15 +65,3 @@ def amqp10_ready(timeout: float = 30, broker: Broker | None = None) -> dict:
             last = e
             time.sleep(0.3)
     raise TimeoutError(f"RabbitMQ AMQP 1.0 on {url} not ready: {last}")
-
-
-def known_rabbitmq4_attach_hang(request, broker) -> None:
-    """Mark a churn-heavy test on RabbitMQ 4.0 as a known intermittent failure (non-strict xfail):
-    under load a link attach can go unanswered (the upstream session-wait logic of
-    broker_filter/proxy/remote.py); on 3.10 the test asserts as usual."""
-    import pytest
-
-    if broker.major >= 4:
-        request.applymarker(pytest.mark.xfail(strict=False, reason=(
-            "known: on RabbitMQ 4.0 fast attach/detach churn can leave an attach unanswered on a loaded "
-            "machine (intermittent); the upstream session-wait logic in proxy/remote.py needs another look")))
