@@ -231,24 +231,43 @@ def receives_nothing(rcv, wait: float = 0.5) -> bool:
     return False
 
 
+ATTACH_TIMEOUT = 10.0  # as long as a blocking client waits
+
+
 class _Drain(MessagingHandler):
     def __init__(self, url: str, address: str, idle: float, limit: float, credit: int, key):
         super().__init__(prefetch=credit, auto_accept=True)
         self.url, self.address, self.idle, self.key = url, address, idle, key
         self.deadline = time.monotonic() + limit
+        self.attach_deadline = time.monotonic() + ATTACH_TIMEOUT
         self.got: list = []
-        self.last = time.monotonic()
+        self.last: float | None = None  # when the receiver attached, then when the last message came
+        self.error: str | None = None
 
     def on_start(self, event):
         self.container = event.container
-        event.container.create_receiver(event.container.connect(self.url), self.address)
+        self.conn = event.container.connect(self.url)
+        event.container.create_receiver(self.conn, self.address)
         event.container.schedule(self.idle, self)
+
+    def on_link_opened(self, event):
+        self.last = time.monotonic()
+
+    def on_link_error(self, event):
+        self.error = f"the receiver was detached: {event.link.remote_condition}"
+        self.conn.close()
 
     def on_timer_task(self, event):
         now = time.monotonic()
-        quiet_until = self.last + self.idle
-        if now >= quiet_until or now >= self.deadline:
-            self.container.stop()
+        quiet_until = now + self.idle if self.last is None else self.last + self.idle
+        if self.error is not None:
+            return
+        if self.last is None and now >= self.attach_deadline:
+            self.error = f"no answer to the attach within {ATTACH_TIMEOUT:.0f} s"
+            self.conn.close()
+            return
+        if now >= self.deadline or (self.last is not None and now >= quiet_until):
+            self.conn.close()  # closed, not abandoned: the broker must not keep a consumer with credit
         else:
             self.container.schedule(min(quiet_until, self.deadline) - now, self)
 
@@ -260,9 +279,11 @@ class _Drain(MessagingHandler):
 def drain(url: str, address: str, idle: float = 2.0, limit: float = 300.0, credit: int = 1000,
           key=lambda m: m) -> list:
     """On a connection of its own: key(message) of every message left at `address` (accepted, so
-    consumed), until none came for `idle` seconds or `limit` passed."""
+    consumed), until none came for `idle` seconds after the receiver attached, or `limit` passed."""
     handler = _Drain(url, address, idle, limit, credit, key)
     Container(handler).run()
+    if handler.error is not None:
+        raise RuntimeError(f"draining {address} at {url}: {handler.error}")
     return handler.got
 
 
