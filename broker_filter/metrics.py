@@ -169,6 +169,13 @@ class Metrics:
             ["address", "outcome"],
             registry=r,
         )
+        self.filter_pushdown = Counter(
+            "broker_filter_filter_pushdown",
+            "Filter expressions offered to the upstream on an attach, by kind and by who evaluates them "
+            "as the attach reply decided (upstream or local)",
+            ["kind", "result"],
+            registry=r,
+        )
         self.attach_refused = Counter(
             "broker_filter_attach_refused", "Link attaches refused, by reason", ["reason"], registry=r
         )
@@ -461,6 +468,7 @@ def reference_table() -> str:
     metrics.refuse_attach("limit")
     metrics.refuse_connection("limit")
     metrics.authentication_failed("PLAIN")
+    metrics.filter_pushdown.labels(kind="sql", result="local").inc()
     metrics.publish(Snapshot(links={"consumer": 1}, held={"a": 1}, credit={"a": 1}, stalled={"a": True},
                              moving={"a": 1}, passes={"a": 1}, waited={"a": 1.0}))
     lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]

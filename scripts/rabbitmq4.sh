@@ -4,16 +4,18 @@
 # name rabbit4@localhost, distribution port 25682, loopback only.  `start` mounts /proc and /dev in
 # the chroot, `stop` stops the node and unmounts them again.
 # Usage: scripts/rabbitmq4.sh start | stop | status | ctl RABBITMQCTL-ARGS...
-#        (chroot: $BROKER_FILTER_RABBITMQ4_ROOT, default /opt/broker-filter-trixie)
+#        (chroot: $BROKER_FILTER_RABBITMQ4_ROOT, default /opt/broker-filter-trixie; node name and
+#        distribution port: $BROKER_FILTER_RABBITMQ4_NODE, $BROKER_FILTER_RABBITMQ4_DIST_PORT)
 set -euo pipefail
 root="${BROKER_FILTER_RABBITMQ4_ROOT:-/opt/broker-filter-trixie}"
-node=rabbit4@localhost
+node="${BROKER_FILTER_RABBITMQ4_NODE:-rabbit4@localhost}"
 env_args=(RABBITMQ_NODENAME="$node" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
-          RABBITMQ_DIST_PORT=25682 ERL_EPMD_ADDRESS=127.0.0.1 HOME=/var/lib/rabbitmq LC_ALL=C.UTF-8
+          RABBITMQ_DIST_PORT="${BROKER_FILTER_RABBITMQ4_DIST_PORT:-25682}" ERL_EPMD_ADDRESS=127.0.0.1
+          HOME=/var/lib/rabbitmq LC_ALL=C.UTF-8
           "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}")
 
 die() { echo "rabbitmq4: $*" >&2; exit 1; }
-[ -x "$root/usr/sbin/rabbitmq-server" ] || die "no RabbitMQ 4.0 chroot at $root (scripts/setup-rabbitmq4.sh installs it)"
+[ -x "$root/usr/sbin/rabbitmq-server" ] || die "no RabbitMQ chroot at $root (scripts/setup-rabbitmq4.sh installs it)"
 
 mount_all() {
   mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"

@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any
 
+from ..filters import DIALECTS
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -31,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="a JSON object of named filters: each value is selector text or a filter-set object",
     )
-    p.add_argument("--dialect", default="jms", choices=["jms", "artemis", "rocketmq", "amqp-sql"], help="selector dialect (default jms)")
+    p.add_argument("--dialect", default="jms", choices=sorted(DIALECTS), help="selector dialect (default jms)")
     p.add_argument(
         "--master",
         default=None,

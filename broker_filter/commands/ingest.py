@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from ..filters import DIALECTS
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -22,7 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--selector", metavar="S", help="selector (default: every message)")
     which.add_argument("--filter-set", metavar="JSON", help="a filter-set in the JSON form (docs/filters.md)")
-    p.add_argument("--dialect", default="jms", choices=["jms", "artemis", "rocketmq"], help="selector dialect")
+    p.add_argument("--dialect", default="jms", choices=sorted(DIALECTS), help="selector dialect")
     p.add_argument("--archive", required=True, metavar="DIR", help="archive directory (created if missing)")
     p.add_argument("--checkpoint", metavar="DIR", help="Spark checkpoint (default: DIR/_checkpoint)")
     p.add_argument("--max-messages-per-trigger", type=int, default=1000, metavar="N",

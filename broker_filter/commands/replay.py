@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+from ..filters import DIALECTS
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -19,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--archive", required=True, metavar="PATH", help="archive directory or Parquet file")
     p.add_argument("--selector", required=True, metavar="S", help="selector ('' replays every message)")
     p.add_argument("--to", required=True, metavar="URL", help="amqp://host:port/address (amqps:// for TLS)")
-    p.add_argument("--dialect", default="jms", choices=["jms", "artemis", "rocketmq"], help="selector dialect")
+    p.add_argument("--dialect", default="jms", choices=sorted(DIALECTS), help="selector dialect")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     p.add_argument("--state", metavar="FILE", help="state file (default: .replay-<id>.json in the archive directory)")
     p.add_argument("--restart", action="store_true", help="ignore a saved position and start from the beginning")

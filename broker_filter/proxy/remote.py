@@ -24,6 +24,14 @@ What the remote evaluates (push-down) is decided from its open frame, never from
 (RabbitMQ 3.10 echoes a selector and still delivers everything): selectors only if it offers
 `APACHE.ORG:SELECTOR` or `APACHE.ORG:JMS_FILTERS`, legacy bindings only if it offers
 `APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS`, unless the configuration declares the kinds itself.
+Filter expressions (filtex) are decided by each attach reply instead (`can_offer`): every consumer
+attach carries the client's property and SQL filters (RabbitMQ 3.10, 4.0 and 4.1+ echo them and
+refuse nothing; another broker-filter evaluates them), and the upstream evaluates one only when the
+reply offers its capability and echoes it under its key (`upstream.evaluated_offers`).  RabbitMQ 4.1+
+offers `AMQP_FILTEX_PROP_V1_0` / `AMQP_FILTEX_SQL_V1_0` in the attach frame's own
+offered-capabilities, on streams only; python-qpid-proton 0.40 does not expose a link's remote
+offered-capabilities, so the proxy reads them from proton's frame trace of the attach reply, traced
+only while a consumer attach that offers filters awaits its reply.
 RabbitMQ (by its `product` connection property) takes a binding key as part of an `/exchange/X/key`
 address (`binds_exchange_keys`).  RabbitMQ 3.x ends the session on a `modified` outcome, so
 `modified` is sent to it as `released`; RabbitMQ 4 (by its `version` property) honours `modified`
@@ -38,11 +46,12 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import re
 import time
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
-from proton import Disposition, Endpoint, Handler, Terminus
+from proton import Disposition, Endpoint, Handler, Terminus, Transport
 from proton import symbol as psymbol
 
 from .. import amqptypes as t
@@ -59,6 +68,8 @@ from .upstream import (
     PublisherHandler,
     UpstreamDelivery,
     UpstreamListener,
+    FILTEX_KINDS,
+    evaluated_offers,
 )
 
 log = logging.getLogger("broker_filter.proxy.upstream")
@@ -68,10 +79,11 @@ SESSION_IDLE = 30.0  # RabbitMQ 4: how long a session whose link detached waits 
 END_SETTLE = 0.25  # RabbitMQ 4: how long after an end is answered its channel is still taken to be busy
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
-# Property filter expressions are pushed down only to an upstream whose open frame offers them (another
-# broker-filter): RabbitMQ 4 echoes them on classic and quorum queues and applies them only on streams.
-FILTEX_PROP_CAPS = frozenset({"AMQP_FILTEX_PROP_V1_0"})
-FILTEX_SQL_CAPS = frozenset({"AMQP_FILTEX_SQL_V1_0"})  # the SQL filter: the same rule
+# An attach reply in proton's frame trace: the link name, and the attach's own offered-capabilities
+_TRACED_ATTACH = re.compile(r'<- @attach\(18\) \[name="((?:[^"\\]|\\.)*)"')
+_TRACED_OFFERED = re.compile(r'offered-capabilities=(@<symbol>\[[^\]]*\]|:"[^"]*"|:[^\s,\]]+)')
+_TRACED_SYMBOL = re.compile(r':"([^"]*)"|:([^\s,\]"]+)')
+_TRACED_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 
 
 def _caps(data) -> tuple[str, ...]:
@@ -162,6 +174,7 @@ class RemoteConsumer(_RemoteLink):
     def __init__(self, upstream: "RemoteUpstream", spec: ConsumerSpec, handler: ConsumerHandler):
         super().__init__(upstream, handler)
         self.spec = spec
+        self.offer_pending = False  # its attach offers filters and the reply is not in yet
 
     @property
     def credit(self) -> int:
@@ -283,6 +296,8 @@ class RemoteUpstream(Handler):
         self._backoff = 0.1
         self._reconnect_timer = None
         self.connects = 0
+        self._awaiting_offers = 0  # consumer attaches offering filters whose reply is not in yet
+        self._traced: dict[str, frozenset[str]] = {}  # link name -> its attach reply's offered-capabilities
 
     # ------------------------------------------------------------------ Upstream
     def start(self, loop: Loop, listener: UpstreamListener) -> None:
@@ -307,11 +322,11 @@ class RemoteUpstream(Handler):
             return bool(self.remote_capabilities & SELECTOR_CAPS)
         if kind in ("direct", "topic", "headers"):
             return bool(self.remote_capabilities & BINDING_CAPS)
-        if kind in ("properties", "application-properties"):
-            return bool(self.remote_capabilities & FILTEX_PROP_CAPS)
-        if kind == "sql":
-            return bool(self.remote_capabilities & FILTEX_SQL_CAPS)
         return False
+
+    def can_offer(self, entry: Any) -> bool:
+        """Filter expressions go on every consumer attach: the reply decides (module docstring)."""
+        return getattr(entry, "kind", None) in FILTEX_KINDS
 
     def routing_type(self, address: str | None, capabilities: tuple[str, ...] = ()) -> str | None:
         return address_form_routing(address)
@@ -324,8 +339,11 @@ class RemoteUpstream(Handler):
             return consumer
         link = session.receiver(name)
         link.source.address = spec.address
-        if spec.filters:
-            put_value(link.source.filter, {_key(e.key): e.value for e in spec.filters})
+        if spec.filters or spec.offered:
+            put_value(link.source.filter, {_key(e.key): e.value for e in spec.filters + spec.offered})
+        if spec.offered:
+            consumer.offer_pending = True
+            self._trace_attaches(+1)
         _put_routing_capabilities(link.source, spec.capabilities)
         if spec.distribution_mode == "copy":
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
@@ -458,6 +476,45 @@ class RemoteUpstream(Handler):
     def _forget(self, endpoint: Any) -> None:
         if endpoint.link is not None:
             self._endpoints.pop(endpoint.link.name, None)
+            self._traced.pop(endpoint.link.name, None)
+        if getattr(endpoint, "offer_pending", False):
+            self._offer_answered(endpoint)
+
+    # ------------------------------------------------------------------ attach replies in the frame trace
+    def _trace_attaches(self, delta: int) -> None:
+        """Trace frames while a consumer attach that offers filters awaits its reply (proton has no
+        accessor for a link's remote offered-capabilities; see the module docstring)."""
+        before = self._awaiting_offers
+        self._awaiting_offers = max(0, before + delta)
+        if self.connection is None or (before > 0) == (self._awaiting_offers > 0):
+            return
+        transport = self.connection.transport
+        if transport is None:
+            return
+        if self._awaiting_offers:
+            transport.tracer = self._on_trace
+            transport.trace(Transport.TRACE_FRM)
+        else:
+            transport.trace(Transport.TRACE_OFF)
+
+    def _offer_answered(self, consumer: "RemoteConsumer") -> None:
+        consumer.offer_pending = False
+        self._trace_attaches(-1)
+
+    def _on_trace(self, transport: Any, message: str) -> None:
+        try:
+            m = _TRACED_ATTACH.search(message)
+            if m is None:
+                return
+            name = _TRACED_ESCAPE.sub(lambda x: bytes([int(x.group(1), 16)]),
+                                      m.group(1).encode("utf-8", "surrogateescape")).decode("utf-8", "replace")
+            if not getattr(self._endpoints.get(name), "offer_pending", False):
+                return  # not a consumer attach awaiting its reply
+            caps = _TRACED_OFFERED.search(message, m.end())
+            self._traced[name] = frozenset(a or b for a, b in _TRACED_SYMBOL.findall(caps.group(1))) \
+                if caps is not None else frozenset()
+        except Exception:
+            log.exception("upstream %s: reading an attach reply's capabilities failed", self.name)
 
     # ------------------------------------------------------------------ connection
     def _connect(self) -> None:
@@ -511,6 +568,8 @@ class RemoteUpstream(Handler):
                 timer.cancel()
         self._hold_timer = self._idle_timer = None
         conn, self.connection = self.connection, None
+        self._awaiting_offers = 0
+        self._traced.clear()
         desc = f"upstream {self.name} connection lost"
         if condition is not None and getattr(condition, "description", None):
             desc += f": {condition.description}"
@@ -609,11 +668,22 @@ class RemoteUpstream(Handler):
             if src.type == Terminus.UNSPECIFIED:
                 return  # refused: a detach with the reason follows
             echoed = data_value(src.filter)
+            source_caps = _caps(src.capabilities)
+            evaluated: tuple = ()
+            if ep.spec.offered:
+                # The attach's offered-capabilities, and the source's ones the proxy did not ask for
+                # (RabbitMQ echoes a client's source capabilities).
+                asked = set(ep.spec.capabilities)
+                caps = self._traced.pop(link.name, frozenset()) | {c for c in source_caps if c not in asked}
+                evaluated = evaluated_offers(ep.spec.offered, caps, echoed)
+                if ep.offer_pending:
+                    self._offer_answered(ep)
             info = ConsumerInfo(
                 address=src.address,
                 subscription=True if src.distribution_mode == Terminus.DIST_MODE_COPY else None,
                 filters_applied=tuple(echoed) if isinstance(echoed, dict) else (),
-                capabilities=_caps(src.capabilities),
+                capabilities=source_caps,
+                evaluated=evaluated,
             )
             ep.ready = True
             ep.handler.on_consumer_ready(ep, info)

@@ -41,10 +41,10 @@ from proton import Handler
 from .. import amqptypes as t
 from ..codec import CodecError, set_message_annotation
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
-from ..forwarding import Feed, FeedStats, Outcome, Outlet
+from ..forwarding import Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import sharing
 from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
-from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
+from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
 
 log = logging.getLogger("broker_filter.proxy")
 
@@ -75,9 +75,16 @@ def boundary(fn: Callable) -> Callable:
     return wrapper
 
 
-def push_down(upstream: Upstream, address: str | None, fs: FilterSet, dialect: str) -> tuple[str | None, tuple, FilterSet]:
-    """(upstream address, entries the upstream evaluates, filter-set left to evaluate locally)."""
+def push_down(upstream: Upstream, address: str | None, fs: FilterSet,
+              dialect: str) -> tuple[str | None, tuple, FilterSet, tuple]:
+    """(upstream address, entries the upstream evaluates, filter-set left to evaluate locally,
+    filter expressions offered to the upstream).
+
+    The offered entries (filtex: the property and SQL filters, on an upstream that `can_offer` them)
+    go on the upstream attach beside the pushed ones and stay in the local filter-set: the attach
+    reply decides whether the upstream evaluates them (`FeedBinding.on_consumer_ready`)."""
     pushed: list = []
+    offered: list = []
     taken: set[int] = set()
     m = _EXCHANGE.match(address or "")
     if m and getattr(upstream, "binds_exchange_keys", False):
@@ -87,16 +94,23 @@ def push_down(upstream: Upstream, address: str | None, fs: FilterSet, dialect: s
             # The exchange applies its own binding semantics, which is what a legacy binding asks for.
             address = f"/exchange/{exchange}/{bindings[0].text}"
             taken.add(id(bindings[0]))
-    if dialect == "jms":
-        keys: set = set()
-        for e in fs.entries:
-            # One entry per key upstream (a filter-set is a map); a clashing key stays local.
-            if id(e) not in taken and e.kind != "no-local" and str(e.key) not in keys and upstream.can_evaluate(e):
+    can_offer = getattr(upstream, "can_offer", None)
+    keys: set = set()
+    for e in fs.entries:
+        # One entry per key upstream (a filter-set is a map); a clashing key stays local.
+        if id(e) in taken or e.kind == "no-local" or str(e.key) in keys:
+            continue
+        if dialect == "jms" or e.kind in FILTEX_KINDS:
+            if upstream.can_evaluate(e):
                 pushed.append(e)
                 taken.add(id(e))
                 keys.add(str(e.key))
+                continue
+        if can_offer is not None and can_offer(e):
+            offered.append(e)
+            keys.add(str(e.key))
     local = fs.subset(lambda e: id(e) not in taken)
-    return address, tuple(pushed), local
+    return address, tuple(pushed), local, tuple(offered)
 
 
 class _Conn:
@@ -126,6 +140,8 @@ class FeedBinding:
         self.draining_closed = False  # ... and it was closed (not only detached)
         self.consumer = None
         self.info: ConsumerInfo | None = None
+        self.evaluated: frozenset = frozenset()  # `_offer_identity` of each offered filter the upstream evaluates
+        self.aliases: list = []  # keys of `ProxyServer.feed_aliases` naming this feed
         metrics = server.metrics
         self.counters = metrics.address(spec.address) if metrics is not None else None
 
@@ -164,6 +180,8 @@ class FeedBinding:
         try:
             self.ready = True
             self.info = info
+            if self.spec.offered:
+                self.server.offers_decided(self, info.evaluated)
             if info.subscription is False and self.feed.subscription:
                 # The upstream says this source is shared: never consume a non-match on it.
                 self.feed.subscription = False
@@ -285,6 +303,9 @@ class ProxyServer(Handler):
         self.max_credit = max_credit
         self.recycle = recycle
         self.feeds: dict[Any, FeedBinding] = {}
+        # queue feeds whose upstream turned their offered filter expressions down, under the key of
+        # the same feed without them: any link of the queue may join (its filters stay local)
+        self.feed_aliases: dict[Any, FeedBinding] = {}
         self.connections: dict[str, _Conn] = {}
         self._conn_ids = itertools.count(1)
         self._tags = itertools.count(1)
@@ -586,7 +607,7 @@ class ProxyServer(Handler):
                                   rule_routing_type=route.routing_type if route is not None else "",
                                   upstream=self.upstream)
         subscription = decision.subscription
-        up_address, pushed, local = push_down(self.upstream, routed, wanted, self.dialect)
+        up_address, pushed, local, offered = push_down(self.upstream, routed, wanted, self.dialect)
         link.bf_fs = fs
         link.bf_subscription = subscription
         outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link)
@@ -605,12 +626,18 @@ class ProxyServer(Handler):
             dynamic=bool(src.dynamic),
             name=link.name,
             container_id=link.connection.remote_container,
+            offered=offered,
         )
-        key = sharing.feed_key(decision, address=up_address, pushed=pushed, local=local,
+        # The offered filters are in the key: links on one upstream consumer ask it the same.
+        key = sharing.feed_key(decision, address=up_address, pushed=pushed + offered, local=local,
                                serial=next(self._sub_ids), link_name=link.name,
                                container_id=spec.container_id, capabilities=caps,
                                durable=bool(src.durability) or spec.expiry_policy == "never")
         binding = self.feeds.get(key)
+        if (binding is None or binding.closed) and offered and not decision.subscription:
+            # A feed whose upstream turned the offered filters down serves every link of its queue.
+            base = sharing.feed_key(decision, address=up_address, pushed=pushed, local=local, serial=0)
+            binding = self.feeds.get(base) or self.feed_aliases.get(base)
         if binding is None or binding.closed:
             self._open_feed(key, spec, subscription, outlet)
             return
@@ -630,11 +657,40 @@ class ProxyServer(Handler):
         binding.consumer = self.upstream.open_consumer(spec, binding)
         return binding
 
+    def _unregister(self, binding: FeedBinding) -> None:
+        """No link may join `binding` any more."""
+        if self.feeds.get(binding.key) is binding:
+            del self.feeds[binding.key]
+        for key in binding.aliases:
+            if self.feed_aliases.get(key) is binding:
+                del self.feed_aliases[key]
+        binding.aliases = []
+
+    def offers_decided(self, binding: FeedBinding, evaluated: tuple) -> None:
+        """The attach reply of a feed that offered filter expressions: the ones it evaluates are no
+        longer evaluated here (for every link of the feed: they share its key, so its filters); when
+        it evaluates none, the feed serves every link of its queue (an alias key without them)."""
+        binding.evaluated = frozenset(_offer_identity(e) for e in evaluated)
+        kept = [e for e in binding.spec.offered if _offer_identity(e) not in binding.evaluated]
+        if self.metrics is not None:
+            for e in evaluated:
+                self.metrics.filter_pushdown.labels(kind=e.kind, result="upstream").inc()
+            for e in kept:
+                self.metrics.filter_pushdown.labels(kind=e.kind, result="local").inc()
+        log.info("upstream %s evaluates %s on %s; %s evaluated here", self.upstream.name,
+                 ", ".join(f"{e.kind} filter {e.key!s}" for e in evaluated) or "no filter expression",
+                 binding.spec.address, ", ".join(f"{e.kind} filter {e.key!s}" for e in kept) or "none offered")
+        if not evaluated and binding.key[0] == "queue":
+            base = sharing.feed_key(sharing.Decision(sharing.QUEUE, "offers turned down"), address=binding.spec.address,
+                                    pushed=binding.spec.filters, local=None, serial=0)
+            if self.feeds.get(base) is None and self.feed_aliases.get(base) is None:
+                self.feed_aliases[base] = binding
+                binding.aliases.append(base)
+
     def unshare(self, binding: FeedBinding, outlets: list[Outlet]) -> None:
         """The upstream says `binding`'s source is a subscription the proxy took for a queue: no
         link may join it any more, and the links that were waiting for it get feeds of their own."""
-        if self.feeds.get(binding.key) is binding:
-            del self.feeds[binding.key]
+        self._unregister(binding)
         binding.key = ("subscription", next(self._sub_ids))
         self.feeds[binding.key] = binding
         binding.feed.subscription = True
@@ -652,6 +708,10 @@ class ProxyServer(Handler):
         link = outlet.io_ref
         if link.state & Endpoint.LOCAL_CLOSED or link.state & Endpoint.REMOTE_CLOSED:
             return
+        if binding.evaluated:
+            # What the upstream evaluates for this feed is not evaluated again here.
+            outlet.filter = outlet.filter.subset(lambda e: _offer_identity(e) not in binding.evaluated)
+            outlet.identity = filter_identity(outlet.filter, outlet.receiver)
         fs: FilterSet = link.bf_fs
         src = link.remote_source
         link.source.address = src.address
@@ -672,8 +732,7 @@ class ProxyServer(Handler):
             return
         binding.closed = True
         self.draining.discard(binding)
-        if self.feeds.get(binding.key) is binding:
-            del self.feeds[binding.key]
+        self._unregister(binding)
         outlets = list(binding.feed.outlets) + binding.pending
         binding.pending = []
         binding.feed.close()
@@ -859,8 +918,7 @@ class ProxyServer(Handler):
                 if not binding.feed.outlets and not binding.pending:
                     # The last link went: no move starts; the ones in flight finish (their originals
                     # are accepted), bounded by the shutdown grace; then what is held goes back.
-                    if self.feeds.get(binding.key) is binding:
-                        del self.feeds[binding.key]
+                    self._unregister(binding)
                     binding.feed.stop()
                     binding.draining = True
                     binding.draining_closed = closed
@@ -932,6 +990,11 @@ _EXPIRY = {
     Terminus.EXPIRE_WITH_CONNECTION: "connection-close",
     Terminus.EXPIRE_NEVER: "never",
 }
+
+
+def _offer_identity(entry: Any) -> tuple:
+    """An offered filter as the links of one feed all have it (their entries are objects of their own)."""
+    return (entry.kind, str(entry.key), repr(entry.value))
 
 
 def outlet_presettled_requested(link) -> bool:

@@ -39,6 +39,15 @@ locally.  An upstream answers True only when it is known to filter (it offers `A
 in its open frame, the configuration says so, or it is the embedded broker); an echo alone is no
 proof.  `ConsumerSpec.address` may already be rewritten for push-down (e.g. a legacy binding key
 appended to an `/exchange/X` address).
+
+Filter expressions (OASIS filtex: the property filters and the SQL filter) are decided per link, by
+the attach reply: an upstream that may evaluate them (`Upstream.can_offer`) gets them in
+`ConsumerSpec.offered`, beside the pushed filters, and the proxy keeps evaluating them until the
+reply says otherwise.  `ConsumerInfo.evaluated` names the offered entries the upstream evaluates:
+those whose capability (`AMQP_FILTEX_PROP_V1_0`, `AMQP_FILTEX_SQL_V1_0`) the reply offers — on the
+attach or on its source, never one the proxy asked for itself — AND which the reply's source echoes
+under the client's key.  RabbitMQ 4.1+ does that on streams only; on classic and quorum queues (and
+RabbitMQ 3.10 and 4.0 everywhere) it echoes the filter without the capability and applies nothing.
 """
 
 from __future__ import annotations
@@ -96,6 +105,8 @@ class ConsumerSpec:
                    "connection-close", "never"; None = unspecified).
     name:          the client's link name (names shared and durable subscriptions, JMS style).
     container_id:  the client connection's container id (scopes non-global subscription names).
+    offered:       filter expressions (filtex entries) put on the upstream attach beside `filters`,
+                   which the upstream may or may not evaluate: `ConsumerInfo.evaluated` tells.
     """
 
     address: str | None
@@ -107,6 +118,7 @@ class ConsumerSpec:
     dynamic: bool = False
     name: str | None = None
     container_id: str | None = None
+    offered: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,12 +132,15 @@ class ConsumerInfo:
                    None when the upstream cannot tell (the proxy then decides from the address).
     filters_applied: keys of `ConsumerSpec.filters` the upstream says it applies.
     capabilities:  the upstream source's capabilities.
+    evaluated:     the entries of `ConsumerSpec.offered` the upstream evaluates (capability offered
+                   and filter echoed under its key); the proxy stops evaluating those.
     """
 
     address: str | None = None
     subscription: bool | None = None
     filters_applied: tuple[Any, ...] = ()
     capabilities: tuple[str, ...] = ()
+    evaluated: tuple[Any, ...] = ()
 
 
 class UpstreamDelivery:
@@ -248,6 +263,9 @@ class Upstream(Protocol):
     def can_evaluate(self, entry: Any) -> bool:
         """True if this upstream evaluates the applied filter entry (a `FilterEntry`) itself."""
 
+    # Optional: `can_offer(entry) -> bool`, True when the filtex entry may go on the upstream attach
+    # for the reply to decide (`ConsumerSpec.offered`); an upstream without it is offered nothing.
+
     def routing_type(self, address: str | None, capabilities: Sequence[str] = ()) -> str | None:
         """What a consumer of `address` gets in this upstream's address model, known before it
         attaches: "anycast" (a queue its consumers share), "multicast" (a subscription of its own),
@@ -263,3 +281,25 @@ class Upstream(Protocol):
 def pushable(upstream: Upstream, entries: Sequence[Any]) -> tuple[Any, ...]:
     """The entries `upstream` evaluates itself."""
     return tuple(e for e in entries if upstream.can_evaluate(e))
+
+
+FILTEX_KINDS = frozenset({"properties", "application-properties", "sql"})
+FILTEX_CAPABILITY = {"properties": "AMQP_FILTEX_PROP_V1_0", "application-properties": "AMQP_FILTEX_PROP_V1_0",
+                     "sql": "AMQP_FILTEX_SQL_V1_0"}
+
+
+def evaluated_offers(offered: Sequence[Any], capabilities: Any, echoed: Any) -> tuple[Any, ...]:
+    """The offered filtex entries an attach reply shows evaluated: the reply offers the entry's
+    capability (`capabilities`: the reply's, none the proxy asked for) and echoes the entry under its
+    key with its value (`echoed`: the reply source's filter map).  The echo alone proves nothing."""
+    if not isinstance(echoed, dict):
+        return ()
+    caps = {str(c) for c in capabilities or ()}
+    by_key = {str(k): v for k, v in echoed.items()}
+    out = []
+    for e in offered:
+        if FILTEX_CAPABILITY.get(e.kind) not in caps or str(e.key) not in by_key:
+            continue
+        if by_key[str(e.key)] == e.value or repr(by_key[str(e.key)]) == repr(e.value):
+            out.append(e)
+    return tuple(out)

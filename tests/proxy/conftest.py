@@ -12,42 +12,75 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
 import rabbitmq_nodes as nodes  # tests/support, on the path from tests/conftest.py
 from launcher import ROOT, Daemon, port_open
-from rabbitmq_nodes import RABBITMQ3, RABBITMQ4, RABBITMQ4_ROOT, amqp10_ready
+from rabbitmq_nodes import RABBITMQ3, RABBITMQ4, RABBITMQ4_ROOT, RABBITMQ_LATEST, RABBITMQ_LATEST_ROOT, amqp10_ready
+
+
+def _chroot_node(broker, root: Path, script: str, give_up, missing: str, check):
+    """Yield `broker`, a RabbitMQ node in a chroot at `root`, started by scripts/`script` unless a node
+    already listens on its port (and then stopped at the end of the session, unless
+    BROKER_FILTER_KEEP_RABBITMQ is set).  `give_up(reason)` (pytest.fail or pytest.skip) when it is
+    not installed (`missing` says so), does not start, or `check(open frame properties)` names a
+    problem."""
+    control = ["bash", str(ROOT / "scripts" / script)]
+    started = False
+    if not port_open(broker.port):
+        if not (root / "usr/sbin/rabbitmq-server").exists():
+            give_up(missing)
+        out = subprocess.run([*control, "start"], capture_output=True, text=True, timeout=120)
+        started = True
+        if out.returncode != 0:
+            subprocess.run([*control, "stop"], capture_output=True, timeout=120)
+            give_up(f"RabbitMQ {broker.version} did not start: {out.stdout}{out.stderr}")
+    try:
+        try:
+            props = amqp10_ready(60, broker)
+        except TimeoutError as e:
+            give_up(str(e))
+        problem = check(props)
+        if problem:
+            give_up(f"the node on 127.0.0.1:{broker.port} is {props.get('product')} {props.get('version')}, {problem}")
+        yield broker
+    finally:
+        if started and not os.environ.get("BROKER_FILTER_KEEP_RABBITMQ"):
+            out = subprocess.run([*control, "stop"], capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stdout + out.stderr
 
 
 @pytest.fixture(scope="session")
 def rabbitmq4():
     """RabbitMQ 4.0 from its trixie chroot on 127.0.0.1:5682 (node rabbit4@localhost, distribution
     port 25682): started by scripts/rabbitmq4.sh unless a node already listens there."""
-    control = ["bash", str(ROOT / "scripts" / "rabbitmq4.sh")]
-    started = False
-    if not port_open(RABBITMQ4.port):
-        if not (RABBITMQ4_ROOT / "usr/sbin/rabbitmq-server").exists():
-            reason = (f"RabbitMQ 4.0 is not installed: no chroot at {RABBITMQ4_ROOT} "
-                      "(scripts/setup-rabbitmq4.sh installs it)")
-            if os.environ.get("BROKER_FILTER_RABBITMQ4") == "0":
-                pytest.skip(f"{reason}; BROKER_FILTER_RABBITMQ4=0")
-            pytest.fail(f"{reason}; set BROKER_FILTER_RABBITMQ4=0 to skip the RabbitMQ 4.0 tests")
-        out = subprocess.run([*control, "start"], capture_output=True, text=True, timeout=120)
-        started = True
-        if out.returncode != 0:
-            subprocess.run([*control, "stop"], capture_output=True, timeout=120)
-            pytest.fail(f"RabbitMQ 4.0 did not start: {out.stdout}{out.stderr}")
-    try:
-        props = amqp10_ready(60, RABBITMQ4)
-        if not str(props.get("version", "")).startswith("4."):
-            pytest.fail(f"the node on 127.0.0.1:{RABBITMQ4.port} is {props.get('product')} "
-                        f"{props.get('version')}, not RabbitMQ 4")
-        yield RABBITMQ4
-    finally:
-        if started and not os.environ.get("BROKER_FILTER_KEEP_RABBITMQ"):
-            out = subprocess.run([*control, "stop"], capture_output=True, text=True, timeout=120)
-            assert out.returncode == 0, out.stdout + out.stderr
+    missing = f"RabbitMQ 4.0 is not installed: no chroot at {RABBITMQ4_ROOT} (scripts/setup-rabbitmq4.sh installs it)"
+    if os.environ.get("BROKER_FILTER_RABBITMQ4") == "0":
+        give_up, missing = pytest.skip, f"{missing}; BROKER_FILTER_RABBITMQ4=0"
+    else:
+        give_up, missing = pytest.fail, f"{missing}; set BROKER_FILTER_RABBITMQ4=0 to skip the RabbitMQ 4.0 tests"
+    yield from _chroot_node(RABBITMQ4, RABBITMQ4_ROOT, "rabbitmq4.sh", give_up, missing,
+                            lambda props: None if str(props.get("version", "")).startswith("4.") else "not RabbitMQ 4")
+
+
+def _at_least_4_1(props: dict) -> str | None:
+    major, _, rest = str(props.get("version", "")).partition(".")
+    minor = rest.partition(".")[0]
+    if major.isdigit() and minor.isdigit() and (int(major), int(minor)) >= (4, 1):
+        return None
+    return "not RabbitMQ 4.1+"
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_latest():
+    """The newest RabbitMQ Debian ships (4.1 or later: it applies filter expressions on streams), on
+    127.0.0.1:5692 from its own chroot: optional, so every test on it is skipped, with the reason,
+    where it is not installed (`scripts/rabbitmq-latest.sh install`) or does not start."""
+    yield from _chroot_node(RABBITMQ_LATEST, RABBITMQ_LATEST_ROOT, "rabbitmq-latest.sh", pytest.skip,
+                            f"RabbitMQ 4.1+ is not installed (no chroot at {RABBITMQ_LATEST_ROOT}; optional: "
+                            "scripts/rabbitmq-latest.sh install)", _at_least_4_1)
 
 
 @pytest.fixture(scope="session", params=["3.10", pytest.param("4.0", marks=pytest.mark.rabbitmq4)],

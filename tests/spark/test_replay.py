@@ -143,3 +143,18 @@ def test_parse_target():
     t = parse_target("amqp://guest:pw@localhost:5673//queue/q1")
     assert (t.url, t.address) == ("amqp://guest:pw@localhost:5673", "/queue/q1")
     assert parse_target("amqps://h/a").url == "amqps://h:5671"
+
+
+def test_replay_takes_the_amqp_sql_dialect(archive, receiver, spark, capsys):
+    """`--dialect amqp-sql`: `%` is modulo and `p.subject` the properties section's subject, which
+    the JMS dialect reads neither way."""
+    r = receiver()
+    args = ["replay", "--archive", str(archive / "archive"), "--dialect", "amqp-sql",
+            "--selector", "i % 5 = 0 AND p.subject <> 's10'", "--to", f"amqp://127.0.0.1:{r.port}/sql",
+            "--state", str(archive / "sql-state.json"), "--no-progress"]
+    assert main(args) == 0
+    assert "5 message(s) sent" in capsys.readouterr().out
+    assert [m.properties["i"] for m in r.accepted] == [0, 5, 15, 20, 25]
+    assert main(args + ["--dialect", "jms", "--restart"]) == 2  # not a JMS selector
+    assert "broker-filter replay: " in capsys.readouterr().err
+    assert len(r.accepted) == 5

@@ -1,5 +1,6 @@
-"""The RabbitMQ nodes the tests use as upstreams: the system's 3.10 on 5672, and 4.0 from its trixie
-chroot on 5682 (scripts/rabbitmq4.sh controls it)."""
+"""The RabbitMQ nodes the tests use as upstreams: the system's 3.10 on 5672, 4.0 from its trixie
+chroot on 5682 (scripts/rabbitmq4.sh controls it), and optionally the newest Debian ships on 5692
+(scripts/rabbitmq-latest.sh)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ class Broker:
 
 RABBITMQ3 = Broker("3.10", 5672, ["rabbitmqctl"], RABBIT_ENV)
 RABBITMQ4 = Broker("4.0", 5682, ["bash", str(ROOT / "scripts" / "rabbitmq4.sh"), "ctl"])
+# Optional: the newest RabbitMQ Debian ships (4.1+: filter expressions on streams), from its own chroot.
+RABBITMQ_LATEST_ROOT = Path(os.environ.get("BROKER_FILTER_RABBITMQ_LATEST_ROOT", "/opt/broker-filter-sid"))
+RABBITMQ_LATEST = Broker("4.1+", 5692, ["bash", str(ROOT / "scripts" / "rabbitmq-latest.sh"), "ctl"])
 # The node of the RabbitMQ run in progress (tests/proxy's `rabbitmq_broker` fixture sets it):
 # `rabbitmqctl` and `amqp10_ready` default to it.
 current = RABBITMQ3
