@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from broker_filter.broker import Broker, BrokerConfig  # noqa: E402
 from broker_filter.filters import compile_selector  # noqa: E402
-from broker_filter.message import Message, Properties  # noqa: E402
+from broker_filter.amqp.message import Message, Properties  # noqa: E402
 
 
 def fill(broker: Broker, address: str, depth: int) -> None:

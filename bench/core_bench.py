@@ -18,12 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from broker_filter import amqptypes as t  # noqa: E402
+from broker_filter.amqp import types as t  # noqa: E402
 from broker_filter.filters import compile_selector  # noqa: E402
 from broker_filter.filters.parser import parse  # noqa: E402
 from broker_filter.filters.runtime import like_matcher  # noqa: E402
 from broker_filter.filters.selector import compile_parsed  # noqa: E402
-from broker_filter.message import Header, Message, Properties  # noqa: E402
+from broker_filter.amqp.message import Header, Message, Properties  # noqa: E402
 
 COLORS = ["red", "green", "blue", "black", "white", "cyan"]
 REGIONS = [f"region-{i}" for i in range(40)]

@@ -2,7 +2,7 @@
 
 The relay: a client attaches a receiver with a JMS selector to the relay; the relay opens an
 upstream receiver on the same address at RabbitMQ (SASL PLAIN), decodes only the sections the
-selector reads (`broker_filter.codec.decode_message` over the received memoryview), forwards the
+selector reads (`broker_filter.amqp.decode_message` over the received memoryview), forwards the
 selected messages' bytes with the upstream delivery tag reused, and settles upstream with the
 client's outcome; messages the selector does not select are accepted upstream (the relay's
 consumer does not want them).  Upstream credit is a window topped up in batches; with `--ordered`
@@ -43,7 +43,7 @@ _PENDING = object()
 
 
 def serve(upstream: str, ordered: bool, window: int) -> None:
-    from broker_filter.codec import CodecError, decode_message
+    from broker_filter.amqp import CodecError, decode_message
     from broker_filter.engine import Condition, Handler, SaslClient, Terminus
     from broker_filter.engine.endpoints import ACCEPTED, MODIFIED, REJECTED, RELEASED
     from broker_filter.engine.loop import EventLoop

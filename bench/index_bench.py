@@ -30,11 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker_filter.amqptypes import Described, symbol  # noqa: E402
+from broker_filter.amqp.types import Described, symbol  # noqa: E402
 from broker_filter.broker import Broker, BrokerConfig  # noqa: E402
 from broker_filter.filters import compile_filter_set  # noqa: E402
 from broker_filter.filters.index import SubscriptionIndex  # noqa: E402
-from broker_filter.message import Message, Properties  # noqa: E402
+from broker_filter.amqp.message import Message, Properties  # noqa: E402
 
 SELECTOR = symbol("apache.org:selector-filter:string")
 TOPIC = symbol("apache.org:legacy-amqp-topic-binding:string")

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from broker_filter.archive import SCHEMA, TYPED, archive_files, row_message  # noqa: E402
+from broker_filter.archive.parquet import SCHEMA, TYPED, archive_files, row_message  # noqa: E402
 from broker_filter.filters import compile_selector  # noqa: E402
 
 SELECTORS = [

@@ -37,7 +37,7 @@ SELECTOR = "half = 1"
 
 def spark_once(spark, url: str, upstream: str, count: int, batch: int) -> dict:
     """One stream through the streaming source into a Parquet archive."""
-    from broker_filter.archive import archive_files
+    from broker_filter.archive.parquet import archive_files
     from broker_filter.spark.ingest import start_ingest
 
     import pyarrow.parquet as pq

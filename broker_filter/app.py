@@ -17,7 +17,7 @@ from typing import Any
 
 from proton.reactor import Container
 
-from .listener import proton_client_ssl_domain
+from .proxy.listener import proton_client_ssl_domain
 from .proxy.loop import ProtonLoop
 from .proxy.remote import RemoteUpstream
 from .proxy.server import ProxyServer
@@ -71,7 +71,7 @@ class App:
         self.loop = ProtonLoop(self.container)
         self.journal = None
         if config.journal.enabled:  # pyarrow (the [journal] extra) is imported only then
-            from .journal import Journal
+            from .archive.journal import Journal
 
             self.journal = Journal.from_config(config.journal)
         self.upstream = self._journaled(build_upstream(config))
@@ -95,19 +95,19 @@ class App:
 
     def start(self) -> None:
         """Bind the listener and start connecting upstream (the loop runs in `run`)."""
-        from .lifecycle import ConnectionRegistry
+        from .proxy.lifecycle import ConnectionRegistry
 
         if self.io == "engine":
             from .engine.container import listen
         else:
-            from .listener import listen  # type: ignore[assignment]
+            from .proxy.listener import listen  # type: ignore[assignment]
 
         host = self.config.listener.host
         handler, check = self.server, None
         if self.config.upstream.credentials == "pass-through":
             # Each client's PLAIN credentials: checked against the upstream, then its own upstream connection.
-            from .listener import upstream_login
-            from .passthrough import PassThrough
+            from .proxy.listener import upstream_login
+            from .proxy.passthrough import PassThrough
 
             self.passthrough = PassThrough(self.server, self._tenant_server,
                                            lambda upstream, listener: upstream.start(self.loop, listener),
@@ -162,7 +162,7 @@ class App:
 
     def run(self) -> int:
         """Run until stopped.  SIGTERM / SIGINT drain gracefully (exit 0); a second signal forces."""
-        from .lifecycle import Forced, GracefulShutdown
+        from .proxy.lifecycle import Forced, GracefulShutdown
 
         if self.acceptor is None:
             self.start()

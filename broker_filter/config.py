@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import functools
 import importlib.util
 import ipaddress
 import json
@@ -243,22 +242,18 @@ ROUTING_TYPES = ("anycast", "multicast")
 
 @dataclass(frozen=True)
 class AddressRule:
-    """`pattern` in AMQ wildcard syntax (`.` separates words, `*` one word, `#` zero or more words)."""
+    """An `[[address_rules]]` table: `pattern` in AMQ wildcard syntax (`.` separates words, `*` one
+    word, `#` zero or more words).  `broker_filter.proxy.routing` applies the rules."""
 
     pattern: str
     routing_type: str = ""  # "" leaves the choice to the client / upstream
     upstream: str = "{address}"  # `{address}` is replaced by the client's address
 
-    def matches(self, address: str) -> bool:
-        return _pattern_matcher(self.pattern)(address)
-
-    def rewrite(self, address: str) -> str:
-        return self.upstream.replace("{address}", address)
-
 
 @dataclass(frozen=True)
 class VirtualAddress:
-    """A configured address whose messages are those of `upstream` that pass the filter."""
+    """A `[virtual_addresses.NAME]` table: an address whose messages are those of `upstream` that pass
+    the filter.  `broker_filter.proxy.routing` routes to it, with the filter compiled once."""
 
     name: str
     upstream: str
@@ -266,8 +261,6 @@ class VirtualAddress:
     filter_set: Mapping[str, Any] | None = None  # the filter core's JSON form
     dialect: str = "jms"
     routing_type: str = ""
-    # The FilterSet compiled when the configuration was loaded (under its limits).
-    compiled: Any = field(default=None, compare=False, repr=False, metadata={"internal": True})
 
     def compile(self, limits: Limits | None = None) -> Any:
         """The filter as a `FilterSet` of the filter core (a selector becomes one selector entry, key
@@ -284,26 +277,8 @@ class VirtualAddress:
             spec, dialect=self.dialect, limits=limits.filter_limits(), max_depth=limits.nesting_depth
         )
 
-    def combine(self, client: Any) -> Any:
-        """This address's filter AND a client's FilterSet (echo only the client's own `applied`)."""
-        from .filters import FilterSet
-
-        own = self.compiled if self.compiled is not None else self.compile()
-        return FilterSet(tuple(own.entries) + tuple(client.entries), tuple(client.ignored))
-
 
 VIRTUAL_FILTER_KEY = "broker-filter:virtual-address"
-
-
-@dataclass(frozen=True)
-class Route:
-    """What an address attached by a client resolves to."""
-
-    address: str  # as the client sent it
-    upstream: str  # the address used upstream
-    routing_type: str  # "" | anycast | multicast
-    virtual: VirtualAddress | None = None
-    rule: AddressRule | None = None
 
 
 @dataclass(frozen=True)
@@ -426,25 +401,6 @@ class Config:
     embedded: Embedded = section(Embedded, "the embedded in-memory broker (no upstream URLs)")
     journal: Journal = section(Journal, "message journal for the Spark pipeline")
 
-    def route(self, address: str) -> Route:
-        """Resolve a client's address: a virtual address first, then the first matching address rule."""
-        virtual = self.virtual_addresses.get(address)
-        if virtual is not None:
-            rule = self._rule_for(virtual.upstream)
-            upstream = rule.rewrite(virtual.upstream) if rule else virtual.upstream
-            routing = virtual.routing_type or (rule.routing_type if rule else "")
-            return Route(address, upstream, routing, virtual, rule)
-        rule = self._rule_for(address)
-        if rule is None:
-            return Route(address, address, "")
-        return Route(address, rule.rewrite(address), rule.routing_type, None, rule)
-
-    def _rule_for(self, address: str) -> AddressRule | None:
-        for rule in self.address_rules:
-            if rule.matches(address):
-                return rule
-        return None
-
     def to_dict(self) -> dict[str, Any]:
         """The effective configuration as plain data, secrets replaced by `***` (for `--print-config`)."""
         return _to_plain(self)
@@ -475,14 +431,6 @@ def split_hostport(text: str) -> tuple[str, int]:
     return host, port
 
 
-@functools.lru_cache(maxsize=1024)
-def _pattern_matcher(pattern: str) -> Callable[[str], bool]:
-    """The AMQ wildcard rule of the filter core (`*` one word, `#` zero or more), per pattern."""
-    from .filters.wildcards import wildcard_matcher
-
-    return wildcard_matcher(pattern)
-
-
 def _thaw(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _thaw(v) for k, v in value.items()}
@@ -503,8 +451,6 @@ def _to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         out = {}
         for f in dataclasses.fields(obj):
-            if f.metadata.get("internal"):
-                continue
             value = getattr(obj, f.name)
             if isinstance(obj, Listener) and f.name == "users":
                 out[f.name] = {name: "***" for name in value}
@@ -817,7 +763,6 @@ def _check(config: Config) -> None:
             raise ConfigError(f"virtual_addresses.{name}.{what}", f"entry {ignored.key!r}: {ignored.reason}")
         if not compiled.entries:
             raise ConfigError(f"virtual_addresses.{name}.{what}", "applies no filter")
-        object.__setattr__(virtual, "compiled", compiled)
 
 
 def _check_extra(key: str, extra: str, module: str) -> None:

@@ -1,5 +1,7 @@
 """Secrets: password hashes for the PLAIN user database, constant-time verification, and redaction of
-credentials in URLs before they reach a log line, a metric or an error description.
+credentials in URLs before they reach a log line, a metric or an error description.  Also who a
+client connection is (`Identity`, from the SASL exchange) and the listener's TLS context: both I/O
+layers (the proton listener in `proxy` and `engine`) use them.
 
 Password hashes are PHC-style strings, so an operator can tell the algorithm and its cost by eye:
 
@@ -16,10 +18,11 @@ import hashlib
 import hmac
 import re
 import secrets
+import ssl
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from struct import error as struct_error
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -34,6 +37,34 @@ _KEY_BYTES = 32
 _SCRYPT_MAXMEM = 64 * 1024 * 1024
 
 REDACTED = "***"
+
+
+IDENTITY_ATTRIBUTE = "broker_filter_identity"  # where a listener puts the Identity on a proton Connection
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a client connection authenticated as."""
+
+    user: str | None
+    mechanism: str  # PLAIN, ANONYMOUS, EXTERNAL, "" (no SASL)
+    password: str | None = field(default=None, repr=False)  # pass-through only
+    tls: bool = False  # TLS terminated by the daemon (proton's own acceptor does not report it)
+    peer: str = ""  # "host:port" of the client
+
+
+ANONYMOUS = Identity("anonymous", "ANONYMOUS")
+
+
+def server_ssl_context(tls: Any) -> ssl.SSLContext:
+    """An `ssl.SSLContext` for `[listener.tls]`."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(tls.cert_file, tls.key_file, password=tls.key_password or None)
+    if tls.ca_file:
+        context.load_verify_locations(tls.ca_file)
+    context.verify_mode = ssl.CERT_REQUIRED if tls.verify_client else ssl.CERT_NONE
+    return context
 
 
 class PasswordHashError(ValueError):
@@ -367,8 +398,8 @@ class SaslServer:
         return body
 
     def _on_init(self, body: bytes) -> None:
-        from . import amqptypes as t
-        from .codec import decode
+        from .amqp import types as t
+        from .amqp import decode
 
         value, _ = decode(body, 0)
         if not isinstance(value, t.Described) or value.descriptor not in _SASL_INIT:
@@ -418,20 +449,20 @@ class SaslServer:
 
 
 def _ubyte(n: int) -> Any:
-    from . import amqptypes as t
+    from .amqp import types as t
 
     return t.ubyte(n)
 
 
 def _symbol_array(names: tuple[str, ...]) -> Any:
-    from . import amqptypes as t
+    from .amqp import types as t
 
     return t.Array("symbol", [t.symbol(n) for n in names])
 
 
 def _sasl_frame(code: int, fields: list) -> bytes:
-    from . import amqptypes as t
-    from .codec import encode
+    from .amqp import types as t
+    from .amqp import encode
 
     body = encode(t.Described(t.ulong(code), fields))
     return (8 + len(body)).to_bytes(4, "big") + bytes((2, _SASL_FRAME_TYPE, 0, 0)) + body

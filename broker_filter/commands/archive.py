@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from ..archive import import_jsonl, rows_table, write_table
+    from ..archive.parquet import import_jsonl, rows_table, write_table
 
     try:
         stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")

@@ -97,7 +97,7 @@ def master_of(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..archive import ArchiveError, archive_files
+    from ..archive.parquet import ArchiveError, archive_files
 
     try:
         filters = load_filters(args)

@@ -14,7 +14,7 @@ import json
 import sys
 
 from ..filters import DIALECTS, FilterError, SelectorError, compile_filter_set, compile_selector
-from ..message import Message, MessageFormatError
+from ..amqp.message import Message, MessageFormatError
 from .check import report
 
 _NAMES = {True: "TRUE", False: "FALSE", None: "UNKNOWN"}

@@ -32,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..archive import ArchiveError, archive_files
+    from ..archive.parquet import ArchiveError, archive_files
     from ..filters import SelectorError, compile_selector
 
     def fail(message: str, code: int = 2) -> int:

@@ -25,9 +25,8 @@ import logging
 import ssl
 from typing import Any, Callable
 
-from .. import amqptypes as t
-from ..listener import IDENTITY_ATTRIBUTE, server_ssl_context
-from ..security import UserDatabase
+from ..amqp import types as t
+from ..security import IDENTITY_ATTRIBUTE, UserDatabase, server_ssl_context
 from ._cproton import ffi, lib
 from .endpoints import Connection, Handler, SaslClient, read_data
 from .loop import EVENT_READ, EventLoop, Limits

@@ -21,8 +21,8 @@ engine when `on_message` returns.  Delivery tags are never decoded (`Delivery.ta
 `Delivery.raw_tag` the proton `pn_bytes_t` a sender can reuse as is).
 
 Values in termini, properties and annotations cross the boundary as AMQP encodings: proton's
-`pn_data_encode` into the project's codec (`broker_filter.codec.decode`) and back through
-`pn_data_decode`, so they arrive as `broker_filter.amqptypes` values.  A source filter that proton
+`pn_data_encode` into the project's codec (`broker_filter.amqp.decode`) and back through
+`pn_data_decode`, so they arrive as `broker_filter.amqp.types` values.  A source filter that proton
 could not decode (a map whose count disagrees with its size, an odd number of map items) is
 reported as `Terminus.filter_error` instead of reading as no filter.
 """
@@ -37,8 +37,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-from .. import amqptypes as t
-from ..codec import CodecError, decode, encode
+from ..amqp import types as t
+from ..amqp import CodecError, decode, encode
 from ._cproton import ffi, lib
 
 NULL = ffi.NULL

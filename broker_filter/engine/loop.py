@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..listener import Identity
+from ..security import Identity
 from ._cproton import ffi
 from .endpoints import REMOTE_UNINIT, Condition, Connection, Engine, Handler, SaslClient, Timer
 from .streams import ServerSasl, TlsError, TlsStream

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..amqptypes import symbol
+from ..amqp.types import symbol
 
 # Message annotation the daemon stamps on every message published through it: "<instance>/<connection>".
 ORIGIN_ANNOTATION = symbol("x-opt-broker-filter-origin")

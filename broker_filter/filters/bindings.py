@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..amqptypes import amqp_type
+from ..amqp.types import amqp_type
 from .base import Filter
 from .errors import FilterError
 from .index import APP, SUBJECT, exact_terms, topic_terms

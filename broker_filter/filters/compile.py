@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from .. import amqptypes as t
+from ..amqp import types as t
 from . import ast
 from .runtime import (
     SQL_ARITHMETIC,

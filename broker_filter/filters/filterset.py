@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..amqptypes import Described
+from ..amqp.types import Described
 from .base import ORIGIN_ANNOTATION, Filter, FilterEntry, FilterNode, FilterSet, IgnoredEntry, kleene_and
 from .bindings import direct_binding, headers_binding, topic_binding
 from .errors import FilterError, LimitError, SelectorError
@@ -100,7 +100,7 @@ def _split(value: Any, json_form: bool) -> tuple[Any, Any] | None:
     if json_form and isinstance(value, dict) and "descriptor" in value:
         if set(value) - {"descriptor", "value"}:
             raise FilterError(f"a JSON filter has only 'descriptor' and 'value', not {sorted(set(value))}")
-        from ..message import MessageFormatError, value_from_json
+        from ..amqp.message import MessageFormatError, value_from_json
 
         try:
             inner = value.get("value")

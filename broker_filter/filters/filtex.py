@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..amqptypes import Described, symbol, timestamp, uint, ulong
+from ..amqp.types import Described, symbol, timestamp, uint, ulong
 from .base import Filter
 from .errors import FilterError
 from .index import APP, PROP, exact_terms
@@ -151,7 +151,7 @@ def _type_name(v: Any) -> str:
         return "uuid"
     if isinstance(v, (int, float)):
         name = type(v).__name__
-        if type(v).__module__.endswith("amqptypes"):
+        if type(v).__module__.endswith(".amqp.types"):
             return {"int32": "int", "float32": "float"}.get(name, name)
         return "long" if isinstance(v, int) else "double"
     if isinstance(v, dict):

@@ -43,7 +43,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterator
 
-from ..amqptypes import timestamp
+from ..amqp.types import timestamp
 from . import ast
 from .wildcards import ANY_WORDS, WildcardTrie
 

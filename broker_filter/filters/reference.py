@@ -24,7 +24,7 @@ import re
 from typing import Any, NamedTuple
 
 from . import ast
-from ..amqptypes import float32
+from ..amqp.types import float32
 from .view import HEADERS, INT32_TYPES, jms_value
 
 

@@ -22,7 +22,7 @@ import math
 import re
 from typing import Any, Callable
 
-from .. import amqptypes as t
+from ..amqp import types as t
 from .view import INT32_TYPES, Opaque, jms_value
 
 

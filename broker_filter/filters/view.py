@@ -16,7 +16,7 @@ import decimal
 import uuid
 from typing import Any, Callable
 
-from .. import amqptypes as t
+from ..amqp import types as t
 
 INT32_TYPES = (t.ubyte, t.ushort, t.byte, t.short, t.int32)  # JMS byte/short/int: 32-bit arithmetic
 

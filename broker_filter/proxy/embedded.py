@@ -3,7 +3,7 @@
 Theory of operation: `broker_filter.broker.Broker` holds the addresses in process and makes every
 decision; this adapter only translates.  Consumers and publishers map one to one onto broker
 consumers and `Broker.publish`; messages stay the raw bytes the client sent and are decoded (by
-`broker_filter.codec`) only when a filter needs them.  All filters the proxy pushes down are
+`broker_filter.amqp`) only when a filter needs them.  All filters the proxy pushes down are
 evaluated by the broker with queue semantics (oldest match first, non-matching messages stay for
 other consumers), which is why `can_evaluate` accepts every kind except no-local: the receiving
 client's identity lives in the proxy, not here.
@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 from ..broker import ANYCAST, MULTICAST, Broker, BrokerConfig, BrokerError, Limits
 from ..broker.queue import Consumer as BrokerConsumer
-from ..codec import redelivery_bytes
-from ..forwarding import ACCEPTED, Outcome
+from ..amqp import redelivery_bytes
+from .forwarding import ACCEPTED, Outcome
 from .upstream import ConsumerHandler, ConsumerInfo, ConsumerSpec, ErrorInfo, Loop, PublisherHandler, UpstreamDelivery
 
 log = logging.getLogger("broker_filter.proxy.embedded")
@@ -51,7 +51,7 @@ def broker_config(section: Any) -> BrokerConfig:
 
 
 def _decode(data: bytes, reads: Any = None) -> Any:
-    from ..codec import decode_message
+    from ..amqp import decode_message
 
     return decode_message(data, reads)
 

@@ -1,7 +1,7 @@
 """The daemon's journal at the upstream boundary.
 
 Theory of operation: `JournalingUpstream` wraps any `Upstream` and hands every message a client
-published through the daemon to the journal (`broker_filter.journal.Journal`) when the upstream's
+published through the daemon to the journal (`broker_filter.archive.journal.Journal`) when the upstream's
 outcome is *accepted*: the journal then holds exactly what reached the broker, once each, with the
 bytes as sent upstream (origin annotation included).  Messages the daemon delivers to clients, and
 its own republishing of held queue messages, are not journaled again; pre-settled publishes have no
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..forwarding import Outcome
+from .forwarding import Outcome
 from .server import Inlet
 
 

@@ -54,7 +54,7 @@ from urllib.parse import unquote, urlsplit
 from proton import Disposition, Endpoint, Handler, Terminus, Transport
 from proton import symbol as psymbol
 
-from .. import amqptypes as t
+from ..amqp import types as t
 from ..security import redact_url
 from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
 from .sharing import address_form_routing

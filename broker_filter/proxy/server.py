@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every client receiving link becomes an `Outlet` on a `Feed` (see `broker_filter.forwarding`), and
+Every client receiving link becomes an `Outlet` on a `Feed` (see `broker_filter.proxy.forwarding`), and
 every feed is one upstream consumer.  Which links share a feed is one rule, in
 `broker_filter.proxy.sharing`: subscription sources get a feed of their own (a named shared
 subscription one per name); links on the same queue (and the same pushed-down filters) share one.
@@ -38,11 +38,12 @@ from proton import Condition, Disposition, Endpoint, Link, Terminus
 from proton import symbol as psymbol
 from proton import Handler
 
-from .. import amqptypes as t
-from ..codec import CodecError, set_message_annotation
+from ..amqp import types as t
+from ..amqp import CodecError, set_message_annotation
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
-from ..forwarding import Feed, FeedStats, Outcome, Outlet, filter_identity
+from .forwarding import Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import sharing
+from .routing import Routing
 from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
 from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
 
@@ -296,6 +297,7 @@ class ProxyServer(Handler):
         super().__init__()
         self.metrics = metrics  # broker_filter.metrics.Metrics, or None
         self.config = config  # broker_filter.config.Config: address rules, virtual addresses, limits
+        self.routing = Routing.from_config(config) if config is not None else None
         self.upstream = upstream
         self.instance = instance
         self.dialect = dialect
@@ -588,7 +590,7 @@ class ProxyServer(Handler):
                                         max_depth=self.config.limits.nesting_depth)
             else:
                 fs = compile_filter_set(raw or {}, dialect=self.dialect)
-            # A virtual address's filter (compiled when the configuration was loaded) AND the
+            # A virtual address's filter (compiled once, by the routing) AND the
             # client's own: one filter-set, pushed down as far as the upstream filters.
             wanted = route.virtual.combine(fs) if route is not None and route.virtual else fs
         except FilterError as e:
@@ -852,9 +854,9 @@ class ProxyServer(Handler):
         inlet.top_up()
 
     def _route(self, address: str | None) -> Any:
-        if self.config is None or address is None:
+        if self.routing is None or address is None:
             return None
-        return self.config.route(address)
+        return self.routing.route(address)
 
     # ---------------------------------------------------------------- recycling
     def recycle_message(self, binding: FeedBinding, data: bytes, done: Callable[[bool], None]) -> bool:

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A client receiving link is served by a feed (`broker_filter.forwarding.Feed`), and a feed is one
+A client receiving link is served by a feed (`broker_filter.proxy.forwarding.Feed`), and a feed is one
 upstream consumer.  Whether two links may share a feed follows from what the source *is* in the
 address model (AMQ's anycast and multicast; docs/proxy.md has the same table):
 

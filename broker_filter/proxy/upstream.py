@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
-from ..forwarding import ACCEPTED, RELEASED, Outcome
+from .forwarding import ACCEPTED, RELEASED, Outcome
 
 __all__ = [
     "ACCEPTED",

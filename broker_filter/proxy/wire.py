@@ -1,5 +1,5 @@
 """Proton-side conversions shared by both sides of the proxy: terminus data (filter-sets,
-capabilities) <-> typed values of `broker_filter.amqptypes` (through `broker_filter.codec`, so a
+capabilities) <-> typed values of `broker_filter.amqp.types` (through `broker_filter.amqp`, so a
 value keeps its AMQP type both ways), and delivery dispositions <-> `Outcome`."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 from proton import Condition, Delivery, Disposition
 from proton import symbol as psymbol
 
-from ..codec import decode, encode
-from ..forwarding import ACCEPTED, RELEASED, Outcome
+from ..amqp import decode, encode
+from .forwarding import ACCEPTED, RELEASED, Outcome
 
 _OUTCOME_KINDS = {
     Disposition.ACCEPTED: "accepted",
@@ -22,7 +22,7 @@ _DISPOSITIONS = {v: k for k, v in _OUTCOME_KINDS.items()}
 
 
 def data_value(data) -> Any:
-    """A proton Data (terminus filter/capabilities) as typed values of `broker_filter.amqptypes`."""
+    """A proton Data (terminus filter/capabilities) as typed values of `broker_filter.amqp.types`."""
     raw = data.encode() if data is not None else b""
     if not raw:
         return None

@@ -361,7 +361,7 @@ _NUMERIC_TYPES = ("ubyte", "ushort", "uint", "ulong", "byte", "short", "int", "l
 
 def _reference_match(got: _Got, ref: Any) -> Any:
     """filtex._match over Columns (the value is present)."""
-    from ..amqptypes import timestamp
+    from ..amqp.types import timestamp
     from ..filters import filtex
 
     t = got.t

@@ -4,7 +4,7 @@ Theory of operation: a condition compiles to a boolean Column whose SQL NULL is 
 Spark's own three-valued AND / OR / NOT are the selector's.  A value compiles to a `Val`: a dynamic
 kind tag (a string Column: boolean, int, long, double, string, opaque; NULL for a NULL value) plus
 one Column per representation (`l` bigint for int/long, `d` double, `s` string, `b` boolean).  The
-archive's typed maps (broker_filter.archive.TYPED) carry the AMQP type name, from which the tag
+archive's typed maps (broker_filter.archive.parquet.TYPED) carry the AMQP type name, from which the tag
 follows the AMQP -> JMS table of docs/selectors.md.  Each `Val` also knows statically which kinds it
 can have, so a header that is always a long or a literal needs no run-time tag tests at all.
 
@@ -942,7 +942,7 @@ def topic_condition(key: str) -> Any:
 def headers_condition(binding: dict) -> Any:
     """TRUE / FALSE: the legacy headers binding (x-match all / any / all-with-x / any-with-x, the key
     in any case); values compare within their class as `bindings.headers_equal` does."""
-    from ..archive import typed_value
+    from ..archive.parquet import typed_value
     from ..filters.bindings import FLOAT_TYPES, INTEGER_TYPES, TEXT_TYPES, X_MATCH, equality_class
 
     modes = [str(v) for k, v in binding.items() if str(k).lower() == X_MATCH]

@@ -20,7 +20,7 @@ commits.  (Spark's `SimpleDataSourceStreamReader` would re-read such a batch on 
 cannot hold messages until the commit: hence the full `DataSourceStreamReader`.)
 
 The writer sends each row of a micro-batch as an AMQP message (the archive row -> message of
-`broker_filter.archive.row_message`, encoded exactly) and counts it only when the broker accepts it;
+`broker_filter.archive.parquet.row_message`, encoded exactly) and counts it only when the broker accepts it;
 a refusal fails the task and Spark runs the batch again (at-least-once).
 """
 
@@ -30,7 +30,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceStreamReader,
@@ -42,7 +41,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from .. import archive as _archive
+from ..archive import parquet as _archive
 from .streaming import Receiver, positive, stream_filter, target_of
 
 log = logging.getLogger("broker_filter.spark.datasource")
@@ -178,17 +177,13 @@ class AmqpStreamReader(DataSourceStreamReader):
         return b.parts
 
     def _ipc(self, rows: list[dict]) -> bytes:
-        table = _archive.rows_table(rows).cast(self.arrow_schema)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as w:
-            w.write_table(table)
-        return sink.getvalue().to_pybytes()
+        return _archive.rows_stream(rows, self.arrow_schema)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         data = getattr(partition, "data", None)
         if not data:
             return iter(())
-        return iter(pa.ipc.open_stream(data).read_all().to_batches())
+        return iter(_archive.stream_batches(data))
 
     def commit(self, end: dict) -> None:
         self._settle_through(int(end["seq"]))
@@ -227,7 +222,7 @@ class _Sender:
                              "application_properties; docs/archive.md)")
 
     def write(self, iterator: Iterator[Any]) -> Accepted:
-        from ..codec import encode_message
+        from ..amqp import encode_message
         from .replay import ReplayError, send_all
 
         def items() -> Iterator[tuple[list, bytes]]:

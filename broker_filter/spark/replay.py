@@ -2,7 +2,7 @@
 
 Theory of operation: Spark selects the matching rows (the compiled selector, TRUE only) after the
 saved position and sorts them by (arrival_time, seq, file); the driver streams them in order
-(`toLocalIterator`), re-encodes each archived message exactly (broker_filter.codec) and sends it
+(`toLocalIterator`), re-encodes each archived message exactly (broker_filter.amqp) and sends it
 with python-qpid-proton, keeping up to `window` deliveries unsettled.  A message counts only when
 the receiver accepts it; the position saved in the state file is the last message of the
 contiguous accepted prefix, so a replay stopped at any point (rejection, release, lost connection,
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
-from ..archive import row_message
-from ..codec import encode_message
+from ..archive.parquet import row_message
+from ..amqp import encode_message
 from .compile import CompiledSelector
 from .sqlexpr import lit
 

@@ -6,9 +6,7 @@ import os
 import sys
 from typing import Any
 
-from pyarrow import Table
-
-from .. import archive as _archive
+from ..archive import parquet as _archive
 
 
 def get_session(master: str | None = "local[*]", app_name: str = "broker-filter", **conf: str) -> Any:
@@ -50,7 +48,7 @@ def read_archive(spark: Any, path: str) -> Any:
     return spark.read.schema(_spark_schema(spark)).parquet(*files)
 
 
-def table_frame(spark: Any, table: Table) -> Any:
+def table_frame(spark: Any, table: Any) -> Any:
     """An in-memory archive table (pyarrow, `archive.SCHEMA`) as a DataFrame."""
     return spark.createDataFrame(table)
 

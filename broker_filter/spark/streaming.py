@@ -2,7 +2,7 @@
 
 Theory of operation: one proton connection per streaming query, on a thread of the process that
 plans the query's micro-batches (Spark's driver-side source runner), receives from one address.
-Each message is decoded (broker_filter.codec), filtered, and kept as an archive row
+Each message is decoded (broker_filter.amqp), filtered, and kept as an archive row
 (docs/archive.md) together with its unsettled delivery.  A micro-batch takes up to
 `maxMessagesPerTrigger` buffered rows and numbers them with the stream offset (`seq`); its
 deliveries are accepted upstream only when Spark commits the batch (the source's `commit`), so a
@@ -34,8 +34,8 @@ from proton import Condition, Delivery
 from proton.handlers import MessagingHandler
 from proton.reactor import ApplicationEvent, Container, EventInjector, Selector
 
-from ..archive import ArchiveError, message_row
-from ..codec import CodecError, decode_message
+from ..archive.parquet import ArchiveError, message_row
+from ..amqp import CodecError, decode_message
 from ..filters import FilterError, compile_filter_set, compile_selector
 from .replay import Target, parse_target
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from broker_filter.broker import Broker, BrokerConfig
-from broker_filter.message import Message
+from broker_filter.amqp.message import Message
 
 
 class FnFilter:

@@ -5,10 +5,10 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from broker_filter.amqptypes import symbol
+from broker_filter.amqp.types import symbol
 from broker_filter.broker import Broker, BrokerConfig, EqualityHint, equality_hint
 from broker_filter.filters import compile_selector
-from broker_filter.message import Message
+from broker_filter.amqp.message import Message
 
 from brokerkit import dispatch_all
 

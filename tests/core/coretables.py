@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from broker_filter.message import Message
+from broker_filter.amqp.message import Message
 
 DATA = Path(__file__).parent / "data"
 DIALECTS = ("jms", "artemis", "rocketmq")
@@ -158,7 +158,7 @@ FILTEX_ROWS = json.loads((DATA / "filtex.json").read_text())["rows"]
 
 
 def _filtex_descriptors() -> dict:
-    from broker_filter.amqptypes import symbol, ulong
+    from broker_filter.amqp.types import symbol, ulong
 
     return {
         "properties": (symbol("amqp:properties-filter"), ulong(0x173)),
@@ -171,8 +171,8 @@ FILTEX_DESCRIPTORS = _filtex_descriptors()
 
 def filtex_reference_map(row: dict) -> dict:
     """A row's reference values as a filter value: typed JSON read, properties keys as symbols."""
-    from broker_filter.amqptypes import symbol
-    from broker_filter.message import value_from_json
+    from broker_filter.amqp.types import symbol
+    from broker_filter.amqp.message import value_from_json
 
     symbol_keys = row["filter"] == "properties" or row.get("symbol_keys", False)
     return {(symbol(k) if symbol_keys else k): value_from_json(v) for k, v in row["ref"].items()}

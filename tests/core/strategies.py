@@ -14,8 +14,8 @@ import uuid
 
 from hypothesis import strategies as st
 
-from broker_filter import amqptypes as t
-from broker_filter.message import Header, Message, Properties
+from broker_filter.amqp import types as t
+from broker_filter.amqp.message import Header, Message, Properties
 
 DIALECTS = ("jms", "artemis", "rocketmq")
 PROPERTY_NAMES = ("a", "b", "n", "s", "x", "JMSFoo")

@@ -77,9 +77,9 @@ def test_the_jms_dialect_is_untouched() -> None:
 
 
 def test_sql_filter_in_a_filter_set_is_always_amqp_sql() -> None:
-    from broker_filter.amqptypes import Described, symbol, ulong
+    from broker_filter.amqp.types import Described, symbol, ulong
     from broker_filter.filters import FilterError, compile_filter_set
-    from broker_filter.message import Message
+    from broker_filter.amqp.message import Message
 
     text = "p.subject = \"eu\" AND n % 2 = 1"
     for descriptor in (symbol("amqp:sql-filter"), ulong(0x120), "0x00000000:0x00000120"):

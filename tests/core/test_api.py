@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker_filter.filters import FilterError, SelectorError, compile_selector, parse_selector
-from broker_filter.message import Message
+from broker_filter.amqp.message import Message
 
 
 def test_selector_error_carries_position_and_caret() -> None:

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_filter import amqptypes as t
-from broker_filter.codec import CodecError, decode, encode
-from broker_filter.codec.types import MAX_DEPTH
+from broker_filter.amqp import types as t
+from broker_filter.amqp import CodecError, decode, encode
+from broker_filter.amqp.encoding import MAX_DEPTH
 
 PYTHON_NAMES = re.compile(r"[A-Z][a-z]+(Error|Exception)|Traceback|bytearray|index out of range")
 SELECTOR = t.Described(t.symbol("apache.org:selector-filter:string"), "a = 1")

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from broker_filter.amqptypes import Described, symbol, ulong
+from broker_filter.amqp.types import Described, symbol, ulong
 from broker_filter.filters import MATCH_ALL, FilterEntry, FilterError, FilterSet, FilterVisitor, ORIGIN_ANNOTATION, compile_filter_set
-from broker_filter.message import Message, value_from_json
+from broker_filter.amqp.message import Message, value_from_json
 from coretables import DATA, load
 
 TOPIC = "apache.org:legacy-amqp-topic-binding:string"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_filter.amqptypes import Described, symbol, ulong
+from broker_filter.amqp.types import Described, symbol, ulong
 from broker_filter.filters import FilterError, compile_filter_set
-from broker_filter.message import Message
+from broker_filter.amqp.message import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coretables import FILTEX_DESCRIPTORS as DESCRIPTORS  # noqa: E402

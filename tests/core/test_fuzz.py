@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from broker_filter.filters import FilterError, SelectorError, compile_filter_set, compile_selector
-from broker_filter.message import Message
+from broker_filter.amqp.message import Message
 from strategies import DIALECTS, filter_set_junk, tokens_soup
 
 SAMPLES = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker_filter.filters import LimitError, SelectorError, compile_selector
-from broker_filter.message import Message
+from broker_filter.amqp.message import Message
 
 pytestmark = pytest.mark.timeout(60)
 

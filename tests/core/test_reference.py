@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from broker_filter import amqptypes as t
+from broker_filter.amqp import types as t
 from broker_filter.filters import ast, reference
-from broker_filter.message import Header, Message, Properties
+from broker_filter.amqp.message import Header, Message, Properties
 
 T, F, U = True, False, None
 

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from broker_filter import amqptypes as t
-from broker_filter.amqptypes import Described, symbol
+from broker_filter.amqp import types as t
+from broker_filter.amqp.types import Described, symbol
 from broker_filter.filters import FilterError, SelectorError, compile_filter_set, compile_selector
 from broker_filter.filters.base import ORIGIN_ANNOTATION
 from broker_filter.filters.index import SubscriptionIndex, exact_key, index_key, index_terms
-from broker_filter.message import Message, Properties
+from broker_filter.amqp.message import Message, Properties
 
 import strategies as S
 

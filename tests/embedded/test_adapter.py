@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from broker_filter.codec import decode_message, encode_message
+from broker_filter.amqp import decode_message, encode_message
 from broker_filter.filters.base import Filter, FilterEntry
-from broker_filter.forwarding import ACCEPTED, Outcome
-from broker_filter.message import Message, Properties
+from broker_filter.proxy.forwarding import ACCEPTED, Outcome
+from broker_filter.amqp.message import Message, Properties
 from broker_filter.proxy.embedded import EmbeddedUpstream, broker_config
 from broker_filter.proxy.upstream import ConsumerSpec
 

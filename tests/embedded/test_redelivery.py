@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from proton import Message
 
-from broker_filter.amqptypes import uint
-from broker_filter.codec import decode_message, encode_message
-from broker_filter.message import Header, Message as BFMessage, Properties
-from broker_filter.codec import redelivery_bytes
+from broker_filter.amqp.types import uint
+from broker_filter.amqp import decode_message, encode_message
+from broker_filter.amqp.message import Header, Message as BFMessage, Properties
+from broker_filter.amqp import redelivery_bytes
 
 from clients import connect, link_name, receiver
 

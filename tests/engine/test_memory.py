@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker_filter import amqptypes as t
-from broker_filter.codec import encode
-from broker_filter.codec.sections import encode_section
+from broker_filter.amqp import types as t
+from broker_filter.amqp import encode
+from broker_filter.amqp.sections import encode_section
 from broker_filter.engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Condition, Engine, Terminus
 from broker_filter.engine.memory import pump
 

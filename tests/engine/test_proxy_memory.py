@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from broker_filter import amqptypes as t
-from broker_filter.codec import decode_message
-from broker_filter.codec.sections import encode_section
+from broker_filter.amqp import types as t
+from broker_filter.amqp import decode_message
+from broker_filter.amqp.sections import encode_section
 from broker_filter.config import Config
 from broker_filter.engine import ACCEPTED, Terminus
 from broker_filter.engine.container import EngineContainer
 from broker_filter.engine.memory import pump
-from broker_filter.lifecycle import ConnectionRegistry
+from broker_filter.proxy.lifecycle import ConnectionRegistry
 from broker_filter.proxy.embedded import EmbeddedUpstream
 from broker_filter.proxy.loop import ProtonLoop
 from broker_filter.proxy.server import ProxyServer
@@ -101,7 +101,7 @@ def test_an_invalid_selector_is_refused_with_the_wire_contract(proxied):
 
 @pytest.mark.parametrize("count", [1, 3])
 def test_a_garbled_filter_map_is_refused_with_decode_error_not_served_unfiltered(proxied, count):
-    from broker_filter.codec import decode
+    from broker_filter.amqp import decode
 
     from .test_memory import _raw_attach
 

@@ -136,8 +136,8 @@ def test_silent_peer_is_closed_by_the_idle_timeout(loop_thread):
 
 
 def _open_frame(idle_ms: int) -> bytes:
-    from broker_filter import amqptypes as t
-    from broker_filter.codec import encode
+    from broker_filter.amqp import types as t
+    from broker_filter.amqp import encode
 
     body = encode(t.Described(t.ulong(0x10), ["raw-client", None, None, None, t.uint(idle_ms) if idle_ms else None]))
     return (8 + len(body)).to_bytes(4, "big") + bytes((2, 0, 0, 0)) + body

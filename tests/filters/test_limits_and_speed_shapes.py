@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from broker_filter.filters import LimitError, SelectorError, compile_filter_set, compile_selector
 from broker_filter.filters.parser import Limits
 from broker_filter.filters.runtime import like_matcher
-from broker_filter.message import Message
+from broker_filter.amqp.message import Message
 
 
 def msg(**ap):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker_filter import amqptypes as t
-from broker_filter.message import Header, Message, MessageFormatError, Properties
+from broker_filter.amqp import types as t
+from broker_filter.amqp.message import Header, Message, MessageFormatError, Properties
 
 TYPED = [
     ({"type": "ubyte", "value": 255}, t.ubyte),

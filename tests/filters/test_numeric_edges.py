@@ -2,9 +2,9 @@
 
 import pytest
 
-from broker_filter import amqptypes as t
+from broker_filter.amqp import types as t
 from broker_filter.filters import compile_selector, parse_selector
-from broker_filter.message import Message
+from broker_filter.amqp.message import Message
 
 
 def ev(text, dialect="jms", **ap):

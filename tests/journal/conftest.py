@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from broker_filter import amqptypes as t
-from broker_filter import codec
-from broker_filter.journal import Journal
-from broker_filter.message import Header, Message, Properties
+from broker_filter.amqp import types as t
+from broker_filter import amqp
+from broker_filter.archive.journal import Journal
+from broker_filter.amqp.message import Header, Message, Properties
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
@@ -43,7 +43,7 @@ def typed_message(i: int = 0, **app) -> Message:
 
 
 def encoded(message: Message) -> bytes:
-    return codec.encode_message(message)
+    return amqp.encode_message(message)
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from broker_filter import amqptypes as t
-from broker_filter import codec
-from broker_filter.archive import archive_files
+from broker_filter.amqp import types as t
+from broker_filter import amqp
+from broker_filter.archive.parquet import archive_files
 from broker_filter.cli import main
-from broker_filter.journal import Journal
-from broker_filter.message import Message, Properties
+from broker_filter.archive.journal import Journal
+from broker_filter.amqp.message import Message, Properties
 
 pytestmark = pytest.mark.spark
 
@@ -30,10 +30,10 @@ def test_backtest_reads_a_rolled_journal(tmp_path, spark, capsys):
                 body=b"x" * 40,
             )
             address = ("orders.eu", "audit", "other")[i % 3] if i % 2 else "orders"
-            j.record(address, codec.encode_message(m), arrival_time=HOUR + dt.timedelta(minutes=i // 3))
+            j.record(address, amqp.encode_message(m), arrival_time=HOUR + dt.timedelta(minutes=i // 3))
         j.record("orders", b"\x00 not a message")
         for i in range(5):
-            j.record("orders", codec.encode_message(Message(application_properties={"color": "red", "n": t.int32(1000)})))
+            j.record("orders", amqp.encode_message(Message(application_properties={"color": "red", "n": t.int32(1000)})))
         assert j.drain(timeout=30)
     finally:
         assert j.close(timeout=30)

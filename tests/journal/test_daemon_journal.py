@@ -13,8 +13,8 @@ from proton import Message as ProtonMessage
 from proton import int32, symbol
 from proton.utils import BlockingConnection
 
-from broker_filter import amqptypes as t
-from broker_filter.archive import read_messages
+from broker_filter.amqp import types as t
+from broker_filter.archive.parquet import read_messages
 from launcher import Daemon
 
 BIN = Path(sys.executable).with_name("broker-filter")

@@ -246,53 +246,6 @@ def test_load_for_cli_exits_2_naming_key_and_reason():
     )
 
 
-def test_address_rules_first_match_wins_with_amq_wildcards(tmp_path):
-    path = write(
-        tmp_path,
-        """
-        [[address_rules]]
-        pattern = "news.#"
-        routing_type = "multicast"
-        upstream = "/exchange/amq.topic/{address}"
-
-        [[address_rules]]
-        pattern = "orders.*"
-        routing_type = "anycast"
-        upstream = "/queue/{address}"
-
-        [[address_rules]]
-        pattern = "#"
-        """,
-    )
-    config = load(parse("--config", path), {})
-    route = config.route("news")
-    assert (route.upstream, route.routing_type) == ("/exchange/amq.topic/news", "multicast")
-    assert config.route("news.eu.sport").upstream == "/exchange/amq.topic/news.eu.sport"
-    assert config.route("orders.eu").upstream == "/queue/orders.eu"
-    fallthrough = config.route("orders.eu.x")
-    assert (fallthrough.upstream, fallthrough.routing_type) == ("orders.eu.x", "")
-    assert fallthrough.rule is config.address_rules[2]
-    assert load(None, {}).route("anything").upstream == "anything"
-
-
-@pytest.mark.parametrize(
-    "pattern, address, expected",
-    [
-        ("a.#", "a", True),
-        ("a.#.b", "a.b", True),
-        ("#.a.b", "a.x.a.b", True),
-        ("a.*", "a", False),
-        ("a.*", "a.b.c", False),
-        ("*.*", "a.b", True),
-        ("a#b", "a#b", True),
-        ("a#b", "axb", False),
-        ("#", "", True),
-    ],
-)
-def test_wildcards(pattern, address, expected):
-    assert cfg.AddressRule(pattern).matches(address) is expected
-
-
 def test_hostport_parsing():
     assert cfg.split_hostport("0.0.0.0:9464") == ("0.0.0.0", 9464)
     assert cfg.split_hostport("[::]:1") == ("::", 1)
@@ -325,75 +278,6 @@ def test_shipped_config_file_loads_and_documents_every_key():
     load(parse("--config", path), {})
     for key, _ in cfg._leaves():
         assert key.rsplit(".", 1)[-1] in text, f"{key} is not documented in config/broker-filter.toml"
-
-
-VIRTUAL = """
-[[address_rules]]
-pattern = "orders"
-routing_type = "anycast"
-upstream = "/queue/{address}"
-
-[virtual_addresses."orders.red"]
-upstream = "orders"
-selector = "color = 'red' AND weight > 2.5"
-
-[virtual_addresses."news.sport"]
-upstream = "/exchange/amq.topic/news"
-routing_type = "multicast"
-filter_set = '{"t": {"descriptor": "apache.org:legacy-amqp-topic-binding:string", "value": "*.sport"}}'
-
-[virtual_addresses.vip.filter_set.sel]
-descriptor = "0x0000468C:0x00000004"
-value = "JMSPriority > 6"
-[virtual_addresses.vip]
-upstream = "orders"
-"""
-
-
-def test_virtual_addresses_compile_and_route(tmp_path):
-    from broker_filter.message import Message
-
-    config = load(parse("--config", write(tmp_path, VIRTUAL)), {})
-    red = config.route("orders.red")
-    assert (red.upstream, red.routing_type) == ("/queue/orders", "anycast")  # the rule applies upstream
-    assert red.virtual is config.virtual_addresses["orders.red"]
-    selected = red.virtual.compile(config.limits)
-    assert selected.matches(Message.from_json({"application_properties": {"color": "red", "weight": 3.0}}))
-    assert not selected.matches(Message.from_json({"application_properties": {"color": "red", "weight": 1}}))
-
-    sport = config.route("news.sport")
-    assert (sport.upstream, sport.routing_type) == ("/exchange/amq.topic/news", "multicast")
-    topic = sport.virtual.compile(config.limits)
-    assert [e.kind for e in topic.entries] == ["topic"]
-    assert topic.matches(Message.from_json({"properties": {"subject": "eu.sport"}}))
-    assert not topic.matches(Message.from_json({"properties": {"subject": "eu.politics"}}))
-
-    vip = config.route("vip").virtual.compile(config.limits)
-    assert vip.matches(Message.from_json({"header": {"priority": 9}}))
-    assert not vip.matches(Message.from_json({}))
-    effective = json.loads(json.dumps(config.to_dict()))
-    assert effective["virtual_addresses"]["news.sport"]["filter_set"]["t"]["value"] == "*.sport"
-    assert effective["virtual_addresses"]["orders.red"]["selector"] == "color = 'red' AND weight > 2.5"
-
-
-def test_virtual_filter_combines_with_the_client_filter_and_echoes_only_the_client_part(tmp_path):
-    from broker_filter.filters import compile_filter_set
-    from broker_filter.message import Message
-
-    config = load(parse("--config", write(tmp_path, VIRTUAL)), {})
-    red = config.virtual_addresses["orders.red"]
-    assert red.compiled is not None and [e.kind for e in red.compiled.entries] == ["selector"]
-    client = compile_filter_set({"jms-selector": {"descriptor": "apache.org:selector-filter:string",
-                                                  "value": "size = 'L'"}})
-    combined = red.combine(client)
-    assert combined.applied.keys() >= {"jms-selector", cfg.VIRTUAL_FILTER_KEY}
-    assert client.applied == {"jms-selector": client.entries[0].value}  # what the attach reply echoes
-    both = {"color": "red", "weight": 3.0, "size": "L"}
-    assert combined.matches(Message.from_json({"application_properties": both}))
-    assert not combined.matches(Message.from_json({"application_properties": {**both, "size": "S"}}))
-    assert not combined.matches(Message.from_json({"application_properties": {**both, "color": "blue"}}))
-    alone = red.combine(compile_filter_set({}))
-    assert alone.matches(Message.from_json({"application_properties": both}))
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from proton.reactor import ApplicationEvent, Container, EventInjector
 from proton.utils import BlockingConnection
 
 from broker_filter.config import add_serve_arguments, load
-from broker_filter.listener import identity_of, listen, needs_front_end
+from broker_filter.proxy.listener import identity_of, listen, needs_front_end
 from broker_filter.security import hash_password
 
 ALICE = hash_password("wonderland", algorithm="pbkdf2-sha256")
@@ -224,7 +224,7 @@ def upstream_tls(*settings: str):
 
 def test_upstream_tls_domain_from_configuration(running, pki):
     """What `[upstream.tls]` gives a proton client connecting to an amqps:// upstream."""
-    from broker_filter.listener import proton_client_ssl_domain
+    from broker_filter.proxy.listener import proton_client_ssl_domain
 
     r = running(listener_config(*tls_settings(pki)))
     url = f"amqps://127.0.0.1:{r.port}"
@@ -248,7 +248,7 @@ def test_pass_through_checks_credentials_against_the_upstream(running):
     """The upstream here is a listener with PLAIN users (it checks credentials the way a broker does)."""
     import socket
 
-    from broker_filter.listener import upstream_login
+    from broker_filter.proxy.listener import upstream_login
 
     upstream = running(listener_config(f'listener.users={{alice = "{ALICE}"}}', "listener.allow_anonymous=false"))
     with socket.socket() as s:  # a port nobody listens on: the first failover URL is down
@@ -275,8 +275,8 @@ def test_frames_pipelined_after_sasl_reach_proton(running):
     import socket
     import time
 
-    from broker_filter import amqptypes as t
-    from broker_filter.codec import decode, encode
+    from broker_filter.amqp import types as t
+    from broker_filter.amqp import decode, encode
     from broker_filter.security import AMQP_HEADER, SASL_HEADER
 
     def frame(code: int, fields: list, frame_type: int) -> bytes:
@@ -315,7 +315,7 @@ class _SilentUpstream:
 
 
 def test_pass_through_client_is_closed_when_its_upstream_never_comes_up():
-    from broker_filter.passthrough import PassThrough
+    from broker_filter.proxy.passthrough import PassThrough
 
     upstreams = []
 

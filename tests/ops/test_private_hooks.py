@@ -23,10 +23,10 @@ def test_proton_iohandler_update():
     except ImportError:
         IOHandler = None  # noqa: N806
     hook(IOHandler is not None and hasattr(IOHandler, "update"), "proton._handlers.IOHandler.update",
-         "broker_filter.listener.Adopter (registers an adopted socket's transport)")
+         "broker_filter.proxy.listener.Adopter (registers an adopted socket's transport)")
     params = list(inspect.signature(IOHandler.update).parameters)
     hook(params == ["transport", "selectable", "now"], "IOHandler.update(transport, selectable, now)",
-         "broker_filter.listener.Adopter")
+         "broker_filter.proxy.listener.Adopter")
 
 
 def test_proton_connection_acceptor_flag_skips_connecting():
@@ -34,7 +34,7 @@ def test_proton_connection_acceptor_flag_skips_connecting():
 
     source = inspect.getsource(IOHandler.on_connection_bound)
     hook("c._acceptor" in source, "IOHandler.on_connection_bound's check of connection._acceptor",
-         "broker_filter.listener.Adopter (marks adopted connections so proton does not dial out)")
+         "broker_filter.proxy.listener.Adopter (marks adopted connections so proton does not dial out)")
 
 
 def test_proton_selectable_and_transport_link_each_other():
@@ -44,16 +44,16 @@ def test_proton_selectable_and_transport_link_each_other():
 
     for name in ("on_selectable_readable", "on_selectable_writable", "on_selectable_expired"):
         hook("s._transport" in inspect.getsource(getattr(IOHandler, name)), f"IOHandler.{name} reading "
-             "selectable._transport", "broker_filter.listener.Adopter and lifecycle.GracefulShutdown")
+             "selectable._transport", "broker_filter.proxy.listener.Adopter and lifecycle.GracefulShutdown")
     hook("t._selectable" in inspect.getsource(IOHandler.on_transport), "IOHandler.on_transport reading "
-         "transport._selectable", "broker_filter.listener.Adopter")
+         "transport._selectable", "broker_filter.proxy.listener.Adopter")
     container = Container()
     selectable = container.selectable()
     transport = Transport(Transport.SERVER)
     selectable._transport = transport
     transport._selectable = selectable
     hook(selectable._transport is transport and transport._selectable is selectable,
-         "settable Selectable._transport / Transport._selectable", "broker_filter.listener.Adopter")
+         "settable Selectable._transport / Transport._selectable", "broker_filter.proxy.listener.Adopter")
     selectable.terminate()
 
 
@@ -65,7 +65,7 @@ def test_proton_acceptor_listening_socket():
     try:
         socket = getattr(getattr(acceptor, "_selectable", None), "_delegate", None)
         hook(socket is not None and hasattr(socket, "getsockname"), "Acceptor._selectable._delegate (its socket)",
-             "broker_filter.listener.listen (reports the port bound for port 0)")
+             "broker_filter.proxy.listener.listen (reports the port bound for port 0)")
         assert socket.getsockname()[1] > 0
     finally:
         acceptor.close()
@@ -97,3 +97,59 @@ def test_lark_lalr_tables():
         hook(all(hasattr(rule, a) for a in ("alias", "origin", "expansion", "options"))
              and hasattr(rule.origin, "name") and hasattr(rule.options, "expand1"),
              "Rule.alias / origin.name / expansion / options.expand1", "broker_filter.filters.parser._Grammar")
+
+
+
+def test_proton_frame_trace_shows_an_attach_replys_offered_capabilities():
+    """proton 0.40 has no getter for a link's remote offered-capabilities: broker_filter.proxy.remote
+    reads them from the frame trace (`Transport.tracer`).  A real proton-c transport is fed an attach
+    carrying offered-capabilities, and the line it traces must be one the upstream reads."""
+    import struct
+
+    from proton import Connection, Data, Transport, symbol
+
+    def frame(code: int, *fields) -> bytes:
+        d = Data()
+        d.put_described()
+        d.enter()
+        d.put_ulong(code)
+        d.put_list()
+        d.enter()
+        for put in fields:
+            put(d)
+        d.exit()
+        d.exit()
+        body = d.encode()
+        return struct.pack(">IBBH", 8 + len(body), 2, 0, 0) + body
+
+    def capabilities(d: Data) -> None:
+        d.put_array(False, Data.SYMBOL)
+        d.enter()
+        for c in ("AMQP_FILTEX_PROP_V1_0", "AMQP_FILTEX_SQL_V1_0"):
+            d.put_symbol(symbol(c))
+        d.exit()
+
+    null = Data.put_null
+    wire = b"AMQP\x00\x01\x00\x00" + frame(0x10, lambda d: d.put_string("peer")) + frame(
+        0x11, null, lambda d: d.put_uint(0), lambda d: d.put_uint(100), lambda d: d.put_uint(100)) + frame(
+        # attach: name, handle, role (sender), 6 fields left out, initial-delivery-count, max-message-size,
+        # offered-capabilities
+        0x12, lambda d: d.put_string('c"q-1'), lambda d: d.put_uint(0), lambda d: d.put_bool(False),
+        *[null] * 6, lambda d: d.put_uint(0), null, capabilities)
+    lines: list[str] = []
+    transport = Transport(Transport.SERVER)
+    transport.tracer = lambda _transport, message: lines.append(message)
+    transport.trace(Transport.TRACE_FRM)
+    transport.bind(Connection())
+    transport.push(wire)
+    assert transport.condition is None, transport.condition
+
+    from broker_filter.proxy.remote import RemoteUpstream
+
+    up = RemoteUpstream("amqp://127.0.0.1:1")
+    up._endpoints = {'c"q-1': type("Consumer", (), {"offer_pending": True})()}
+    for line in lines:
+        up._on_trace(None, line)
+    hook(up._traced == {'c"q-1': {"AMQP_FILTEX_PROP_V1_0", "AMQP_FILTEX_SQL_V1_0"}},
+         f"proton's frame trace of an attach's offered-capabilities (traced: {lines!r})",
+         "broker_filter.proxy.remote.RemoteUpstream._on_trace (RabbitMQ 4.1+ stream filter push-down)")

@@ -10,8 +10,8 @@ import pytest
 from proton import Collector, Connection, Event, Transport
 from proton.utils import BlockingConnection
 
-from broker_filter import amqptypes as t
-from broker_filter.codec import decode, encode
+from broker_filter.amqp import types as t
+from broker_filter.amqp import decode, encode
 from broker_filter.security import (
     AMQP_HEADER,
     SASL_HEADER,

@@ -15,7 +15,7 @@ from launcher import Daemon
 
 INJECT = """
 import sys
-import broker_filter.forwarding as forwarding
+import broker_filter.proxy.forwarding as forwarding
 original = forwarding.Feed.on_upstream_delivery
 def failing(self, delivery):
     if b"boom" in delivery.data:

@@ -1,4 +1,4 @@
-"""broker_filter.codec against proton's own encoder/decoder: values round-trip with their AMQP types,
+"""broker_filter.amqp against proton's own encoder/decoder: values round-trip with their AMQP types,
 only the requested sections are decoded, the annotation splice leaves the body bytes alone, and any
 input is either decoded or refused with CodecError."""
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from proton import UNDESCRIBED, Array, Data, Described, Message, char, float32, int32, short, symbol, timestamp, ubyte, uint, ulong
 
-from broker_filter import amqptypes as t
-from broker_filter.codec import CodecError, decode, decode_message, encode, encode_message, set_message_annotation
+from broker_filter.amqp import types as t
+from broker_filter.amqp import CodecError, decode, decode_message, encode, encode_message, set_message_annotation
 
 VALUES = [
     None, True, False, 0, 1, -1, 127, -129, 2**40, -(2**62), ubyte(7), short(-3), int32(-70000), uint(0), uint(300),

@@ -223,7 +223,7 @@ def test_rabbitmq_stream_evaluates_the_filters_its_attach_reply_offers(rabbitmq_
 
 # ---------------------------------------------------------------------------- the rule, on its own
 def _entries(filters):
-    from broker_filter.amqptypes import Described as D, symbol as sym, ulong as ul
+    from broker_filter.amqp.types import Described as D, symbol as sym, ulong as ul
     from broker_filter.filters import compile_filter_set
 
     return compile_filter_set({sym(k): D(sym(d) if isinstance(d, str) else ul(d), v) for k, (d, v) in filters.items()},
@@ -231,7 +231,7 @@ def _entries(filters):
 
 
 def test_reply_rule_needs_the_capability_and_the_echo_under_the_key():
-    from broker_filter.amqptypes import Described as D, symbol as sym
+    from broker_filter.amqp.types import Described as D, symbol as sym
     from broker_filter.proxy.upstream import evaluated_offers
 
     props, sql = _entries({"p": ("amqp:properties-filter", {sym("subject"): "a"}), "sql-filter": (0x120, "n > 1")})

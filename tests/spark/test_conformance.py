@@ -15,9 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 
 from coretables import DATA, OUTCOMES, load, selector_cases, sql_cases  # noqa: E402
 
-from broker_filter.amqptypes import Described, symbol  # noqa: E402
+from broker_filter.amqp.types import Described, symbol  # noqa: E402
 from broker_filter.filters import compile_filter_set, parse_selector  # noqa: E402
-from broker_filter.message import Message, value_from_json  # noqa: E402
+from broker_filter.amqp.message import Message, value_from_json  # noqa: E402
 
 pytestmark = pytest.mark.spark
 

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from broker_filter import amqptypes as t
+from broker_filter.amqp import types as t
 from broker_filter.filters import SelectorError, ast, compile_selector, parse_selector, reference, render_selector
-from broker_filter.message import Header, Message, Properties
+from broker_filter.amqp.message import Header, Message, Properties
 
 pytestmark = pytest.mark.spark
 

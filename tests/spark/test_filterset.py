@@ -6,11 +6,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker_filter import amqptypes as t
-from broker_filter.amqptypes import Described, symbol
+from broker_filter.amqp import types as t
+from broker_filter.amqp.types import Described, symbol
 from broker_filter.filters import compile_filter_set
 from broker_filter.filters.bindings import topic_binding
-from broker_filter.message import Message, Properties
+from broker_filter.amqp.message import Message, Properties
 from broker_filter.spark.compile import CompiledSelector, compile_filter_set as spark_filter_set, topic_condition
 
 pytestmark = pytest.mark.spark

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_filter.archive import archive_files
+from broker_filter.archive.parquet import archive_files
 from broker_filter.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

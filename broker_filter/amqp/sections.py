@@ -1,4 +1,4 @@
-"""AMQP 1.0 message sections: raw transfer bytes <-> `broker_filter.message.Message`.
+"""AMQP 1.0 message sections: raw transfer bytes <-> `broker_filter.amqp.message.Message`.
 
 Theory of operation: a message on the wire is a sequence of described sections (header,
 delivery-annotations, message-annotations, properties, application-properties, a body of data /
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .. import amqptypes as t
-from ..message import HEADER_FIELDS, PROPERTIES_FIELDS, Header, Message, Properties
-from .types import CodecError, decode, encode, skip
+from . import types as t
+from .message import HEADER_FIELDS, PROPERTIES_FIELDS, Header, Message, Properties
+from .encoding import CodecError, decode, encode, skip
 
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES, APPLICATION_PROPERTIES = 0x70, 0x71, 0x72, 0x73, 0x74
 DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x75, 0x76, 0x77, 0x78

@@ -1,4 +1,11 @@
-"""AMQP 1.0 encoding in pure Python (no proton): typed values and message sections.
+"""AMQP 1.0 in pure Python (stdlib only, nothing else of ours): the data model every other part uses.
+
+    types      typed values (ubyte, symbol, timestamp, Described, ...)
+    message    the message model (`Message`, `Header`, `Properties`) and its JSON form
+    encoding   the type system's encoding: single values to and from bytes
+    sections   message sections: transfer bytes <-> `Message`, partial decoding, splicing
+
+The encoding, re-exported here:
 
     decode_message(data, reads=None) -> Message      decode only the sections a filter reads
     set_message_annotation(data, key, value) -> bytes  splice one annotation, body bytes untouched
@@ -9,7 +16,7 @@
 """
 
 from .sections import ALL_SECTIONS, decode_message, encode_message, redelivery_bytes, scan, set_message_annotation
-from .types import CodecError, decode, encode, skip
+from .encoding import CodecError, decode, encode, skip
 
 __all__ = [
     "ALL_SECTIONS",

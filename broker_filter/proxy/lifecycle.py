@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import logs
+from .. import logs
 from .listener import WakePipe
 
 log = logging.getLogger("broker_filter.lifecycle")

@@ -3,7 +3,7 @@
 Theory of operation: `decode(buf, pos) -> (value, end)` reads one encoded value starting at `pos`
 and `skip(buf, pos) -> end` steps over one without building it (sizes of compound and variable
 types are in their headers, so skipping is O(1) for them).  Values come back as the typed values of
-`broker_filter.amqptypes` (a ubyte stays a ubyte).  `encode(value) -> bytes` writes the smallest
+`broker_filter.amqp.types` (a ubyte stays a ubyte).  `encode(value) -> bytes` writes the smallest
 encoding for a value's AMQP type.  Malformed input raises `CodecError`, never anything else, with
 what is wrong, the AMQP name of the value it is in and the byte offset where that value starts
 (`truncated map at byte 12`).  Compound and described values nest at most `MAX_DEPTH` deep.
@@ -16,7 +16,7 @@ import uuid
 from decimal import Decimal
 from typing import Any, Callable
 
-from .. import amqptypes as t
+from . import types as t
 
 
 class CodecError(ValueError):
@@ -625,7 +625,7 @@ _ENCODERS: dict[str, Callable[[Any], bytes]] = {
 
 
 def encode(value: Any) -> bytes:
-    """The AMQP encoding of a typed value (see `broker_filter.amqptypes`)."""
+    """The AMQP encoding of a typed value (see `broker_filter.amqp.types`)."""
     try:
         return _ENCODERS[t.amqp_type(value)](value)
     except (struct.error, OverflowError) as e:

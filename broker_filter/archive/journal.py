@@ -4,7 +4,7 @@ Theory of operation: `Journal.record` runs on the proxy's event-loop thread for 
 client published that the upstream accepted, so it does only what is cheap there: it matches the
 address against the configured patterns (AMQ wildcards, results cached per address), stamps the
 arrival time and puts the raw bytes on a bounded in-memory queue.  One writer thread takes them off,
-decodes them (`codec.decode_message`), and appends them to an `archive.JournalWriter`, which writes a
+decodes them (`amqp.decode_message`), and appends them to an `archive.JournalWriter`, which writes a
 row group every `batch_rows` rows (or `flush_bytes` of message bytes) and publishes each file
 atomically when it reaches `roll_bytes` or `roll_seconds`; the thread also checks the age of the
 open file whenever it is idle, so a quiet journal still publishes.
@@ -30,9 +30,9 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from . import codec
-from .archive import ArchiveError, JournalWriter
-from .filters.wildcards import WildcardTrie
+from .. import amqp
+from .parquet import ArchiveError, JournalWriter
+from ..filters.wildcards import WildcardTrie
 
 log = logging.getLogger("broker_filter.journal")
 
@@ -302,8 +302,8 @@ class Journal:
 
     def _write(self, address: str | None, data: bytes, arrival_time: Any) -> None:
         try:
-            message = codec.decode_message(data)
-        except codec.CodecError as e:
+            message = amqp.decode_message(data)
+        except amqp.CodecError as e:
             self._fail(UNDECODABLE, e)
             return
         except Exception as e:

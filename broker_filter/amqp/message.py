@@ -1,6 +1,6 @@
 """The message model: the sections of an AMQP 1.0 message that filters read, with AMQP types kept.
 
-Pure Python (no proton).  Converters from and to wire bytes live in `broker_filter.codec`, from and
+Pure Python (no proton).  Converters from and to wire bytes live in `broker_filter.amqp`, from and
 to proton messages in the proxy.  The JSON form (`Message.from_json` / `Message.to_json`) is a public
 format documented in docs/message-json.md:
 
@@ -22,7 +22,7 @@ import math
 import uuid
 from typing import Any
 
-from . import amqptypes as t
+from . import types as t
 
 
 class MessageFormatError(ValueError):

@@ -30,29 +30,21 @@ import socket
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from .security import SaslServer, UserDatabase, certificate_subject
+from ..security import (  # noqa: F401 - Identity, ANONYMOUS, IDENTITY_ATTRIBUTE, server_ssl_context: re-exported
+    ANONYMOUS,
+    IDENTITY_ATTRIBUTE,
+    Identity,
+    SaslServer,
+    UserDatabase,
+    certificate_subject,
+    server_ssl_context,
+)
 
 log = logging.getLogger("broker_filter.listener")
 
-IDENTITY_ATTRIBUTE = "broker_filter_identity"
 _CHUNK = 64 * 1024
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who a client connection authenticated as."""
-
-    user: str | None
-    mechanism: str  # PLAIN, ANONYMOUS, EXTERNAL, "" (no SASL)
-    password: str | None = field(default=None, repr=False)  # pass-through only
-    tls: bool = False  # TLS terminated by the front end (proton's own acceptor does not report it)
-    peer: str = ""  # "host:port" of the client
-
-
-ANONYMOUS = Identity("anonymous", "ANONYMOUS")
 
 
 def identity_of(connection: Any) -> Identity:
@@ -65,17 +57,6 @@ def identity_of(connection: Any) -> Identity:
 
 # --------------------------------------------------------------------------------------------------
 # TLS contexts from the configuration
-
-
-def server_ssl_context(tls: Any) -> ssl.SSLContext:
-    """An `ssl.SSLContext` for `[listener.tls]`."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(tls.cert_file, tls.key_file, password=tls.key_password or None)
-    if tls.ca_file:
-        context.load_verify_locations(tls.ca_file)
-    context.verify_mode = ssl.CERT_REQUIRED if tls.verify_client else ssl.CERT_NONE
-    return context
 
 
 def proton_server_ssl_domain(tls: Any) -> Any:

@@ -62,9 +62,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from .amqptypes import symbol
-from .codec import CodecError, decode_message, redelivery_bytes, set_message_annotation
-from .codec.sections import MESSAGE_ANNOTATIONS, encode_section
+from ..amqp.types import symbol
+from ..amqp import CodecError, decode_message, redelivery_bytes, set_message_annotation
+from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 
 # On a moved copy: the identities (see `filter_identity`) of the filters it was offered to.
 OFFERED_ANNOTATION = symbol("x-opt-broker-filter-offered")

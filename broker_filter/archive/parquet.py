@@ -1,4 +1,5 @@
-"""The message archive: Parquet files (pyarrow only; no Spark here, the daemon's journal uses this).
+"""The message archive: Parquet files (pyarrow only; no Spark here, the daemon's journal uses this),
+and the Arrow stream a Spark partition of live messages travels in.
 
 Theory of operation: one row per message.  Header and properties fields are columns (inside the
 nullable structs `header` and `properties`, null when the message had no such section); annotations
@@ -27,8 +28,8 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import amqptypes as t
-from .message import HEADER_FIELDS, PROPERTIES_FIELDS, Header, Message, Properties, value_from_json, value_to_json
+from ..amqp import types as t
+from ..amqp.message import HEADER_FIELDS, PROPERTIES_FIELDS, Header, Message, Properties, value_from_json, value_to_json
 
 SCHEMA_VERSION = 1
 
@@ -282,6 +283,22 @@ def row_message(row: Any) -> Message:
 
 def rows_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def rows_stream(rows: list[dict], schema: pa.Schema | None = None) -> bytes:
+    """Rows as an Arrow IPC stream (what a Spark partition of live messages carries), cast to `schema`."""
+    table = rows_table(rows)
+    if schema is not None:
+        table = table.cast(schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def stream_batches(data: bytes) -> list[pa.RecordBatch]:
+    """The record batches of an Arrow IPC stream made by `rows_stream`."""
+    return pa.ipc.open_stream(data).read_all().to_batches()
 
 
 # -------------------------------------------------------------------- files
