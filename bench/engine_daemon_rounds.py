@@ -32,12 +32,13 @@ def main() -> int:
     parser.add_argument("--io", choices=("container", "engine"), default="engine")
     parser.add_argument("--rounds", type=int, default=4)
     options = parser.parse_args()
-    sys.path.insert(0, str(ROOT / "tests" / "proxy"))
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
     from proton.reactor import Selector
     from proton.utils import BlockingConnection
-    from proxy_harness import Proxy
+    from launcher import Daemon
+    from rabbitmq_nodes import RABBITMQ3
 
-    proxy = Proxy("--io", options.io)
+    proxy = Daemon("--io", options.io, upstream=RABBITMQ3.url)
     try:
         topic = f"/topic/rounds-{uuid.uuid4().hex[:8]}"
         sizes = [rss_mib(proxy.proc.pid)]

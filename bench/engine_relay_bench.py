@@ -272,8 +272,8 @@ def start_daemon(io: str, upstream: str) -> tuple[subprocess.Popen, int, Path]:
 
 
 def delete_queue(name: str) -> None:
-    sys.path.insert(0, str(ROOT / "tests" / "proxy"))
-    from proxy_harness import rabbitmqctl
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from rabbitmq_nodes import rabbitmqctl
 
     rabbitmqctl("delete_queue", name)
 

@@ -22,23 +22,21 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "tests" / "js"
-sys.path.insert(0, str(ROOT / "tests" / "proxy"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 
 def publish(upstream: str, address: str, depth: int) -> None:
     from proton import Message
 
-    from proxy_clients import publish_many
+    from clients import publish_many
 
     body = b"x" * 64
     publish_many(upstream, address, [Message(body=body, properties={"half": 0, "i": i}) for i in range(depth)]
@@ -55,31 +53,9 @@ def rhea(port: int, address: str, selector: str, count: int, user: str | None, p
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-class Daemon:
-    def __init__(self, upstream: str, *args: str):
-        self.log = Path("/tmp") / f"search-bench-{uuid.uuid4().hex[:8]}.log"
-        self._out = open(self.log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "broker_filter", "serve", "--listen", "127.0.0.1:0",
-                                      "--upstream", upstream, *args], stdout=self._out, stderr=subprocess.STDOUT,
-                                     cwd=ROOT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            text = self.log.read_text()
-            m = re.search(r"listening on [^:]+:(\d+)", text)
-            if m and "connected (" in text:
-                self.port = int(m.group(1))
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"daemon did not start:\n{self.log.read_text()}")
-
-    def peak_rss_mb(self) -> float:
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(60)
-        self._out.close()
+def peak_rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
 
 
 def main() -> None:
@@ -87,7 +63,8 @@ def main() -> None:
     ap.add_argument("--upstream", default="amqp://guest:guest@127.0.0.1:5672")
     ap.add_argument("--depths", type=int, nargs="+", default=[10_000, 100_000])
     args = ap.parse_args()
-    from proxy_clients import drain
+    from clients import drain
+    from launcher import Daemon
 
     parts = urlsplit(args.upstream)
     rows = []
@@ -97,10 +74,10 @@ def main() -> None:
         publish(args.upstream, proxied_q, depth)
         direct = rhea(parts.port or 5672, direct_q, "-", depth + 1, parts.username, parts.password, 600)
         assert direct["received"] == depth + 1, direct
-        daemon = Daemon(args.upstream)
+        daemon = Daemon(upstream=args.upstream)
         try:
             found = rhea(daemon.port, proxied_q, "half = 1", 1, None, None, 600)
-            rss = daemon.peak_rss_mb()
+            rss = peak_rss_mb(daemon.proc.pid)
         finally:
             daemon.stop()
         assert found["received"] == 1, found

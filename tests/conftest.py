@@ -12,6 +12,12 @@ import pytest
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+# tests/support holds what every folder shares: the daemon launcher, the AMQP clients, the RabbitMQ
+# nodes (import-mode=importlib puts no test folder on the path; these module names are unique).
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+from launcher import Daemon, port_open, stop_all, wait_port  # noqa: E402
+from rabbitmq_nodes import RABBIT_ENV, RABBITMQ3, amqp10_ready  # noqa: E402
+
 # Under CI (CI=true) every hypothesis test draws the same examples each run, so a red run replays and
 # a green one stays green; elsewhere each run explores new examples.
 from hypothesis import settings as _hypothesis_settings  # noqa: E402
@@ -48,9 +54,6 @@ def rabbitmq3():
     """The system's RabbitMQ 3.10 with AMQP 1.0 on 127.0.0.1:5672 (started here unless one already
     listens, and then stopped at the end of the session unless BROKER_FILTER_KEEP_RABBITMQ is set, as
     on a machine where other test sessions share the node)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "proxy"))
-    from proxy_harness import RABBIT_ENV, RABBITMQ3, amqp10_ready, port_open, wait_port
-
     started = False
     if not port_open(RABBITMQ3.port):
         if shutil.which("rabbitmq-server") is None:
@@ -77,13 +80,17 @@ def rabbitmq(rabbitmq3):
 @pytest.fixture(scope="module")
 def daemon():
     """One `broker-filter serve` with the embedded broker (no upstream), for a test module."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "embedded"))
-    from embedkit import Daemon
-
     d = Daemon()
     yield d
     d.stop()
     assert "Traceback" not in d.log(), d.log()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_daemon_left_behind():
+    """Stop any daemon a failed test did not stop."""
+    yield
+    stop_all()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ Public API (stable):
     SelectorError, FilterError
 """
 
-from .base import MATCH_ALL, ORIGIN_ANNOTATION, Filter, FilterEntry, FilterSet, IgnoredEntry
+from .base import MATCH_ALL, ORIGIN_ANNOTATION, Filter, FilterEntry, FilterNode, FilterSet, FilterVisitor, IgnoredEntry
 from .errors import FilterError, LimitError, SelectorError
 from .dialects import DIALECTS, Dialect, get_dialect
 from .selector import compile_selector, parse_selector, render_selector
@@ -20,8 +20,10 @@ __all__ = [
     "Dialect",
     "Filter",
     "FilterEntry",
+    "FilterNode",
     "FilterError",
     "FilterSet",
+    "FilterVisitor",
     "IgnoredEntry",
     "LimitError",
     "MATCH_ALL",

@@ -79,6 +79,41 @@ MATCH_ALL = Filter(_true, frozenset(), "TRUE")
 
 
 @dataclass(frozen=True)
+class FilterNode:
+    """One filter of a filter-set as compiled, for a backend to compile again in its own terms.
+
+    `filter` is the core's compiled filter (its `ast` is the selector or SQL AST, or the property
+    filter's checks); `value` is the filter's decoded value (selector text, binding key, headers map,
+    property map; None for and / or / not); `children` are the filters an and / or / not combines."""
+
+    kind: str  # as FilterEntry.kind
+    filter: Filter
+    value: Any = None
+    children: tuple["FilterNode", ...] = ()
+
+
+class FilterVisitor:
+    """Compiles filter nodes in a backend's terms: `walk(node)` calls `visit_<kind>(node)` for a leaf
+    (`visit_no_local` for "no-local") and `visit_and / visit_or / visit_not(node, results)` with the
+    children's results, so every backend follows the filter-set's one structure.  A kind without a
+    method goes to `unsupported(node)`."""
+
+    def walk(self, node: FilterNode) -> Any:
+        method = getattr(self, "visit_" + node.kind.replace("-", "_"), None)
+        if method is None:
+            return self.unsupported(node)
+        if node.kind in LOGICAL_KINDS:
+            return method(node, [self.walk(child) for child in node.children])
+        return method(node)
+
+    def unsupported(self, node: FilterNode) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}: no form for the filter kind {node.kind!r}")
+
+
+LOGICAL_KINDS = frozenset({"and", "or", "not"})
+
+
+@dataclass(frozen=True)
 class FilterEntry:
     """One applied entry of a filter-set."""
 
@@ -88,6 +123,7 @@ class FilterEntry:
     value: Any  # the client's value, as sent (the Described when it came described)
     filter: Filter
     text: str | None = None  # selector text or binding key, for push-down
+    node: FilterNode | None = None  # the filter's tree, as compile_filter_set makes it
 
 
 @dataclass(frozen=True)
@@ -124,6 +160,13 @@ class FilterSet(Filter):
     @property
     def no_local(self) -> bool:
         return any(e.kind == "no-local" for e in self.entries)
+
+    def walk(self, visitor: FilterVisitor) -> list:
+        """Each applied entry's tree compiled by `visitor`, in entry order (the set is their AND)."""
+        missing = [e.key for e in self.entries if e.node is None]
+        if missing:
+            raise ValueError(f"filter-set entries {missing!r} have no filter tree (not made by compile_filter_set)")
+        return [visitor.walk(e.node) for e in self.entries]
 
     def subset(self, keep: Callable[[FilterEntry], bool]) -> "FilterSet":
         """The filter-set of the entries `keep` accepts (e.g. what is left after push-down)."""

@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from ..amqp.types import Described
-from .base import ORIGIN_ANNOTATION, Filter, FilterEntry, FilterSet, IgnoredEntry, kleene_and
+from .base import ORIGIN_ANNOTATION, Filter, FilterEntry, FilterNode, FilterSet, IgnoredEntry, kleene_and
 from .bindings import direct_binding, headers_binding, topic_binding
 from .errors import FilterError, LimitError, SelectorError
 from .filtex import application_properties_filter, properties_filter
@@ -125,12 +125,8 @@ class _Compiler:
         self.max_depth = max_depth
         self.json_form = json_form
 
-    def filter_ast(self, described: Any) -> Any:
-        """The AST of one described filter (a selector's, an SQL filter's, a property filter's checks)."""
-        return self.filter(described, 1)[2].ast
-
-    def filter(self, described: Any, depth: int) -> tuple[str, str, Filter, str | None]:
-        """-> (canonical descriptor, kind, filter, text)."""
+    def filter(self, described: Any, depth: int) -> tuple[str, FilterNode, str | None]:
+        """-> (canonical descriptor, the filter's node, text)."""
         if depth > self.max_depth:
             raise LimitError(f"filters are nested more than {self.max_depth} deep")
         parts = _split(described, self.json_form)
@@ -144,28 +140,16 @@ class _Compiler:
             raise _Unsupported("0x0000468C00000005 with a string value is an xquery filter (not supported)")
         if kind == "xquery":
             raise _Unsupported("xquery filters are not supported")
-        if kind == "selector":
+        if kind in ("selector", "sql"):  # sql: always the amqp-sql dialect, whatever the link's selector dialect
             if not isinstance(value, str):
-                raise FilterError(f"a selector filter's value is a string, not {type(value).__name__}")
-            f = compile_selector(str(value), self.dialect, self.limits)
-            return name, kind, f, str(value)
-        if kind == "sql":  # always the amqp-sql dialect, whatever the link's selector dialect
-            if not isinstance(value, str):
-                raise FilterError(f"an SQL filter's value is a string, not {type(value).__name__}")
-            f = compile_selector(str(value), "amqp-sql", self.limits)
-            return name, kind, f, str(value)
-        if kind == "direct":
-            return name, kind, direct_binding(value), value if isinstance(value, str) else None
-        if kind == "topic":
-            return name, kind, topic_binding(value), value if isinstance(value, str) else None
-        if kind == "headers":
-            return name, kind, headers_binding(value), None
-        if kind == "no-local":
-            return name, kind, _no_local(), None
-        if kind == "properties":
-            return name, kind, properties_filter(value), None
-        if kind == "application-properties":
-            return name, kind, application_properties_filter(value), None
+                what = "a selector filter" if kind == "selector" else "an SQL filter"
+                raise FilterError(f"{what}'s value is a string, not {type(value).__name__}")
+            f = compile_selector(str(value), self.dialect if kind == "selector" else "amqp-sql", self.limits)
+            return name, FilterNode(kind, f, str(value)), str(value)
+        text = value if kind in ("direct", "topic") and isinstance(value, str) else None
+        leaf = LEAVES.get(kind)
+        if leaf is not None:
+            return name, FilterNode(kind, leaf(value), value), text
         # logical filters
         items = value
         if kind == "not" and not isinstance(items, (list, tuple)):
@@ -176,8 +160,8 @@ class _Compiler:
             raise FilterError(f"a not-filter holds exactly one filter, not {len(items)}")
         if not items:
             raise FilterError(f"an {kind}-filter needs at least one filter")
-        children = [self.filter(item, depth + 1)[2] for item in items]
-        return name, kind, _logical(kind, children), None
+        children = tuple(self.filter(item, depth + 1)[1] for item in items)
+        return name, FilterNode(kind, _logical(kind, [c.filter for c in children]), None, children), None
 
 
 def _no_local() -> Filter:
@@ -190,6 +174,17 @@ def _no_local() -> Filter:
         return ma is None or ma.get(key) != receiver
 
     return Filter(fn, frozenset({"message_annotations"}), "NOT from this connection")
+
+
+# the leaf kinds other than the selector dialects: their filter from the entry's value
+LEAVES = {
+    "direct": direct_binding,
+    "topic": topic_binding,
+    "headers": headers_binding,
+    "no-local": lambda value: _no_local(),
+    "properties": properties_filter,
+    "application-properties": application_properties_filter,
+}
 
 
 def _logical(kind: str, children: list[Filter]) -> Filter:
@@ -244,7 +239,7 @@ def compile_filter_set(
     ignored: list[IgnoredEntry] = []
     for key, value in obj.items():
         try:
-            name, kind, f, text = compiler.filter(value, 1)
+            name, node, text = compiler.filter(value, 1)
         except _Unsupported as e:
             ignored.append(IgnoredEntry(key, value, str(e)))
             continue
@@ -256,7 +251,7 @@ def compile_filter_set(
             raise
         except (TypeError, ValueError, AttributeError) as e:  # malformed beyond what the checks name
             raise FilterError(f"malformed filter: {e}", key=str(key)) from None
-        entries.append(FilterEntry(key, kind, name, value, f, text))
+        entries.append(FilterEntry(key, node.kind, name, value, node.filter, text, node))
     return FilterSet(tuple(entries), tuple(ignored))
 
 

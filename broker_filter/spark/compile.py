@@ -24,14 +24,16 @@ The session needs `spark.sql.ansi.enabled=false` for Java's wrapping arithmetic 
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 from dataclasses import dataclass
 from typing import Any
 
 from .sqlexpr import E as Column
 from .sqlexpr import functions as F
 
-from ..filters import ast
+from ..filters import FilterNode, FilterVisitor, ast
 
 KINDS = frozenset({"boolean", "int", "long", "double", "string", "opaque"})
 NUMERIC = frozenset({"int", "long", "double"})
@@ -850,84 +852,62 @@ def compile_text(text: str, dialect: str = "jms") -> CompiledSelector:
 # ----------------------------------------------------------------------------- filter-sets
 def compile_filter_set(filter_set: Any, dialect: str = "jms", context: dict | None = None) -> CompiledSelector:
     """A compiled `FilterSet` (broker_filter.filters.compile_filter_set) as one Spark condition: the
-    Kleene AND of its applied entries.  Selector, direct, topic and headers filters and the
-    and / or / not combinators compile to expressions; no-local is TRUE offline (an archive has no
-    receiving connection, and the core answers TRUE without a receiver too)."""
-    context = {} if context is None else context
-    defs: list[tuple[int, str, Column]] = []
+    Kleene AND of its applied entries, each entry's filter tree walked as the core compiled it.
+    Selector, SQL, property, direct, topic and headers filters and the and / or / not combinators
+    compile to expressions; no-local is TRUE offline (an archive has no receiving connection, and the
+    core answers TRUE without a receiver too).  `dialect` is the one the filter-set was compiled in
+    (the trees carry their parsed selectors)."""
+    visitor = _SparkFilters({} if context is None else context)
     result: Any = True
-    for entry in filter_set.entries:
-        result = _and(result, _filter_cond(entry.kind, entry.value, entry, dialect, context, defs))
-    return CompiledSelector(defs, _col(result))
+    for cond in filter_set.walk(visitor):
+        result = _and(result, cond)
+    return CompiledSelector(visitor.defs, _col(result))
 
 
-def _filter_cond(kind: str, value: Any, entry: Any, dialect: str, context: dict, defs: list) -> Any:
-    if kind == "selector":
-        selector = getattr(getattr(entry, "filter", None), "ast", None) if entry is not None else None
-        if selector is None:
-            from ..filters import parse_selector
+class _SparkFilters(FilterVisitor):
+    """Filter nodes -> Spark conditions (Columns, or Python booleans where the answer is fixed)."""
 
-            selector = parse_selector(str(_described_value(value)), dialect)
-        compiled = compile_selector(selector, context)
-        defs.extend(compiled.defs)
+    def __init__(self, context: dict):
+        self.context = context
+        self.defs: list[tuple[int, str, Column]] = []
+
+    def _selector(self, node: FilterNode) -> Column:
+        compiled = compile_selector(node.filter.ast, self.context)
+        self.defs.extend(compiled.defs)
         return compiled.result
-    if kind == "no-local":
-        return True
-    if kind in ("sql", "properties", "application-properties"):
-        compiled = getattr(getattr(entry, "filter", None), "ast", None) if entry is not None else None
-        if compiled is None:  # inside and/or/not: compile the entry with the core
-            from ..filters.filterset import _Compiler as _CoreCompiler
-            from ..filters.parser import DEFAULT_LIMITS
 
-            compiled = _CoreCompiler(dialect, DEFAULT_LIMITS, 32, isinstance(value, dict)).filter_ast(value)
-        if kind == "sql":
-            return compile_selector(compiled, context).result
+    visit_selector = visit_sql = _selector
+
+    def visit_properties(self, node: FilterNode) -> Any:
         from .amqpsql import property_filter_condition
 
-        return property_filter_condition(compiled)
-    inner = _described_value(value)
-    if kind == "direct":
-        return _safe(_props("subject") == F.lit(str(inner)))
-    if kind == "topic":
-        return topic_condition(str(inner))
-    if kind == "headers":
-        return headers_condition(inner)
-    if kind in ("and", "or", "not"):
-        items = inner if isinstance(inner, (list, tuple)) else [inner]
-        conds = []
-        for item in items:
-            from ..filters.filterset import resolve_descriptor
+        return property_filter_condition(node.filter.ast)
 
-            descriptor, _v = _split_described(item)
-            _name, child_kind = resolve_descriptor(descriptor)
-            conds.append(_col(_filter_cond(child_kind, item, None, dialect, context, defs)))
-        if kind == "not":
-            return ~conds[0]
-        out = conds[0]
-        for c in conds[1:]:
-            out = (out & c) if kind == "and" else (out | c)
-        return out
-    raise UnsupportedError(f"filter kind {kind!r} has no Spark form")
+    visit_application_properties = visit_properties
 
+    def visit_no_local(self, node: FilterNode) -> Any:
+        return True
 
-def _split_described(v: Any) -> tuple[Any, Any]:
-    """(descriptor, value) of a described filter, proton-decoded or in the JSON form."""
-    if isinstance(v, dict) and "descriptor" in v:
-        from ..amqp.message import value_from_json
+    def visit_direct(self, node: FilterNode) -> Any:
+        return _safe(_props("subject") == F.lit(str(node.value)))
 
-        inner = v.get("value")
-        if isinstance(inner, list):
-            return v["descriptor"], [x if _looks_described(x) else value_from_json(x) for x in inner]
-        return v["descriptor"], value_from_json(inner)
-    return v.descriptor, v.value
+    def visit_topic(self, node: FilterNode) -> Any:
+        return topic_condition(str(node.value))
 
+    def visit_headers(self, node: FilterNode) -> Any:
+        return headers_condition(node.value)
 
-def _looks_described(x: Any) -> bool:
-    return (isinstance(x, dict) and "descriptor" in x) or (hasattr(x, "descriptor") and hasattr(x, "value"))
+    def visit_and(self, node: FilterNode, conds: list) -> Column:
+        return functools.reduce(operator.and_, map(_col, conds))
 
+    def visit_or(self, node: FilterNode, conds: list) -> Column:
+        return functools.reduce(operator.or_, map(_col, conds))
 
-def _described_value(v: Any) -> Any:
-    return _split_described(v)[1] if _looks_described(v) else v
+    def visit_not(self, node: FilterNode, conds: list) -> Column:
+        return ~_col(conds[0])
+
+    def unsupported(self, node: FilterNode) -> Any:
+        raise UnsupportedError(f"filter kind {node.kind!r} has no Spark form")
 
 
 def topic_regex(key: str) -> str:

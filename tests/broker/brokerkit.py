@@ -35,7 +35,7 @@ def publish(broker: Broker, address: str, body=None, capabilities=(), **props) -
     return broker.publish(address, repr(body).encode(), message=m, capabilities=capabilities)
 
 
-def drain(broker: Broker, budget=None):
+def dispatch_all(broker: Broker, budget=None):
     """Dispatch until nothing is left; returns [(consumer, entry)]."""
     out = []
     for _ in range(10_000):
@@ -46,5 +46,5 @@ def drain(broker: Broker, budget=None):
     raise AssertionError("dispatch never finished")
 
 
-def bodies(assignments, consumer=None):
+def assigned_bodies(assignments, consumer=None):
     return [e.message.body for c, e in assignments if consumer is None or c is consumer]

@@ -3,7 +3,7 @@ import pytest
 from broker_filter.broker import (ANYCAST, MULTICAST, AddressError, Broker, BrokerConfig, BrokerError, parse_node,
                                   subscription_name)
 
-from brokerkit import bodies, drain, publish
+from brokerkit import assigned_bodies, dispatch_all, publish
 
 
 def test_parse_node_prefixes_capabilities_and_fqqn():
@@ -47,8 +47,8 @@ def test_anycast_queue_competing_consumers_round_robin(broker):
     broker.flow(b, 10)
     for i in range(6):
         publish(broker, "orders", i)
-    got = drain(broker)
-    assert bodies(got, a) == [0, 2, 4] and bodies(got, b) == [1, 3, 5]
+    got = dispatch_all(broker)
+    assert assigned_bodies(got, a) == [0, 2, 4] and assigned_bodies(got, b) == [1, 3, 5]
 
 
 def test_queue_holds_messages_until_a_consumer_comes(broker):
@@ -56,9 +56,9 @@ def test_queue_holds_messages_until_a_consumer_comes(broker):
         publish(broker, "later", i)
     c = broker.subscribe("later")
     broker.flow(c, 2)
-    assert bodies(drain(broker)) == [0, 1]
+    assert assigned_bodies(dispatch_all(broker)) == [0, 1]
     broker.flow(c, 5)
-    assert bodies(drain(broker)) == [2]
+    assert assigned_bodies(dispatch_all(broker)) == [2]
 
 
 def test_multicast_gives_every_subscriber_a_copy_and_drops_without_subscribers(broker):
@@ -68,8 +68,8 @@ def test_multicast_gives_every_subscriber_a_copy_and_drops_without_subscribers(b
     broker.flow(a, 10)
     broker.flow(b, 10)
     assert publish(broker, "news", "x", capabilities=["topic"]) == 2
-    got = drain(broker)
-    assert bodies(got, a) == ["x"] and bodies(got, b) == ["x"]
+    got = dispatch_all(broker)
+    assert assigned_bodies(got, a) == ["x"] and assigned_bodies(got, b) == ["x"]
     assert broker.addresses["news"].messages == 1  # one stored message, two references
 
 
@@ -80,8 +80,8 @@ def test_default_routing_type_is_configurable():
     broker.flow(a, 5)
     broker.flow(b, 5)
     publish(broker, "events", 1)
-    got = drain(broker)
-    assert bodies(got, a) == [1] and bodies(got, b) == [1]
+    got = dispatch_all(broker)
+    assert assigned_bodies(got, a) == [1] and assigned_bodies(got, b) == [1]
     with pytest.raises(ValueError):
         BrokerConfig(default_routing_type="broadcast")
 
@@ -92,8 +92,8 @@ def test_existing_address_keeps_its_routing_type_for_receivers_without_preferenc
     broker.flow(t, 5)
     broker.flow(plain, 5)
     publish(broker, "alerts", "a")
-    got = drain(broker)
-    assert bodies(got, t) == ["a"] and bodies(got, plain) == ["a"]
+    got = dispatch_all(broker)
+    assert assigned_bodies(got, t) == ["a"] and assigned_bodies(got, plain) == ["a"]
 
 
 def test_both_routing_types_on_one_address(broker):
@@ -104,9 +104,9 @@ def test_both_routing_types_on_one_address(broker):
     publish(broker, "orders", "both")  # no preference: routed by anycast and multicast
     publish(broker, "anycast://orders", "q-only")
     publish(broker, "multicast://orders", "t-only")
-    got = drain(broker)
-    assert bodies(got, q) == ["both", "q-only"]
-    assert bodies(got, t) == ["both", "t-only"]
+    got = dispatch_all(broker)
+    assert assigned_bodies(got, q) == ["both", "q-only"]
+    assert assigned_bodies(got, t) == ["both", "t-only"]
 
 
 def test_fqqn_attaches_to_one_queue(broker):
@@ -119,8 +119,8 @@ def test_fqqn_attaches_to_one_queue(broker):
     for i in range(4):
         publish(broker, "foo", i)  # anycast over two queues: distributed evenly
     publish(broker, "foo::q2", "direct")
-    got = drain(broker)
-    assert bodies(got, c1) == [0, 2] and bodies(got, c2) == [1, 3, "direct"]
+    got = dispatch_all(broker)
+    assert assigned_bodies(got, c1) == [0, 2] and assigned_bodies(got, c2) == [1, 3, "direct"]
     with pytest.raises(BrokerError) as e:
         broker.subscribe("other::q1")
     assert e.value.condition == "amqp:not-found"
@@ -132,7 +132,7 @@ def test_fqqn_reaches_a_durable_subscription_queue(broker):
     publish(broker, "news", "kept", capabilities=["topic"])
     c = broker.subscribe("news::c.s")
     broker.flow(c, 5)
-    assert bodies(drain(broker)) == ["kept"]
+    assert assigned_bodies(dispatch_all(broker)) == ["kept"]
 
 
 def test_auto_create_off_refuses_unknown_addresses():
@@ -146,7 +146,7 @@ def test_auto_create_off_refuses_unknown_addresses():
     c = broker.subscribe("yes")
     broker.flow(c, 1)
     publish(broker, "yes", 1)
-    assert bodies(drain(broker)) == [1]
+    assert assigned_bodies(dispatch_all(broker)) == [1]
 
 
 def test_wildcard_subscriptions_on_multicast(broker):
@@ -156,9 +156,9 @@ def test_wildcard_subscriptions_on_multicast(broker):
     broker.flow(sport, 10)
     for a in ("news", "news.uk", "news.uk.sport", "news.uk.eu.sport", "weather.uk"):
         publish(broker, a, a, capabilities=["topic"])
-    got = drain(broker)
-    assert bodies(got, all_news) == ["news", "news.uk", "news.uk.sport", "news.uk.eu.sport"]
-    assert bodies(got, sport) == ["news.uk.sport"]
+    got = dispatch_all(broker)
+    assert assigned_bodies(got, all_news) == ["news", "news.uk", "news.uk.sport", "news.uk.eu.sport"]
+    assert assigned_bodies(got, sport) == ["news.uk.sport"]
     broker.close_consumer(sport)
     assert publish(broker, "news.fr.sport", 1, capabilities=["topic"]) == 1
 
@@ -176,7 +176,7 @@ def test_durable_subscription_survives_disconnect_and_ends_on_close(broker):
     publish(broker, "news", "while-away", capabilities=["topic"])
     again = broker.subscribe("news", capabilities=["topic"], link_name="mysub", container_id="client-1", durable=True)
     broker.flow(again, 5)
-    assert bodies(drain(broker)) == ["while-away"]
+    assert assigned_bodies(dispatch_all(broker)) == ["while-away"]
     with pytest.raises(BrokerError) as e:  # exclusive durable: one consumer at a time
         broker.subscribe("news", capabilities=["topic"], link_name="mysub", container_id="client-1", durable=True)
     assert e.value.condition == "amqp:resource-locked"
@@ -203,9 +203,9 @@ def test_shared_durable_subscription_is_one_queue_with_competing_links(broker):
         broker.flow(c, 10)
     for i in range(4):
         publish(broker, "t", i, capabilities=["topic"])
-    got = drain(broker)
-    assert sorted(bodies(got, a) + bodies(got, b)) == [0, 1, 2, 3] and bodies(got, a) and bodies(got, b)
-    assert bodies(got, other) == [0, 1, 2, 3]
+    got = dispatch_all(broker)
+    assert sorted(assigned_bodies(got, a) + assigned_bodies(got, b)) == [0, 1, 2, 3] and assigned_bodies(got, a) and assigned_bodies(got, b)
+    assert assigned_bodies(got, other) == [0, 1, 2, 3]
     for c, e in got:
         broker.settle(c, e, "accepted")
     broker.close_consumer(a, closed=False)
@@ -213,7 +213,7 @@ def test_shared_durable_subscription_is_one_queue_with_competing_links(broker):
     publish(broker, "t", "kept", capabilities=["topic"])
     back = broker.subscribe("t", capabilities=caps, link_name="s", container_id="c1", durable=True)
     broker.flow(back, 5)
-    assert bodies(drain(broker), back) == ["kept"]
+    assert assigned_bodies(dispatch_all(broker), back) == ["kept"]
 
 
 def test_global_shared_subscription_spans_containers(broker):
@@ -245,4 +245,4 @@ def test_subscription_with_changed_selector_is_recreated_when_idle(broker):
                           filter=prop_equals("k", 2))
     broker.flow(c2, 5)
     publish(broker, "t", "new", capabilities=["topic"], k=2)
-    assert bodies(drain(broker)) == ["new"]
+    assert assigned_bodies(dispatch_all(broker)) == ["new"]

@@ -6,7 +6,7 @@ import pytest
 
 from broker_filter.broker import Broker, BrokerConfig, BrokerError, Limits
 
-from brokerkit import FnFilter, bodies, drain, prop_equals, publish
+from brokerkit import FnFilter, assigned_bodies, dispatch_all, prop_equals, publish
 
 
 def test_selective_consumer_gets_oldest_match_and_leaves_the_rest(broker):
@@ -14,10 +14,10 @@ def test_selective_consumer_gets_oldest_match_and_leaves_the_rest(broker):
     broker.flow(red, 10)
     for i, color in enumerate(["blue", "red", "green", "red"]):
         publish(broker, "q", i, color=color)
-    assert bodies(drain(broker), red) == [1, 3]
+    assert assigned_bodies(dispatch_all(broker), red) == [1, 3]
     plain = broker.subscribe("q")
     broker.flow(plain, 10)
-    assert bodies(drain(broker), plain) == [0, 2]  # non-matching stayed, in order
+    assert assigned_bodies(dispatch_all(broker), plain) == [0, 2]  # non-matching stayed, in order
 
 
 def test_match_deep_in_the_queue_without_window(broker):
@@ -26,8 +26,8 @@ def test_match_deep_in_the_queue_without_window(broker):
     f = prop_equals("n", 4321)
     c = broker.subscribe("deep", filter=f)
     broker.flow(c, 1)
-    got = drain(broker, budget=1000)  # resumes across budget-limited dispatch calls
-    assert bodies(got) == [4321]
+    got = dispatch_all(broker, budget=1000)  # resumes across budget-limited dispatch calls
+    assert assigned_bodies(got) == [4321]
     assert f.calls == 4322  # each message looked at once, stopping at the match
 
 
@@ -37,7 +37,7 @@ def test_each_message_is_evaluated_once_per_consumer_as_the_queue_grows(broker):
     broker.flow(c, 1)
     for i in range(300):
         publish(broker, "q", i, k="x")
-        drain(broker)
+        dispatch_all(broker)
     assert f.calls == 300
 
 
@@ -49,10 +49,10 @@ def test_competing_selective_consumers_each_get_their_oldest(broker):
         publish(broker, "q", i, g=g)
     broker.flow(a, 2)
     broker.flow(b, 2)
-    got = drain(broker)
-    assert bodies(got, a) == [0, 2] and bodies(got, b) == [1, 3]
+    got = dispatch_all(broker)
+    assert assigned_bodies(got, a) == [0, 2] and assigned_bodies(got, b) == [1, 3]
     broker.flow(any_, 10)
-    assert bodies(drain(broker), any_) == [4, 5, 6, 7]
+    assert assigned_bodies(dispatch_all(broker), any_) == [4, 5, 6, 7]
 
 
 def test_released_goes_back_in_place(broker):
@@ -60,11 +60,11 @@ def test_released_goes_back_in_place(broker):
     for i in range(3):
         publish(broker, "q", i)
     broker.flow(c, 2)
-    (c1, e0), (_, e1) = drain(broker)
+    (c1, e0), (_, e1) = dispatch_all(broker)
     broker.settle(c, e0, "released")
     broker.flow(c, 3)
-    got = drain(broker)
-    assert bodies(got) == [0, 2]
+    got = dispatch_all(broker)
+    assert assigned_bodies(got) == [0, 2]
     assert got[0][1].delivery_count == 0  # released is not a failed attempt
 
 
@@ -72,26 +72,26 @@ def test_release_to_a_selective_consumer_whose_cursor_passed(broker):
     plain = broker.subscribe("q")
     publish(broker, "q", "early", color="red")
     broker.flow(plain, 1)
-    [(_, held)] = drain(broker)
+    [(_, held)] = dispatch_all(broker)
     red = broker.subscribe("q", filter=prop_equals("color", "red"))
     publish(broker, "q", "late", color="red")
     broker.flow(red, 1)
-    assert bodies(drain(broker)) == ["late"]  # "early" is out to plain
+    assert assigned_bodies(dispatch_all(broker)) == ["late"]  # "early" is out to plain
     broker.settle(plain, held, "released")
     broker.flow(red, 1)
-    assert bodies(drain(broker)) == ["early"]
+    assert assigned_bodies(dispatch_all(broker)) == ["early"]
 
 
 def test_modified_undeliverable_here_never_returns_to_that_link(broker):
     a = broker.subscribe("q")
     publish(broker, "q", "m")
     broker.flow(a, 5)
-    [(_, e)] = drain(broker)
+    [(_, e)] = dispatch_all(broker)
     broker.settle(a, e, "modified", delivery_failed=True, undeliverable_here=True)
-    assert drain(broker) == []
+    assert dispatch_all(broker) == []
     b = broker.subscribe("q")
     broker.flow(b, 5)
-    [(who, again)] = drain(broker)
+    [(who, again)] = dispatch_all(broker)
     assert who is b and again.delivery_count == 1
 
 
@@ -99,9 +99,9 @@ def test_modified_without_flags_redelivers_to_same_link(broker):
     a = broker.subscribe("q")
     publish(broker, "q", "m")
     broker.flow(a, 5)
-    [(_, e)] = drain(broker)
+    [(_, e)] = dispatch_all(broker)
     broker.settle(a, e, "modified")
-    assert bodies(drain(broker), a) == ["m"]
+    assert assigned_bodies(dispatch_all(broker), a) == ["m"]
 
 
 def test_accepted_removes_and_rejected_drops(broker):
@@ -109,7 +109,7 @@ def test_accepted_removes_and_rejected_drops(broker):
     publish(broker, "q", 1)
     publish(broker, "q", 2)
     broker.flow(c, 5)
-    (_, e1), (_, e2) = drain(broker)
+    (_, e1), (_, e2) = dispatch_all(broker)
     broker.settle(c, e1, "accepted")
     broker.settle(c, e2, "rejected")
     assert len(broker.queues["q"]) == 0 and broker.addresses["q"].messages == 0
@@ -122,11 +122,11 @@ def test_rejected_goes_to_dead_letter_address():
     c = broker.subscribe("q")
     publish(broker, "q", "bad")
     broker.flow(c, 1)
-    [(_, e)] = drain(broker)
+    [(_, e)] = dispatch_all(broker)
     broker.settle(c, e, "rejected")
     dlq = broker.subscribe("DLQ")
     broker.flow(dlq, 1)
-    assert bodies(drain(broker)) == ["bad"] and broker.dead_lettered == 1
+    assert assigned_bodies(dispatch_all(broker)) == ["bad"] and broker.dead_lettered == 1
 
 
 def test_detach_returns_unsettled_messages_in_order(broker):
@@ -134,12 +134,12 @@ def test_detach_returns_unsettled_messages_in_order(broker):
     for i in range(4):
         publish(broker, "q", i)
     broker.flow(a, 2)
-    drain(broker)
+    dispatch_all(broker)
     broker.close_consumer(a)
     b = broker.subscribe("q")
     broker.flow(b, 10)
-    got = drain(broker)
-    assert bodies(got) == [0, 1, 2, 3]
+    got = dispatch_all(broker)
+    assert assigned_bodies(got) == [0, 1, 2, 3]
     assert [e.delivery_count for _, e in got] == [1, 1, 0, 0]
 
 
@@ -147,12 +147,12 @@ def test_settling_twice_or_after_detach_is_harmless(broker):
     a = broker.subscribe("q")
     publish(broker, "q", 1)
     broker.flow(a, 1)
-    [(_, e)] = drain(broker)
+    [(_, e)] = dispatch_all(broker)
     broker.close_consumer(a)
     broker.settle(a, e, "accepted")  # the message went back at detach: must not vanish
     b = broker.subscribe("q")
     broker.flow(b, 1)
-    [(_, e2)] = drain(broker)
+    [(_, e2)] = dispatch_all(broker)
     broker.settle(b, e2, "accepted")
     broker.settle(b, e2, "accepted")
     assert len(broker.queues["q"]) == 0
@@ -167,7 +167,7 @@ def test_limit_by_messages_refuses_with_resource_limit_exceeded():
     assert e.value.condition == "amqp:resource-limit-exceeded" and "3 of 3" in e.value.description
     c = broker.subscribe("q")
     broker.flow(c, 1)
-    [(_, entry)] = drain(broker)
+    [(_, entry)] = dispatch_all(broker)
     broker.settle(c, entry, "accepted")
     assert publish(broker, "q", 4) == 1  # room again
 
@@ -191,7 +191,7 @@ def test_multicast_limit_counts_each_message_once():
         publish(broker, "t", 3, capabilities=["topic"])
     for s in subs:
         broker.flow(s, 5)
-    got = drain(broker)
+    got = dispatch_all(broker)
     for c, e in got:
         if e.message.body == 1:
             broker.settle(c, e, "accepted")
@@ -205,7 +205,7 @@ def test_topic_subscription_filter_applies_at_routing(broker):
     publish(broker, "t", "yes", capabilities=["topic"], k=1)
     assert len(s.queue) == 1
     broker.flow(s, 5)
-    assert bodies(drain(broker)) == ["yes"]
+    assert assigned_bodies(dispatch_all(broker)) == ["yes"]
 
 
 def test_no_local_receives_receiver_identity(broker):
@@ -219,7 +219,7 @@ def test_no_local_receives_receiver_identity(broker):
     publish(broker, "t", "me", capabilities=["topic"])
     publish(broker, "t", "you", capabilities=["topic"])
     broker.flow(s, 5)
-    assert bodies(drain(broker)) == ["you"] and set(seen) == {"me"}
+    assert assigned_bodies(dispatch_all(broker)) == ["you"] and set(seen) == {"me"}
 
 
 def test_broken_filter_never_breaks_the_queue(broker):
@@ -231,7 +231,7 @@ def test_broken_filter_never_breaks_the_queue(broker):
     publish(broker, "q", 1)
     broker.flow(bad, 5)
     broker.flow(good, 5)
-    assert bodies(drain(broker), good) == [1]
+    assert assigned_bodies(dispatch_all(broker), good) == [1]
 
 
 def test_random_operations_lose_nothing_and_keep_oldest_first():
@@ -283,7 +283,7 @@ def test_random_operations_lose_nothing_and_keep_oldest_first():
         del held[key]
     final = broker.subscribe("q")
     broker.flow(final, 10**6)
-    for c, e in drain(broker):
+    for c, e in dispatch_all(broker):
         broker.settle(c, e, "accepted")
         accepted.append(e.message.body)
     assert sorted(accepted) == published
@@ -308,11 +308,11 @@ def test_repeated_releases_queue_a_recheck_once(broker):
     busy = broker.subscribe("q")
     publish(broker, "q", "m")
     broker.flow(idle, 1)
-    drain(broker)  # idle's cursor passes the message
+    dispatch_all(broker)  # idle's cursor passes the message
     broker.settle(idle, next(iter(idle.outstanding.values())), "released")
     broker.flow(idle, 0)
     for _ in range(100):
         broker.flow(busy, 1)
-        [(c, e)] = drain(broker)
+        [(c, e)] = dispatch_all(broker)
         broker.settle(c, e, "released")
     assert len(idle.recheck) <= 1

@@ -10,7 +10,7 @@ from broker_filter.broker import Broker, BrokerConfig, EqualityHint, equality_hi
 from broker_filter.filters import compile_selector
 from broker_filter.amqp.message import Message
 
-from brokerkit import drain
+from brokerkit import dispatch_all
 
 
 @pytest.mark.parametrize(
@@ -70,15 +70,15 @@ def test_indexed_consumer_gets_exactly_what_a_scan_gives(messages, selector, rel
             broker.publish("q", b"", message=Message(application_properties=dict(props), body=i))
         holder = broker.subscribe("q")
         broker.flow(holder, len(releases))
-        held = drain(broker)
+        held = dispatch_all(broker)
         c = broker.subscribe("q", filter=wrap(compile_selector(selector)))
         broker.flow(c, 3)
-        got = [e.message.body for _, e in drain(broker)]
+        got = [e.message.body for _, e in dispatch_all(broker)]
         for _, e in held:
             broker.settle(holder, e, "released")
         broker.close_consumer(holder)
         broker.flow(c, 10**6)
-        got += [e.message.body for _, e in drain(broker)]
+        got += [e.message.body for _, e in dispatch_all(broker)]
         results.append(got)
         if wrap is not Opaque:
             assert c.hint == equality_hint(compile_selector(selector))
@@ -91,10 +91,10 @@ def test_indexed_consumer_skips_non_candidates():
         broker.publish("q", b"", message=Message(application_properties={"id": f"m{i}"}, body=i))
     c = broker.subscribe("q", filter=compile_selector("id = 'm19999'"))
     broker.flow(c, 5)
-    assert [e.message.body for _, e in drain(broker)] == [19999]
+    assert [e.message.body for _, e in dispatch_all(broker)] == [19999]
     assert c.evaluations == 1
     broker.publish("q", b"", message=Message(application_properties={"id": "m19999"}, body="again"))
-    assert [e.message.body for _, e in drain(broker)] == ["again"] and c.evaluations == 2
+    assert [e.message.body for _, e in dispatch_all(broker)] == ["again"] and c.evaluations == 2
 
 
 def test_index_is_maintained_while_used_and_dropped_after():
@@ -123,7 +123,7 @@ def test_random_mix_of_indexed_and_scanning_consumers_keeps_oldest_first():
         queue = broker.queues["q"]
         before = sorted(e.seq for e in queue.entries() if e.holder is None)
         broker.flow(c, c.credit + 1)
-        got = drain(broker)
+        got = dispatch_all(broker)
         for who, e in got:
             for seq in before:
                 if seq < e.seq:
@@ -143,4 +143,4 @@ def test_no_local_filter_set_uses_the_origin_annotation_and_receiver_identity():
         broker.publish("t", b"", capabilities=["topic"],
                        message=Message(message_annotations={ORIGIN_ANNOTATION: origin}, body=origin))
     broker.flow(s, 5)
-    assert [e.message.body for _, e in drain(broker)] == ["inst/c2"]
+    assert [e.message.body for _, e in dispatch_all(broker)] == ["inst/c2"]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from broker_filter.amqp.types import Described, symbol, ulong
-from broker_filter.filters import FilterError, FilterSet, ORIGIN_ANNOTATION, compile_filter_set
+from broker_filter.filters import MATCH_ALL, FilterEntry, FilterError, FilterSet, FilterVisitor, ORIGIN_ANNOTATION, compile_filter_set
 from broker_filter.amqp.message import Message, value_from_json
 from coretables import DATA, load
 
@@ -130,6 +130,53 @@ def test_entries_carry_text_and_subset_keeps_the_rest() -> None:
     m = Message.from_json({"properties": {"subject": "news.uk"}, "application_properties": {"a": 2}})
     assert fs.matches(m) is False and local.matches(m) is True
     assert ORIGIN_ANNOTATION == "x-opt-broker-filter-origin"
+
+
+class Outline(FilterVisitor):
+    """Writes a filter tree out as text: the structure a backend walks."""
+
+    def visit_selector(self, node):
+        return f"selector[{node.filter.ast.text}]"
+
+    def visit_sql(self, node):
+        return f"sql[{node.filter.ast.text}]"
+
+    def visit_topic(self, node):
+        return f"topic[{node.value}]"
+
+    def visit_no_local(self, node):
+        return "no-local"
+
+    def visit_and(self, node, parts):
+        return "and(" + ", ".join(parts) + ")"
+
+    def visit_or(self, node, parts):
+        return "or(" + ", ".join(parts) + ")"
+
+    def visit_not(self, node, parts):
+        return f"not({parts[0]})"
+
+
+def test_walk_gives_a_visitor_each_entrys_tree() -> None:
+    def d(name: str, value: Any) -> dict:
+        return {"descriptor": name, "value": value}
+
+    fs = compile_filter_set({
+        "n": d("apache.org:no-local-filter:list", []),
+        "x": d("apache.org:or-filter:list", [
+            d("apache.org:selector-filter:string", "a > 1"),
+            d("apache.org:not-filter:list", [d("amqp:sql-filter", "p.subject = 'eu'")]),
+            d("apache.org:and-filter:list", [d(TOPIC, "orders.*"), d("apache.org:selector-filter:string", "b = 2")]),
+        ]),
+    })
+    assert fs.walk(Outline()) == [
+        "no-local", "or(selector[a > 1], not(sql[p.subject = 'eu']), and(topic[orders.*], selector[b = 2]))"]
+    headers = compile_filter_set({"h": d(HEADERS, {"x-match": "any", "k": 1})})
+    with pytest.raises(NotImplementedError, match="Outline: no form for the filter kind 'headers'"):
+        headers.walk(Outline())
+    handmade = FilterSet((FilterEntry("k", "topic", TOPIC, "a", MATCH_ALL),))  # made without compile_filter_set
+    with pytest.raises(ValueError, match=r"entries \['k'\] have no filter tree"):
+        handmade.walk(Outline())
 
 
 def test_deep_nesting_is_refused_cleanly() -> None:

@@ -10,7 +10,8 @@ import pytest
 from proton import Disposition, Message
 from proton.utils import LinkDetached
 
-from embedkit import Daemon, InProcessDaemon, connect, receive, receiver
+from clients import bodies, connect, receive_n, receiver
+from launcher import Daemon, InProcessDaemon
 
 
 def _publish_raw(conn, snd, data: bytes, tag: str):
@@ -37,7 +38,7 @@ def test_a_message_over_the_size_limit_is_refused_and_not_stored(body_size):
         # The link and connection go on: a message within the limit is accepted and delivered alone.
         ok = _publish_raw(conn, snd, Message(body="small").encode(), "small")
         assert ok.remote_state == Disposition.ACCEPTED
-        assert receive(receiver(conn, "sized"), 1) == ["small"]
+        assert bodies(receive_n(receiver(conn, "sized"), 1)) == ["small"]
     finally:
         conn.close()
         d.stop()

@@ -8,7 +8,8 @@ import time
 
 from proton import Message
 
-from embedkit import InProcessDaemon, connect, receive, receiver
+from clients import bodies, connect, receive_n, receiver
+from launcher import InProcessDaemon
 
 CYCLES = 150
 
@@ -59,7 +60,7 @@ def test_attach_detach_cycles_leave_no_dead_links_or_sessions():
         for i in range(CYCLES):
             r = receiver(conn, "churn", selector=f"n = {i}" if i % 3 else None, credit=5)
             snd.send(Message(body=i, properties={"n": i}))
-            assert receive(r, 1) == [i]
+            assert bodies(receive_n(r, 1)) == [i]
             if i % 2:
                 r.close()  # detach with closed=true
             else:

@@ -7,13 +7,14 @@ import time
 import pytest
 from proton import Message
 
-from embedkit import Daemon, InProcessDaemon, connect, nothing, receive, receiver
+from clients import bodies, connect, receive_n, receiver, receives_nothing
+from launcher import Daemon, InProcessDaemon
 
 
 @pytest.fixture(scope="module")
 def chain():
     upstream = InProcessDaemon()
-    front = Daemon("--upstream", upstream.url, ready="connected (")
+    front = Daemon(upstream=upstream.url)
     yield upstream, front
     front.stop()
     upstream.stop()
@@ -33,8 +34,8 @@ def test_selector_is_evaluated_once_per_message_by_the_embedded_upstream(chain):
         for i in range(10):
             snd.send(Message(body=i, properties={"n": i}))
         r = receiver(conn, "chained", selector="n > 6")
-        assert receive(r, 3) == [7, 8, 9]
-        assert nothing(r, 0.3)
+        assert bodies(receive_n(r, 3)) == [7, 8, 9]
+        assert receives_nothing(r, 0.3)
         # The upstream consumer carries the selector and looked at each message exactly once ...
         [consumer] = upstream.broker.queues["chained"].consumers
         assert consumer.filter is not None and "n > 6" in consumer.filter.description.replace("(", "").replace(")", "")
@@ -42,7 +43,7 @@ def test_selector_is_evaluated_once_per_message_by_the_embedded_upstream(chain):
         # ... and the non-matching messages never left the upstream queue, still in order.
         direct = connect(upstream.url)
         try:
-            assert receive(receiver(direct, "chained"), 7) == [0, 1, 2, 3, 4, 5, 6]
+            assert bodies(receive_n(receiver(direct, "chained"), 7)) == [0, 1, 2, 3, 4, 5, 6]
         finally:
             direct.close()
     finally:
@@ -75,21 +76,21 @@ def test_virtual_address_filter_is_pushed_down_with_the_clients_own(tmp_path):
     upstream = InProcessDaemon()
     conf = tmp_path / "front.toml"
     conf.write_text('[virtual_addresses.reds]\nupstream = "paints"\nselector = "color = \'red\'"\n')
-    front = Daemon("--upstream", upstream.url, "--config", str(conf), ready="connected (")
+    front = Daemon("--config", str(conf), upstream=upstream.url)
     conn = connect(front.url)
     try:
         snd = conn.create_sender("paints", name="producer")
         for i in range(6):
             snd.send(Message(body=i, properties={"n": i, "color": "red" if i % 2 else "blue"}))
         r = receiver(conn, "reds", selector="n > 1")
-        assert receive(r, 2) == [3, 5]
+        assert bodies(receive_n(r, 2)) == [3, 5]
         [consumer] = upstream.broker.queues["paints"].consumers
         described = consumer.filter.description
         assert "color = 'red'" in described and "n > 1" in described, described
         # The front link is still attached: blue 2 and 4 (which pass "n > 1") were never taken.
         direct = connect(upstream.url)
         try:
-            assert receive(receiver(direct, "paints"), 4) == [0, 1, 2, 4]
+            assert bodies(receive_n(receiver(direct, "paints"), 4)) == [0, 1, 2, 4]
         finally:
             direct.close()
         # The echo is the client's own filter only.

@@ -12,7 +12,7 @@ from broker_filter.amqp import decode_message, encode_message
 from broker_filter.amqp.message import Header, Message as BFMessage, Properties
 from broker_filter.amqp import redelivery_bytes
 
-from embedkit import connect, name, receiver
+from clients import connect, link_name, receiver
 
 
 def _first(rcv, timeout: float = 5.0):
@@ -31,10 +31,10 @@ def _failed(rcv) -> None:
 
 
 def test_released_then_modified_then_detached_message_carries_its_history(daemon):
-    address = f"redeliver-{name()}"
+    address = f"redeliver-{link_name()}"
     conn = connect(daemon.url)
     try:
-        snd = conn.create_sender(address, name=name())
+        snd = conn.create_sender(address, name=link_name())
         snd.send(Message(body="m", properties={"color": "red"}, durable=True, priority=7, ttl=60.0,
                          first_acquirer=True))
         r = receiver(conn, address, credit=1)

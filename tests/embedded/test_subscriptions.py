@@ -12,7 +12,8 @@ import pytest
 from proton import Message
 from proton.reactor import DurableSubscription
 
-from embedkit import Capabilities, Daemon, connect, nothing, receive
+from clients import Capabilities, bodies, connect, receive_n, receives_nothing
+from launcher import Daemon
 
 @pytest.fixture(scope="module")
 def daemon():
@@ -58,7 +59,7 @@ def test_durable_subscription_keeps_messages_while_detached(daemon):
         time.sleep(0.2)
         conn.create_sender("multicast://durable.t", name="p").send(Message(body="while-away"))
         again = subscriber(conn, "durable.t", "mysub")
-        assert receive(again, 1, timeout=2) == ["while-away"]
-        assert nothing(again, 0.2)
+        assert bodies(receive_n(again, 1, timeout=2)) == ["while-away"]
+        assert receives_nothing(again, 0.2)
     finally:
         conn.close()

@@ -15,7 +15,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -24,8 +23,7 @@ import pytest
 
 from .conftest import client_result, closed_at_once, descriptors, end_many, rss_kib, run_client, start_client
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
-from proxy_harness import Proxy  # noqa: E402
+from launcher import Daemon
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -57,7 +55,7 @@ def test_the_daemon_serves_a_filtered_consumer_past_a_thousand_connections_and_r
     node = shutil.which("node")
     assert node, "node is needed (scripts/setup.sh)"
     limit = AMQP_CONNECTIONS + IDLE + 1  # the rhea connections, the idle sockets and the consumer
-    proxy = Proxy("--set", f"limits.connections={limit}", "--set", "limits.handshake_timeout=600")
+    proxy = Daemon("--set", f"limits.connections={limit}", "--set", "limits.handshake_timeout=600", upstream=rabbitmq)
     idle: list[socket.socket] = []
     receiver = many = None
     try:
@@ -108,8 +106,9 @@ def test_pass_through_logins_are_checked_upstream_past_a_thousand_descriptors(ra
     logging in upstream: that check is one more connection of the loop, so it works with more than
     1,024 descriptors open in the daemon (a select()-based check fails there)."""
     idle_count = 1100
-    proxy = Proxy("--set", "upstream.credentials=pass-through", "--set", "listener.allow_anonymous=false",
-                  "--set", f"limits.connections={idle_count + 10}", "--set", "limits.handshake_timeout=600")
+    proxy = Daemon("--set", "upstream.credentials=pass-through", "--set", "listener.allow_anonymous=false",
+                   "--set", f"limits.connections={idle_count + 10}", "--set", "limits.handshake_timeout=600",
+                   upstream=rabbitmq)
     idle: list[socket.socket] = []
     try:
         for _ in range(idle_count):
@@ -153,9 +152,9 @@ def _read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, floa
 
 
 def test_half_a_frame_then_silence_is_closed_at_the_handshake_deadline_and_counted(rabbitmq):
-    proxy = Proxy("--set", "limits.handshake_timeout=1", "--metrics", "127.0.0.1:0")
+    proxy = Daemon("--set", "limits.handshake_timeout=1", "--metrics", "127.0.0.1:0", upstream=rabbitmq)
     try:
-        metrics_url = _wait_metrics(proxy)
+        metrics_url = proxy.metrics_url()
         # SASL: the protocol header, then half of a sasl-init frame (8 of its announced 64 bytes).
         with_sasl = socket.create_connection(("127.0.0.1", proxy.port))
         with_sasl.sendall(b"AMQP\x03\x01\x00\x00" + b"\x00\x00\x00\x40\x02\x01\x00\x00")
@@ -180,19 +179,6 @@ def test_half_a_frame_then_silence_is_closed_at_the_handshake_deadline_and_count
     finally:
         proxy.stop()
     assert proxy.proc.returncode == 0, proxy.log()[-3000:]
-
-
-def _wait_metrics(proxy: Proxy) -> str:
-    found: list[str] = []
-
-    def seen() -> bool:
-        m = re.search(r"metrics and health endpoints on (http://[^ ]+?) ", proxy.log())
-        if m:
-            found.append(m.group(1))
-        return bool(m)
-
-    assert _wait_for(seen, 20), proxy.log()[-3000:]
-    return found[0]
 
 
 def _metric(url: str, pattern: str) -> float:

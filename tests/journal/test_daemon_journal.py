@@ -6,11 +6,7 @@ addresses and messages delivered to consumers are not; SIGTERM publishes the las
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from proton import Message as ProtonMessage
@@ -19,42 +15,22 @@ from proton.utils import BlockingConnection
 
 from broker_filter.amqp import types as t
 from broker_filter.archive.parquet import read_messages
+from launcher import Daemon
 
 BIN = Path(sys.executable).with_name("broker-filter")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(journal_dir: Path) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(BIN), "serve", "--listen", f"127.0.0.1:{port}",
-         "--set", "journal.enabled=true", "--set", f"journal.directory={journal_dir}",
-         "--set", "journal.addresses=orders.#,audit"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, port
-        except OSError:
-            if proc.poll() is not None:
-                raise AssertionError(f"daemon exited: {proc.communicate()[0]}")
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("daemon did not listen")
+def start(journal_dir: Path) -> Daemon:
+    return Daemon("--set", "journal.enabled=true", "--set", f"journal.directory={journal_dir}",
+                  "--set", "journal.addresses=orders.#,audit",
+                  program=[str(BIN), "serve"], start_timeout=20)
 
 
 def test_accepted_publishes_to_journaled_addresses_are_archived_once(tmp_path):
     journal_dir = tmp_path / "journal"
-    proc, port = start(journal_dir)
+    daemon = start(journal_dir)
     try:
-        conn = BlockingConnection(f"127.0.0.1:{port}", timeout=10)
+        conn = BlockingConnection(f"127.0.0.1:{daemon.port}", timeout=10)
         try:
             receiver = conn.create_receiver("orders.eu", name="consumer")  # delivered messages: not journaled again
             for address in ("orders.eu", "audit", "other"):
@@ -69,9 +45,8 @@ def test_accepted_publishes_to_journaled_addresses_are_archived_once(tmp_path):
         finally:
             conn.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        out = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 0, out
+        status = daemon.stop(timeout=60)
+    assert status == 0, daemon.log()
 
     files = sorted(journal_dir.glob("*.parquet"))
     assert files and not list(journal_dir.glob(".*")), os.listdir(journal_dir)  # published, nothing half-written

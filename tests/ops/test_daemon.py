@@ -4,16 +4,10 @@ PLAIN users, metrics and health endpoints, JSON logs, SIGTERM."""
 from __future__ import annotations
 
 import json
-import os
-import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,47 +16,10 @@ from proton.reactor import Filter
 from proton.utils import BlockingConnection
 
 from broker_filter.security import hash_password
+from clients import bodies, receive_until_quiet
+from launcher import ROOT, Daemon, free_port, http_get
 
-ROOT = Path(__file__).resolve().parents[2]
 ALICE = hash_password("wonderland", algorithm="pbkdf2-sha256")
-
-
-class Daemon:
-    """A `broker-filter serve` subprocess on free ports; its output goes to a file."""
-
-    def __init__(self, *args: str, env: dict | None = None):
-        self.log_file = tempfile.NamedTemporaryFile("w+", prefix="broker-filter-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "broker_filter", "serve", "--listen", "127.0.0.1:0", *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, cwd=ROOT,
-                                     env={**os.environ, **(env or {})})
-        self.port = int(self.wait_for(r"listening on [^ ]+:(\d+)"))
-        self.url = f"amqp://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return Path(self.log_file.name).read_text()
-
-    def wait_for(self, pattern: str, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = re.search(pattern, self.log())
-            if match:
-                return match.group(1)
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
-            time.sleep(0.05)
-        raise TimeoutError(f"{pattern!r} not in the daemon's log:\n{self.log()}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log_file.close()
-        os.unlink(self.log_file.name)
-        return self.proc.returncode
 
 
 @pytest.fixture
@@ -77,14 +34,6 @@ def daemon():
     yield start
     for d in started:
         d.stop()
-
-
-def http_get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def roundtrip(url: str, address: str, **kwargs) -> str:
@@ -213,17 +162,6 @@ selector = "color = 'red'"
 """
 
 
-def drain(receiver, timeout: float = 1.5) -> list:
-    bodies = []
-    while True:
-        try:
-            message = receiver.receive(timeout=timeout)
-        except Exception:  # proton.Timeout: nothing more
-            return bodies
-        receiver.accept()
-        bodies.append(message.body)
-
-
 def test_address_rules_rewrite_publishes_and_consumers(daemon, tmp_path):
     config = tmp_path / "routing.toml"
     config.write_text(ROUTING)
@@ -253,23 +191,15 @@ def test_virtual_filtered_address(daemon, tmp_path):
             sender.send(Message(body=i, properties={"color": color, "size": size}))
         selector = Filter({symbol("sel"): Described(symbol("apache.org:selector-filter:string"), "size = 'L'")})
         large_red = conn.create_receiver("orders.red", name="large-red", options=selector)
-        assert drain(large_red) == [0, 3]  # the virtual filter AND the client's own
+        assert bodies(receive_until_quiet(large_red, idle=1.5)) == [0, 3]  # the virtual filter AND the client's own
         large_red.close()  # what its upstream consumer held unmatched goes back to the queue
         red = conn.create_receiver("orders.red", name="red")
-        assert drain(red) == [2]  # no filter of its own: every red message left
+        assert bodies(receive_until_quiet(red, idle=1.5)) == [2]  # no filter of its own: every red message left
         red.close()
         everything = conn.create_receiver("orders.all", name="all")
-        assert drain(everything) == [1]  # the blue one stayed in the queue for others
+        assert bodies(receive_until_quiet(everything, idle=1.5)) == [1]  # the blue one stayed in the queue for others
     finally:
         conn.close()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_chained_upstream_with_credentials_from_the_environment(daemon):

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from opskit import ROOT, Served, filtered_round_trip, free_port, http_get, instructions, user_env
+from clients import filtered_round_trip
+from launcher import ROOT, Daemon, free_port, http_get, user_env
+from opskit import instructions
 
 BUILD_SCRIPT = "scripts/build-wheels.sh"
 INSTALL_SCRIPT = "install-wheels.sh"
@@ -89,17 +91,17 @@ def test_installed_daemon_filters_a_message_and_answers_healthz(installed):
                 cwd=work, env=user_env()).stdout.strip()
     assert where.startswith(str(venv)), f"the test would run this checkout, not the installed wheel: {where}"
     port = free_port()
-    daemon = Served([str(venv / "bin" / "broker-filter"), "serve", "--listen", f"127.0.0.1:{port}",
-                     "--metrics", "127.0.0.1:0"], cwd=work, env=user_env(), log_path=work / "serve.log")
+    daemon = Daemon("--metrics", "127.0.0.1:0", program=[str(venv / "bin" / "broker-filter"), "serve"],
+                    listen=f"127.0.0.1:{port}", as_user=True, cwd=work, log_dir=work)
     try:
-        metrics_url = daemon.wait_for(r"endpoints on (http://127\.0\.0\.1:\d+)", timeout=30).group(1)
+        metrics_url = daemon.wait_for(r"endpoints on (http://127\.0\.0\.1:\d+)", timeout=30)
         daemon.wait_for(rf"listening on 127\.0\.0\.1:{port}\b", timeout=30)
         assert filtered_round_trip(f"amqp://127.0.0.1:{port}") == ["red"]
         assert http_get(metrics_url + "/healthz") == (200, "ok\n")
     finally:
         status = daemon.stop()
-    assert status == 0, daemon.output()
-    assert "Traceback" not in daemon.output()
+    assert status == 0, daemon.log()
+    assert "Traceback" not in daemon.log()
 
 
 def test_journal_without_its_extra_is_a_config_error_before_listening(installed):

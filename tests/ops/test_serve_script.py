@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import subprocess
 
-from opskit import ROOT, Served, filtered_round_trip, free_port, user_env
+from clients import filtered_round_trip
+from launcher import ROOT, Daemon, free_port
 
 
 def test_serve_script_in_a_fresh_clone_serves_and_stops_on_sigterm(tmp_path):
@@ -17,13 +18,13 @@ def test_serve_script_in_a_fresh_clone_serves_and_stops_on_sigterm(tmp_path):
     subprocess.run(["git", "-C", str(clone), "checkout", "--quiet", head], check=True, timeout=60)
     assert not (clone / ".venv").exists()
     port = free_port()
-    daemon = Served(["bash", "scripts/serve.sh", "--listen", f"127.0.0.1:{port}"], cwd=clone, env=user_env(),
-                    log_path=tmp_path / "serve.log")
+    daemon = Daemon(program=["bash", "scripts/serve.sh"], listen=f"127.0.0.1:{port}", as_user=True, cwd=clone,
+                    log_dir=tmp_path, start_timeout=240)
     try:
         daemon.wait_for(rf"listening on 127\.0\.0\.1:{port}\b", timeout=240)
         assert filtered_round_trip(f"amqp://127.0.0.1:{port}") == ["red"]
     finally:
         status = daemon.stop()
-    assert status == 0, daemon.output()
-    assert "Traceback" not in daemon.output()
+    assert status == 0, daemon.log()
+    assert "Traceback" not in daemon.log()
     assert (clone / ".venv" / "bin" / "broker-filter").exists()

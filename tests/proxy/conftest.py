@@ -11,28 +11,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-# Tests here import the helper modules proxy_harness and proxy_clients (import-mode=importlib puts no
-# test folder on the path; the names are unique so no other folder shadows them).
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import proxy_harness  # noqa: E402
-from proxy_harness import (  # noqa: E402
-    RABBITMQ3,
-    RABBITMQ4,
-    RABBITMQ4_ROOT,
-    RABBITMQ_LATEST,
-    RABBITMQ_LATEST_ROOT,
-    ROOT,
-    RUNNING,
-    Proxy,
-    amqp10_ready,
-    port_open,
-)
+import rabbitmq_nodes as nodes  # tests/support, on the path from tests/conftest.py
+from launcher import ROOT, Daemon, port_open
+from rabbitmq_nodes import RABBITMQ3, RABBITMQ4, RABBITMQ4_ROOT, RABBITMQ_LATEST, RABBITMQ_LATEST_ROOT, amqp10_ready
 
 
 def _chroot_node(broker, root: Path, script: str, give_up, missing: str, check):
@@ -100,11 +86,11 @@ def rabbitmq_latest():
 @pytest.fixture(scope="session", params=["3.10", pytest.param("4.0", marks=pytest.mark.rabbitmq4)],
                 ids=["rabbitmq3", "rabbitmq4"])
 def rabbitmq_broker(request):
-    """The RabbitMQ node of this run (3.10, then 4.0): `Proxy()` and `rabbitmqctl` use it."""
+    """The RabbitMQ node of this run (3.10, then 4.0): `rabbitmqctl` uses it."""
     broker = request.getfixturevalue("rabbitmq3" if request.param == "3.10" else "rabbitmq4")
-    proxy_harness.current = broker
+    nodes.current = broker
     yield broker
-    proxy_harness.current = RABBITMQ3
+    nodes.current = RABBITMQ3
 
 
 @pytest.fixture(scope="session")
@@ -114,7 +100,7 @@ def rabbitmq(rabbitmq_broker):
 
 
 def _serve(upstream: str):
-    p = Proxy(upstream=upstream)
+    p = Daemon(upstream=upstream)
     yield p
     p.stop()
     assert "Traceback" not in p.log(), p.log()
@@ -132,15 +118,28 @@ def proxy4(rabbitmq4):
     yield from _serve(rabbitmq4.url)
 
 
+@pytest.fixture(scope="module", params=[
+    "embedded",
+    pytest.param("rabbitmq3", marks=pytest.mark.rabbitmq),
+    pytest.param("rabbitmq4", marks=[pytest.mark.rabbitmq, pytest.mark.rabbitmq4]),
+])
+def daemon(request):
+    """A daemon on the embedded broker, on RabbitMQ 3.10 and on 4.0 (the filtex tests); `forms` are
+    the topic and the queue address forms of its upstream."""
+    if request.param != "embedded":
+        broker = request.getfixturevalue(request.param)
+        p = Daemon(upstream=broker.url)
+        forms = ("/topic/{}", "/queue/{}")
+    else:
+        p = Daemon()
+        forms = ("multicast://{}", "anycast://{}")
+    p.forms = forms
+    yield p
+    p.stop()
+    assert "Traceback" not in p.log(), p.log()
+
+
 @pytest.fixture
 def address():
     """A fresh queue name per test."""
     return f"q-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture(scope="session", autouse=True)
-def no_daemon_left_behind():
-    """Stop any proxy a failed test did not stop."""
-    yield
-    for p in list(RUNNING):
-        p.stop()

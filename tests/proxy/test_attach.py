@@ -8,7 +8,7 @@ from proton import Described, Terminus, symbol, ulong
 from proton.reactor import Filter, Selector
 from proton.utils import LinkDetached
 
-from proxy_clients import connect
+from clients import connect
 
 pytestmark = pytest.mark.rabbitmq
 

@@ -4,17 +4,14 @@ and other clients carry on, and the daemon keeps running."""
 
 from __future__ import annotations
 
-import re
-import subprocess
 import sys
-import time
 
 import pytest
 from proton import Message
 from proton.utils import LinkDetached
 
-from proxy_clients import connect, receive
-from proxy_harness import ROOT
+from clients import connect, receive_until_quiet
+from launcher import Daemon
 
 INJECT = """
 import sys
@@ -26,29 +23,19 @@ def failing(self, delivery):
     return original(self, delivery)
 forwarding.Feed.on_upstream_delivery = failing
 from broker_filter.cli import main
-sys.exit(main(["serve", "--listen", "127.0.0.1:0"]))
+sys.exit(main(sys.argv[1:]))
 """
 
 
 @pytest.fixture
-def faulty_proxy(tmp_path):
-    log = tmp_path / "proxy.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", INJECT], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    deadline = time.monotonic() + 20
-    port = None
-    while port is None and time.monotonic() < deadline:
-        m = re.search(r"listening on [^:]+:(\d+)", log.read_text())
-        port = int(m.group(1)) if m else None
-        time.sleep(0.1)
-    assert port, log.read_text()
-    yield proc, f"amqp://127.0.0.1:{port}", log
-    proc.terminate()
-    proc.wait(15)
+def faulty_proxy():
+    d = Daemon(program=[sys.executable, "-c", INJECT, "serve"])
+    yield d
+    d.stop()
 
 
 def test_failure_on_one_link_closes_only_that_link(faulty_proxy):
-    proc, url, log = faulty_proxy
+    proc, url = faulty_proxy.proc, faulty_proxy.url
     c = connect(url)
     other = connect(url)
     try:
@@ -62,12 +49,12 @@ def test_failure_on_one_link_closes_only_that_link(faulty_proxy):
         assert info.value.link.remote_condition.name == "amqp:internal-error"
         s2 = other.create_sender("qb", name="s2")
         s2.send(Message(body="ok"))
-        assert [m.body for m in receive(fine, count=1)] == ["ok"]
+        assert [m.body for m in receive_until_quiet(fine, at_most=1)] == ["ok"]
         s3 = other.create_sender("qc", name="s3")
         s3.send(Message(body="also ok"))
-        assert [m.body for m in receive(elsewhere, count=1)] == ["also ok"]
+        assert [m.body for m in receive_until_quiet(elsewhere, at_most=1)] == ["also ok"]
         assert proc.poll() is None
-        text = log.read_text()
+        text = faulty_proxy.log()
         assert "injected failure" in text and "forwarding a delivery failed" in text
     finally:
         for conn in (c, other):

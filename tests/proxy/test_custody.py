@@ -21,8 +21,8 @@ import pytest
 from proton import Message
 from proton.reactor import Selector
 
-from proxy_clients import connect, drain, free_port, publish_many, receive, scrape, value
-from proxy_harness import Proxy
+from clients import connect, drain, publish_many, receive_until_quiet
+from launcher import Daemon, free_port, metric_value, scrape
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -66,26 +66,26 @@ def test_killed_consumers_messages_reach_the_other_consumer_at_once(upstream):
     q = fresh_queue()
     n = 1000
     publish_many(upstream, q, [Message(body=i, properties={"half": i % 2}) for i in range(n)])
-    proxy = Proxy(upstream=upstream)
+    proxy = Daemon(upstream=upstream)
     b = connect(proxy.url)
     try:
         child, held = start_killed_client(proxy.url, q, "half = 1", 500)
         assert held == {i for i in range(n) if i % 2}
         other = b.create_receiver(q, credit=1000, options=Selector("half = 1"))  # attached, nothing for it
-        assert receive(other, idle=0.5) == []
+        assert receive_until_quiet(other, idle=0.5) == []
         kill(child)
         start = time.monotonic()
-        got = receive(other, count=500, idle=2.5, limit=10)
+        got = receive_until_quiet(other, at_most=500, idle=2.5, limit=10)
         elapsed = time.monotonic() - start
         bodies = [m.body for m in got]
         assert sorted(bodies) == sorted(held)  # every one, once, to the other consumer
         assert elapsed <= 2.0, elapsed
         assert all(m.delivery_count == 1 and not m.first_acquirer for m in got)  # redeliveries
-        assert receive(other, idle=0.5) == []
+        assert receive_until_quiet(other, idle=0.5) == []
         b.close()
     finally:
         proxy.stop()
-    rest = drain(upstream, q)
+    rest = [m.body for m in drain(upstream, q)]
     assert sorted(rest) == [i for i in range(n) if i % 2 == 0]  # nothing lost, no duplicate
     assert "Traceback" not in proxy.log()
 
@@ -96,21 +96,21 @@ def test_a_match_behind_any_depth_is_found_and_a_graceful_stop_duplicates_nothin
     publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)]
                  + [Message(body=depth, properties={"half": 1})])
     mport = free_port()
-    proxy = Proxy("--metrics", f"127.0.0.1:{mport}", "--set", f"limits.upstream_window={window}", upstream=upstream)
+    proxy = Daemon("--metrics", f"127.0.0.1:{mport}", "--set", f"limits.upstream_window={window}", upstream=upstream)
     c = connect(proxy.url)
     try:
         r = c.create_receiver(q, credit=10, options=Selector("half = 1"))
-        got = receive(r, count=1, idle=120, limit=180)
+        got = receive_until_quiet(r, at_most=1, idle=120, limit=180)
         assert [m.body for m in got] == [depth]
         time.sleep(2.5)  # the exporter shows the state of a second ago
         text = scrape(mport)
-        assert value(text, "broker_filter_search_passes", address=q) >= 1  # the copies came round
-        assert value(text, "broker_filter_link_wait_seconds", address=q) >= 1.0  # credit 9, nothing more
-        assert value(text, "broker_filter_moves_in_flight", address=q) == 0  # the search is over
+        assert metric_value(text, "broker_filter_search_passes", address=q) >= 1  # the copies came round
+        assert metric_value(text, "broker_filter_link_wait_seconds", address=q) >= 1.0  # credit 9, nothing more
+        assert metric_value(text, "broker_filter_moves_in_flight", address=q) == 0  # the search is over
         c.close()  # the last link leaves
     finally:
         proxy.stop()  # SIGTERM
-    rest = drain(upstream, q)
+    rest = [m.body for m in drain(upstream, q)]
     assert len(rest) == depth and sorted(rest) == list(range(depth))  # no loss, no duplicate
     assert "Traceback" not in proxy.log()
 
@@ -122,7 +122,7 @@ def test_two_daemons_on_one_queue_serve_each_others_links(upstream):
     n = 600
     publish_many(upstream, q, [Message(body=i, properties={"i": i, **({"color": colors[i % 3]} if colors[i % 3] else {})})
                                for i in range(n)])
-    one, two = Proxy("--set", "limits.upstream_window=20", upstream=upstream), Proxy("--set", "limits.upstream_window=20", upstream=upstream)
+    one, two = Daemon("--set", "limits.upstream_window=20", upstream=upstream), Daemon("--set", "limits.upstream_window=20", upstream=upstream)
     a, b = connect(one.url), connect(two.url)
     try:
         red = a.create_receiver(q, credit=20, options=Selector("color = 'red'"))
@@ -132,10 +132,10 @@ def test_two_daemons_on_one_queue_serve_each_others_links(upstream):
         # on a loaded machine the fifth look (310 s) may be the one that converges.
         deadline = time.monotonic() + 400
         while (len(reds) < n // 3 or len(blues) < n // 3) and time.monotonic() < deadline:
-            reds += [m.body for m in receive(red, idle=0.2, limit=2)]
-            blues += [m.body for m in receive(blue, idle=0.2, limit=2)]
-        reds += [m.body for m in receive(red, idle=0.5)]
-        blues += [m.body for m in receive(blue, idle=0.5)]
+            reds += [m.body for m in receive_until_quiet(red, idle=0.2, limit=2)]
+            blues += [m.body for m in receive_until_quiet(blue, idle=0.2, limit=2)]
+        reds += [m.body for m in receive_until_quiet(red, idle=0.5)]
+        blues += [m.body for m in receive_until_quiet(blue, idle=0.5)]
         assert sorted(reds) == list(range(0, n, 3))  # each red once, only at the red link
         assert sorted(blues) == list(range(1, n, 3))
         a.close()
@@ -143,13 +143,13 @@ def test_two_daemons_on_one_queue_serve_each_others_links(upstream):
     finally:
         one.stop()
         two.stop()
-    rest = drain(upstream, q)
+    rest = [m.body for m in drain(upstream, q)]
     assert sorted(rest) == list(range(2, n, 3))  # the colourless ones, each once
     assert "Traceback" not in one.log() + two.log()
 
 
 def test_embedded_broker_gives_a_killed_consumers_messages_to_the_other_at_once():
-    proxy = Proxy(upstream=None)
+    proxy = Daemon()
     q = f"custody-{uuid.uuid4().hex[:8]}"
     c = connect(proxy.url)
     try:
@@ -160,14 +160,14 @@ def test_embedded_broker_gives_a_killed_consumers_messages_to_the_other_at_once(
         child, held = start_killed_client(proxy.url, q, "half = 1", 50)
         assert held == set(range(1, 100, 2))
         other.flow(100)
-        assert receive(other, idle=0.5) == []
+        assert receive_until_quiet(other, idle=0.5) == []
         kill(child)
         start = time.monotonic()
-        got = receive(other, count=50, idle=2.5, limit=10)
+        got = receive_until_quiet(other, at_most=50, idle=2.5, limit=10)
         assert time.monotonic() - start <= 2.0
         assert sorted(m.body for m in got) == sorted(held)
         assert all(not m.first_acquirer and m.delivery_count == 1 for m in got)
-        rest = receive(c.create_receiver(q, name="rest", credit=100), idle=1.0)
+        rest = receive_until_quiet(c.create_receiver(q, name="rest", credit=100), idle=1.0)
         assert sorted(m.body for m in rest) == list(range(0, 100, 2))
     finally:
         c.close()
@@ -180,17 +180,17 @@ def test_the_last_link_leaving_and_sigterm_mid_search_duplicate_nothing(upstream
     depth = 20000
     publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)])
     mport = free_port()
-    proxy = Proxy("--metrics", f"127.0.0.1:{mport}", "--set", "limits.upstream_window=500", upstream=upstream)
+    proxy = Daemon("--metrics", f"127.0.0.1:{mport}", "--set", "limits.upstream_window=500", upstream=upstream)
     c = connect(proxy.url)
     try:
         c.create_receiver(q, credit=10, options=Selector("half = 1"))
         deadline = time.monotonic() + 30
-        while value(scrape(mport), "broker_filter_moves_in_flight", address=q) == 0:
+        while metric_value(scrape(mport), "broker_filter_moves_in_flight", address=q) == 0:
             assert time.monotonic() < deadline, "the search never started"
             time.sleep(0.2)
         c.close()  # the last link leaves with moves in flight
     finally:
         proxy.stop()  # and SIGTERM at once
-    rest = drain(upstream, q)
+    rest = [m.body for m in drain(upstream, q)]
     assert len(rest) == depth and sorted(rest) == list(range(depth))  # no loss, no duplicate
     assert "Traceback" not in proxy.log()

@@ -16,8 +16,9 @@ from proton import Message
 from proton.reactor import Selector
 from proton.utils import LinkDetached
 
-from proxy_harness import Proxy, amqp10_ready, rabbitmqctl
-from proxy_clients import connect, receive, take
+from clients import connect, receive_n_and_extras, receive_until_quiet
+from launcher import Daemon
+from rabbitmq_nodes import amqp10_ready, rabbitmqctl
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -47,7 +48,7 @@ def test_killed_client_loses_nothing(proxy, address):
         child.wait(10)
         child.stdout.close()
         r = c.create_receiver(q, credit=50)
-        rest = {m.body for m in take(r, 28)}
+        rest = {m.body for m in receive_n_and_extras(r, 28)}
         assert rest == set(range(30)) - accepted  # the unsettled ones came back; nothing else is missing
     finally:
         c.close()
@@ -65,7 +66,7 @@ def test_client_without_credit_and_garbage_do_not_disturb_others(proxy, address)
         s = c.create_sender(q)
         for i in range(5):
             s.send(Message(body=i))
-        assert sorted(m.body for m in receive(r, count=5)) == [0, 1, 2, 3, 4]
+        assert sorted(m.body for m in receive_until_quiet(r, at_most=5)) == [0, 1, 2, 3, 4]
     finally:
         garbage.close()
         stingy.close()
@@ -74,7 +75,7 @@ def test_client_without_credit_and_garbage_do_not_disturb_others(proxy, address)
 
 @pytest.fixture
 def own_proxy(rabbitmq):
-    p = Proxy()
+    p = Daemon(upstream=rabbitmq)
     yield p
     p.stop()
 
@@ -88,7 +89,7 @@ def test_rabbitmq_restart_detaches_with_connection_forced_then_proxy_reconnects(
         s = c.create_sender(q)
         for i in range(3):
             s.send(Message(body=i, properties={"n": i}))
-        assert [m.body for m in receive(r, count=3)] == [0, 1, 2]
+        assert [m.body for m in receive_until_quiet(r, at_most=3)] == [0, 1, 2]
         assert rabbitmqctl("stop_app").returncode == 0
         try:
             with pytest.raises(LinkDetached) as info:
@@ -119,7 +120,7 @@ def test_rabbitmq_restart_detaches_with_connection_forced_then_proxy_reconnects(
         s2 = c.create_sender(q, name="sender-again")
         for i in range(3, 6):
             s2.send(Message(body=i, properties={"n": i}))
-        assert [m.body for m in receive(r2, count=3)] == [3, 4, 5]
+        assert [m.body for m in receive_until_quiet(r2, at_most=3)] == [3, 4, 5]
         assert proxy.proc.poll() is None
         assert "connection lost" in proxy.log()
     finally:
@@ -150,7 +151,7 @@ def test_publisher_killed_mid_transfer_publishes_nothing_partial(proxy, address)
         s = c.create_sender(q)
         s.send(Message(body="after"))
         r = c.create_receiver(q, credit=5)
-        assert [m.body for m in take(r, 1)] == ["after"]  # nothing partial went upstream
+        assert [m.body for m in receive_n_and_extras(r, 1)] == ["after"]  # nothing partial went upstream
     finally:
         c.close()
 
@@ -171,6 +172,6 @@ def test_undecodable_message_from_a_client_is_rejected_and_not_published(proxy, 
         assert dlv.remote.condition.name == "amqp:decode-error"
         s.send(Message(body="good"))
         r = c.create_receiver(q, credit=5)
-        assert [m.body for m in take(r, 1)] == ["good"]
+        assert [m.body for m in receive_n_and_extras(r, 1)] == ["good"]
     finally:
         c.close()

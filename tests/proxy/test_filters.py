@@ -8,7 +8,8 @@ import pytest
 from proton import Described, Message, symbol, ulong
 from proton.reactor import Filter, Selector
 
-from proxy_clients import connect, receive, send_outcomes, take
+from clients import connect, receive_n_and_extras, receive_until_quiet, send_outcomes
+from launcher import Daemon
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -35,7 +36,7 @@ def test_selector_on_a_queue_with_jms_headers(proxy, address):
         for i in range(10):
             s.send(Message(body=i, subject="order" if i % 2 == 0 else "quote", priority=9 if i < 6 else 1,
                            properties={"qty": i % 5}))
-        got = take(r, 2)
+        got = receive_n_and_extras(r, 2)
         # even i, priority 9 (i < 6), qty in 2..4: i in {2, 4}
         assert sorted(_bodies(got)) == [2, 4]
         assert all(m.subject == "order" for m in got)
@@ -59,7 +60,7 @@ def test_direct_binding_on_an_exchange_becomes_the_binding_key(proxy, rabbitmq_b
         outcomes = send_outcomes(s, [Message(body=i, subject=key)
                                      for i, key in enumerate([f"{tag}.k1", f"{tag}.k2", f"{tag}.k1", "other"])])
         assert outcomes == ["accepted", unroutable(rabbitmq_broker), "accepted", unroutable(rabbitmq_broker)]
-        assert _bodies(take(r, 2)) == [0, 2]
+        assert _bodies(receive_n_and_extras(r, 2)) == [0, 2]
     finally:
         c.close()
 
@@ -76,7 +77,7 @@ def test_topic_binding_on_an_exchange_with_wildcards(proxy, rabbitmq_broker):
         # the binding key is the filter's pattern: only the keys it matches reach a queue
         nobody = unroutable(rabbitmq_broker)
         assert outcomes == ["accepted", nobody, "accepted", nobody, nobody]
-        assert _bodies(take(r, 2)) == [0, 2]
+        assert _bodies(receive_n_and_extras(r, 2)) == [0, 2]
     finally:
         c.close()
 
@@ -91,7 +92,7 @@ def test_topic_binding_evaluated_locally_on_a_topic_subscription(proxy):
         s = c.create_sender("/exchange/amq.topic")
         for i, key in enumerate([f"{tag}.a", f"{tag}.b", f"{tag}.a.b.c", f"{tag}.ab", f"{tag}.a.z"]):
             s.send(Message(body=i, subject=key))
-        assert _bodies(take(r, 3)) == [0, 2, 4]
+        assert _bodies(receive_n_and_extras(r, 3)) == [0, 2, 4]
     finally:
         c.close()
 
@@ -106,7 +107,7 @@ def test_headers_binding(proxy):
         props = [{"region": "eu"}, {"region": "us"}, {"tier": "gold"}, {"tier": "silver", "region": "us"}, {}]
         for i, p in enumerate(props):
             s.send(Message(body=i, subject=tag, properties=p))
-        assert _bodies(take(r, 2)) == [0, 2]
+        assert _bodies(receive_n_and_extras(r, 2)) == [0, 2]
     finally:
         c.close()
 
@@ -123,7 +124,7 @@ def test_or_and_not_filters(proxy):
         s = c.create_sender(f"/topic/{tag}")
         for i in range(10):
             s.send(Message(body=i, subject=tag, properties={"n": i}))
-        assert _bodies(take(r, 3)) == [0, 1, 8]
+        assert _bodies(receive_n_and_extras(r, 3)) == [0, 1, 8]
     finally:
         c.close()
 
@@ -140,8 +141,8 @@ def test_no_local_with_two_connections(proxy):
         sb = b.create_sender(f"/topic/{tag}")
         for i in range(6):
             (sa if i % 2 == 0 else sb).send(Message(body=i, subject=tag))
-        assert _bodies(take(mine, 3)) == [1, 3, 5]
-        assert _bodies(take(everything, 6)) == [0, 1, 2, 3, 4, 5]
+        assert _bodies(receive_n_and_extras(mine, 3)) == [1, 3, 5]
+        assert _bodies(receive_n_and_extras(everything, 6)) == [0, 1, 2, 3, 4, 5]
     finally:
         a.close()
         b.close()
@@ -153,7 +154,7 @@ def test_published_messages_carry_the_origin_annotation(proxy, address):
         s = c.create_sender(f"/queue/{address}")
         s.send(Message(body="x", annotations={symbol("x-opt-keep"): 1}))
         r = c.create_receiver(f"/queue/{address}", credit=5)
-        (m,) = receive(r, count=1)
+        (m,) = receive_until_quiet(r, at_most=1)
         origin = m.annotations[symbol("x-opt-broker-filter-origin")]
         assert isinstance(origin, str) and "/" in origin
         assert m.annotations[symbol("x-opt-keep")] == 1
@@ -163,15 +164,13 @@ def test_published_messages_carry_the_origin_annotation(proxy, address):
 
 
 def test_configured_virtual_address_and_multicast_rule(rabbitmq, tmp_path):
-    from proxy_harness import Proxy
-
     tag = _tag()
     conf = tmp_path / "proxy.toml"
     conf.write_text(
         f'[virtual_addresses.reds-{tag}]\nupstream = "/queue/{tag}"\nselector = "color = \'red\'"\n\n'
         f'[[address_rules]]\npattern = "fan-{tag}.#"\nrouting_type = "multicast"\nupstream = "/topic/{{address}}"\n'
     )
-    p = Proxy("--config", str(conf))
+    p = Daemon("--config", str(conf), upstream=rabbitmq)
     c = connect(p.url)
     try:
         # a virtual address: the configured filter AND the client's own
@@ -179,15 +178,15 @@ def test_configured_virtual_address_and_multicast_rule(rabbitmq, tmp_path):
         s = c.create_sender(f"/queue/{tag}")
         for i in range(6):
             s.send(Message(body=i, properties={"n": i, "color": "red" if i % 2 else "blue"}))
-        assert _bodies(take(r, 2)) == [3, 5]
+        assert _bodies(receive_n_and_extras(r, 2)) == [3, 5]
         # an address rule: rewritten upstream, multicast, so two receivers each get every message
         r1 = c.create_receiver(f"fan-{tag}.x", name="r1", credit=20)
         r2 = c.create_receiver(f"fan-{tag}.x", name="r2", credit=20, options=Selector("n < 2"))
         s2 = c.create_sender(f"fan-{tag}.x")
         for i in range(4):
             s2.send(Message(body=i, subject=f"fan-{tag}.x", properties={"n": i}))
-        assert _bodies(take(r1, 4)) == [0, 1, 2, 3]
-        assert _bodies(take(r2, 2)) == [0, 1]
+        assert _bodies(receive_n_and_extras(r1, 4)) == [0, 1, 2, 3]
+        assert _bodies(receive_n_and_extras(r2, 2)) == [0, 1]
     finally:
         c.close()
         p.stop()
@@ -215,7 +214,7 @@ def test_large_message_both_ways_unchanged(proxy, address):
         r = c.create_receiver(f"/queue/{address}", credit=2, options=Selector("big = TRUE"))
         s = c.create_sender(f"/queue/{address}")
         s.send(Message(body=body, properties={"big": True}))
-        (m,) = receive(r, count=1, idle=5.0)
+        (m,) = receive_until_quiet(r, at_most=1, idle=5.0)
         assert bytes(m.body) == body
     finally:
         c.close()
@@ -231,7 +230,7 @@ def test_at_most_once_both_ways(proxy, address):
         s = c.create_sender(f"/queue/{address}", options=AtMostOnce())
         for i in range(4):
             s.send(Message(body=i, properties={"n": i}))
-        got = take(r, 2, accept=False)
+        got = receive_n_and_extras(r, 2, accept=False)
         assert [m.body for m in got] == [2, 3]
     finally:
         c.close()
@@ -239,7 +238,7 @@ def test_at_most_once_both_ways(proxy, address):
     c = connect(proxy.url)
     try:
         r = c.create_receiver(f"/queue/{address}", credit=10)
-        assert sorted(m.body for m in take(r, 2)) == [0, 1]
+        assert sorted(m.body for m in receive_n_and_extras(r, 2)) == [0, 1]
     finally:
         c.close()
 
@@ -247,9 +246,8 @@ def test_at_most_once_both_ways(proxy, address):
 def test_links_per_connection_limit_counts_attached_links_only(rabbitmq, address):
     from proton.utils import LinkDetached
 
-    from proxy_harness import Proxy
 
-    p = Proxy("--set", "limits.links_per_connection=2")
+    p = Daemon("--set", "limits.links_per_connection=2", upstream=rabbitmq)
     c = connect(p.url)
     try:
         for i in range(4):  # attach and detach more links than the limit, one at a time
@@ -276,7 +274,7 @@ def test_drain_is_answered(proxy, address):
         r.link.drain(10)
         c.wait(lambda: not r.link.draining(), timeout=10)  # answered: what the proxy had, then drained
         assert r.link.credit == 0
-        assert sorted(m.body for m in take(r, 2)) == [1, 2]
+        assert sorted(m.body for m in receive_n_and_extras(r, 2)) == [1, 2]
     finally:
         c.close()
 
@@ -295,6 +293,6 @@ def test_detached_link_is_released_and_its_name_reusable(proxy, address):
         except Exception:
             pass
         r2 = c.create_receiver(f"/queue/{address}", name="again", credit=5, options=Selector("n = 1"))
-        assert [x.body for x in take(r2, 1)] == ["kept"]
+        assert [x.body for x in receive_n_and_extras(r2, 1)] == ["kept"]
     finally:
         c.close()

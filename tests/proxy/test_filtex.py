@@ -10,30 +10,10 @@ from proton import Described, Message, symbol, ulong
 from proton.reactor import Filter
 from proton.utils import LinkDetached
 
-from proxy_clients import connect, receive
-from proxy_harness import Proxy
+from clients import connect, receive_until_quiet, rhea_publish_regions, run_js
 
 PROPS = symbol("amqp:properties-filter")
 APP = ulong(0x174)
-
-
-@pytest.fixture(scope="module", params=[
-    "embedded",
-    pytest.param("rabbitmq3", marks=pytest.mark.rabbitmq),
-    pytest.param("rabbitmq4", marks=[pytest.mark.rabbitmq, pytest.mark.rabbitmq4]),
-])
-def daemon(request):
-    if request.param != "embedded":
-        broker = request.getfixturevalue(request.param)  # RabbitMQ 3.10 or 4.0 (tests/proxy/conftest.py)
-        p = Proxy(upstream=broker.url)
-        forms = ("/topic/{}", "/queue/{}")
-    else:
-        p = Proxy(upstream=None)
-        forms = ("multicast://{}", "anycast://{}")
-    p.forms = forms
-    yield p
-    p.stop()
-    assert "Traceback" not in p.log(), p.log()
 
 
 def messages(n=12):
@@ -68,8 +48,8 @@ def test_topic_exact_sets_and_echoes(daemon):
             sender.send(m)
         want = [{i for i in range(12) if i % 2}, {4}, {i for i in range(12) if i % 2}]
         for r, w in zip(receivers, want):
-            got = [m.body for m in receive(r, count=len(w), idle=5, limit=20)]
-            got += [m.body for m in receive(r, idle=0.5, limit=2)]
+            got = [m.body for m in receive_until_quiet(r, at_most=len(w), idle=5, limit=20)]
+            got += [m.body for m in receive_until_quiet(r, idle=0.5, limit=2)]
             assert sorted(got) == sorted(w)
     finally:
         for c in conns:
@@ -86,8 +66,8 @@ def test_competing_filtex_consumers_on_a_queue_exact_and_lossless(daemon):
         sender = conns[2].create_sender(queue)
         for m in messages(20):
             sender.send(m)
-        got_eu = [m.body for m in receive(eu, count=10, idle=5, limit=20)] + [m.body for m in receive(eu, idle=0.5, limit=2)]
-        got_us = [m.body for m in receive(us, count=10, idle=5, limit=20)] + [m.body for m in receive(us, idle=0.5, limit=2)]
+        got_eu = [m.body for m in receive_until_quiet(eu, at_most=10, idle=5, limit=20)] + [m.body for m in receive_until_quiet(eu, idle=0.5, limit=2)]
+        got_us = [m.body for m in receive_until_quiet(us, at_most=10, idle=5, limit=20)] + [m.body for m in receive_until_quiet(us, idle=0.5, limit=2)]
         assert sorted(got_eu) == [i for i in range(20) if i % 2]
         assert sorted(got_us) == [i for i in range(20) if not i % 2]
     finally:
@@ -110,7 +90,6 @@ def test_invalid_property_filter_is_refused(daemon):
 @pytest.mark.node
 def test_rhea_property_filters(daemon):
     """rhea (an independent AMQP 1.0 implementation) attaches with both property filters."""
-    from proxy_clients import rhea_publish_regions, run_js
 
     queue = daemon.forms[1].format(f"fxr{uuid.uuid4().hex[:8]}")
     rhea_publish_regions(daemon.port, queue)

@@ -14,8 +14,8 @@ import pytest
 from proton import Described, Message, symbol, ulong
 from proton.reactor import Filter
 
-from proxy_clients import connect, declare_queue, free_port, receive, scrape, value
-from proxy_harness import Proxy, port_open
+from clients import connect, declare_queue, delete_queue, receive_until_quiet
+from launcher import Daemon, free_port, metric_value, scrape
 
 PROPS = symbol("amqp:properties-filter")
 APP = ulong(0x174)
@@ -29,29 +29,29 @@ def messages(n=12):
 
 
 def collect(r, want):
-    got = [m.body for m in receive(r, count=len(want), idle=5, limit=20)]
-    return sorted(got + [m.body for m in receive(r, idle=0.5, limit=2)])
+    got = [m.body for m in receive_until_quiet(r, at_most=len(want), idle=5, limit=20)]
+    return sorted(got + [m.body for m in receive_until_quiet(r, idle=0.5, limit=2)])
 
 
 def counted(mport, address, name, at_least, limit=10.0):
     deadline = time.monotonic() + limit
     while True:
-        n = value(scrape(mport), name, address=address)
+        n = metric_value(scrape(mport), name, address=address)
         if n >= at_least or time.monotonic() > deadline:
             return n
         time.sleep(0.2)
 
 
 def pushdown(mport, kind, result):
-    return value(scrape(mport), "broker_filter_filter_pushdown_total", kind=kind, result=result)
+    return metric_value(scrape(mport), "broker_filter_filter_pushdown_total", kind=kind, result=result)
 
 
 @pytest.fixture
 def chained():
     """A daemon (with metrics) whose upstream is another broker-filter (its embedded broker)."""
-    upstream = Proxy(upstream=None)
+    upstream = Daemon()
     mport = free_port()
-    front = Proxy("--metrics", f"127.0.0.1:{mport}", upstream=upstream.url)
+    front = Daemon("--metrics", f"127.0.0.1:{mport}", upstream=upstream.url)
     front.mport = mport
     yield front
     front.stop()
@@ -75,8 +75,8 @@ def test_chained_broker_filter_evaluates_the_pushed_filters_on_a_topic(chained):
         # only the matches crossed the upstream connection: 6 + 3 of 2 x 12
         assert counted(chained.mport, topic, "broker_filter_messages_forwarded_total", 9) == 9
         text = scrape(chained.mport)
-        assert value(text, "broker_filter_messages_received_total", address=topic) == 9
-        assert value(text, "broker_filter_messages_filtered_out_total", address=topic) == 0
+        assert metric_value(text, "broker_filter_messages_received_total", address=topic) == 9
+        assert metric_value(text, "broker_filter_messages_filtered_out_total", address=topic) == 0
         assert pushdown(chained.mport, "properties", "upstream") == 1
         assert pushdown(chained.mport, "sql", "upstream") == 1
         assert pushdown(chained.mport, "sql", "local") == 0
@@ -98,12 +98,12 @@ def test_chained_queue_links_with_other_filters_never_share_a_pushed_down_feed(c
         sender = conns[3].create_sender(queue)
         for m in messages(20):
             sender.send(m)
-        got_eu = [m.body for r in (eu, eu2) for m in receive(r, idle=1.5, limit=20)]
+        got_eu = [m.body for r in (eu, eu2) for m in receive_until_quiet(r, idle=1.5, limit=20)]
         assert sorted(got_eu) == [i for i in range(20) if i % 2]
         assert collect(us, list(range(0, 20, 2))) == list(range(0, 20, 2))
         text = scrape(chained.mport)
-        assert value(text, "broker_filter_messages_received_total", address=queue) == 20  # each once
-        assert value(text, "broker_filter_messages_filtered_out_total", address=queue) == 0
+        assert metric_value(text, "broker_filter_messages_received_total", address=queue) == 20  # each once
+        assert metric_value(text, "broker_filter_messages_filtered_out_total", address=queue) == 0
         assert pushdown(chained.mport, "properties", "upstream") == 1  # eu and eu2 share one feed
         assert pushdown(chained.mport, "application-properties", "upstream") == 1
     finally:
@@ -125,7 +125,7 @@ def test_rabbitmq_echoes_without_the_capability_so_the_filters_stay_local(rabbit
     else:
         address = form.format(name)
     mport = free_port()
-    front = Proxy("--metrics", f"127.0.0.1:{mport}", upstream=rabbitmq_broker.url)
+    front = Daemon("--metrics", f"127.0.0.1:{mport}", upstream=rabbitmq_broker.url)
     conns = [connect(front.url) for _ in range(3)]
     try:
         f_both = {symbol("p"): Described(PROPS, {symbol("subject"): "&p:eu."}),
@@ -147,7 +147,7 @@ def test_rabbitmq_echoes_without_the_capability_so_the_filters_stay_local(rabbit
             assert counted(mport, address, "broker_filter_messages_received_total", 12) >= 12
         else:  # a subscription of the link's own: every message crossed, the daemon filtered
             assert counted(mport, address, "broker_filter_messages_filtered_out_total", 9) == 9
-            assert value(scrape(mport), "broker_filter_messages_received_total", address=address) == 12
+            assert metric_value(scrape(mport), "broker_filter_messages_received_total", address=address) == 12
         assert pushdown(mport, "properties", "local") == 1 and pushdown(mport, "sql", "local") == 1
         assert pushdown(mport, "properties", "upstream") == 0 and pushdown(mport, "sql", "upstream") == 0
     finally:
@@ -160,10 +160,8 @@ def test_rabbitmq_echoes_without_the_capability_so_the_filters_stay_local(rabbit
 
 
 def _delete(url, name):
-    from proxy_clients import _management
-
     try:
-        _management(url, "DELETE", f"/queues/{name}", None)
+        delete_queue(url, name)
     except Exception:  # noqa: BLE001 - cleanup only
         pass
 
@@ -182,7 +180,7 @@ def test_rabbitmq_stream_evaluates_the_filters_its_attach_reply_offers(rabbitmq_
     declare_queue(url, stream, "stream")
     declare_queue(url, classic, "classic")
     mport = free_port()
-    front = Proxy("--metrics", f"127.0.0.1:{mport}", "--io", io, upstream=url)
+    front = Daemon("--metrics", f"127.0.0.1:{mport}", "--io", io, upstream=url)
     conns = [connect(front.url) for _ in range(4)]
     try:
         on_stream = f"/queues/{stream}"
@@ -206,9 +204,9 @@ def test_rabbitmq_stream_evaluates_the_filters_its_attach_reply_offers(rabbitmq_
         # the stream sent the first two links only their matches (1 + 3), the third every message (12)
         assert counted(mport, on_stream, "broker_filter_messages_filtered_out_total", 11) == 11
         text = scrape(mport)
-        assert value(text, "broker_filter_messages_received_total", address=on_stream) == 1 + 3 + 12
-        assert value(text, "broker_filter_messages_forwarded_total", address=on_stream) == 1 + 3 + 1
-        assert value(text, "broker_filter_messages_received_total", address=on_queue) >= 12  # not pushed
+        assert metric_value(text, "broker_filter_messages_received_total", address=on_stream) == 1 + 3 + 12
+        assert metric_value(text, "broker_filter_messages_forwarded_total", address=on_stream) == 1 + 3 + 1
+        assert metric_value(text, "broker_filter_messages_received_total", address=on_queue) >= 12  # not pushed
         assert pushdown(mport, "properties", "upstream") == 1
         assert pushdown(mport, "application-properties", "upstream") == 1
         assert pushdown(mport, "sql", "upstream") == 1

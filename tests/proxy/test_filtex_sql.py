@@ -11,12 +11,10 @@ from proton import Described, Message, symbol, ulong
 from proton.reactor import Filter
 from proton.utils import LinkDetached
 
-from proxy_clients import connect, receive
+from clients import connect, receive_until_quiet, rhea_publish_regions, run_js
 
 SQL = symbol("amqp:sql-filter")
 SQL_CODE = ulong(0x120)
-
-from test_filtex import daemon  # noqa: E402,F401 - the same fixture: embedded broker and RabbitMQ
 
 
 def messages(n=12):
@@ -33,7 +31,7 @@ def _echo(receiver):
 
 
 def _drain(r, n):
-    return [m.body for m in receive(r, count=n, idle=5, limit=20)] + [m.body for m in receive(r, idle=0.5, limit=2)]
+    return [m.body for m in receive_until_quiet(r, at_most=n, idle=5, limit=20)] + [m.body for m in receive_until_quiet(r, idle=0.5, limit=2)]
 
 
 def test_topic_exact_sets_and_echoes(daemon):
@@ -101,8 +99,6 @@ def test_invalid_sql_filter_is_refused(daemon):
 
 @pytest.mark.node
 def test_rhea_sql_filter(daemon):
-    from proxy_clients import rhea_publish_regions, run_js
-
     queue = daemon.forms[1].format(f"sqr{uuid.uuid4().hex[:8]}")
     rhea_publish_regions(daemon.port, queue)
     lines = run_js("receive.js", str(daemon.port), queue, "sql:p.subject LIKE 'eu.%' AND total > 40", "3", "8000")

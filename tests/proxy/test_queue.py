@@ -7,8 +7,9 @@ import pytest
 from proton import Message
 from proton.reactor import Selector
 
-from proxy_harness import Proxy
-from proxy_clients import connect, receive, receive_all, take
+from clients import connect, receive_from_each, receive_n_and_extras, receive_until_quiet
+from launcher import Daemon
+from rabbitmq_nodes import rabbitmqctl
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -18,7 +19,7 @@ COLORS = ["red", "blue", "green", None]
 @pytest.fixture(scope="module")
 def small_window_proxy(rabbitmq):
     # A window far smaller than the backlog, so holding, blocking and recycling all happen.
-    p = Proxy("--set", "limits.upstream_window=20")
+    p = Daemon("--set", "limits.upstream_window=20", upstream=rabbitmq)
     yield p
     p.stop()
     assert "Traceback" not in p.log(), p.log()
@@ -37,7 +38,7 @@ def test_competing_filtered_consumers(small_window_proxy, rabbitmq, address):
             color = COLORS[i % 4]
             sender.send(Message(body=i, properties={"i": i, **({"color": color} if color else {})}))
 
-        got = receive_all({"red": red, "blue": blue}, expect=n // 2)
+        got = receive_from_each({"red": red, "blue": blue}, expect=n // 2)
         reds = [m.body for m in got["red"]]
         blues = [m.body for m in got["blue"]]
         assert sorted(reds) == [i for i in range(n) if i % 4 == 0]  # every red, once, to red only
@@ -46,14 +47,14 @@ def test_competing_filtered_consumers(small_window_proxy, rabbitmq, address):
 
         # A consumer arriving later gets the messages that waited for it.
         green = c.create_receiver(q, credit=10, options=Selector("color = 'green'"))
-        greens = [m.body for m in receive_all({"green": green}, expect=n // 4)["green"]]
+        greens = [m.body for m in receive_from_each({"green": green}, expect=n // 4)["green"]]
         assert sorted(greens) == [i for i in range(n) if i % 4 == 2]
 
         # Nobody took the colourless ones: they are all still in the queue, exactly once each.
         a.close()
         b.close()
         c.close()
-        rest = take(direct.create_receiver(q, credit=100), n // 4)
+        rest = receive_n_and_extras(direct.create_receiver(q, credit=100), n // 4)
         assert sorted(m.body for m in rest) == [i for i in range(n) if i % 4 == 3]
     finally:
         for conn in (a, b, c, direct):
@@ -75,7 +76,7 @@ def test_released_message_goes_to_the_next_matching_consumer(proxy, address):
         first.release()
         a.close()
         second = b.create_receiver(q, credit=5, options=Selector("n = 1"))
-        assert [x.body for x in receive(second, count=1)] == ["only"]
+        assert [x.body for x in receive_until_quiet(second, at_most=1)] == ["only"]
     finally:
         for conn in (a, b):
             try:
@@ -100,11 +101,11 @@ def test_topic_fan_out_to_twenty_receivers_with_different_selectors(proxy):
             s.send(Message(body=i, subject=tag, properties={"n": i, **{f"m{k}": i % (k + 1) == 0 for k in range(20)}}))
         for k, r in receivers.items():
             want = [i for i in range(60) if i % (k + 1) == 0 and i < 40 + k]
-            got = [m.body for m in take(r, len(want), extra_wait=0.1)]
+            got = [m.body for m in receive_n_and_extras(r, len(want), extra_wait=0.1)]
             assert got == want, k
         # nothing extra arrives
         for r in receivers.values():
-            assert receive(r, idle=0.2) == []
+            assert receive_until_quiet(r, idle=0.2) == []
     finally:
         conn.close()
 
@@ -113,9 +114,8 @@ def test_upstream_holds_never_exceed_client_credit_plus_window(rabbitmq, address
     """Against RabbitMQ's own count of unacknowledged messages: the proxy takes at most credit + window."""
     import time
 
-    from proxy_harness import rabbitmqctl
 
-    p = Proxy("--set", "limits.upstream_window=20")
+    p = Daemon("--set", "limits.upstream_window=20", upstream=rabbitmq)
     q = f"/queue/{address}"
     c = connect(p.url)
     direct = connect(rabbitmq)
@@ -123,7 +123,7 @@ def test_upstream_holds_never_exceed_client_credit_plus_window(rabbitmq, address
         s = direct.create_sender(q)
         for i in range(300):
             s.send(Message(body=i, properties={"n": i}))
-        c.create_receiver(q, credit=5, options=Selector("n >= 0"))  # grants 5, never more (no receive())
+        c.create_receiver(q, credit=5, options=Selector("n >= 0"))  # grants 5, never more (no receive_until_quiet())
         time.sleep(1.5)
         out = rabbitmqctl("list_queues", "name", "messages_unacknowledged").stdout
         (unacked,) = [int(line.split()[1]) for line in out.splitlines() if line.startswith(address)]

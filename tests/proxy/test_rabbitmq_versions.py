@@ -12,7 +12,7 @@ from proton import Delivery, Message
 from proton.reactor import Selector
 from proton.utils import LinkDetached
 
-from proxy_clients import bind_queue, connect, declare_queue, receive, receive_all, take
+from clients import bind_queue, connect, declare_queue, receive_from_each, receive_n_and_extras, receive_until_quiet
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -46,15 +46,15 @@ def test_modified_delivery_failed_on_a_queue_is_redelivered_by_the_proxy_with_th
         r = c.create_receiver(address, credit=1, options=Selector("n >= 0"))
         s = c.create_sender(address)
         s.send(Message(body="m", properties={"n": 1}))
-        (first,) = take(r, 1, accept=False)
+        (first,) = receive_n_and_extras(r, 1, accept=False)
         assert first.delivery_count == 0
         _settle_modified(r, delivery_failed=True, undeliverable_here=False)
-        (again,) = take(r, 1, accept=False)
+        (again,) = receive_n_and_extras(r, 1, accept=False)
         assert again.body == "m" and again.first_acquirer is False
         assert again.delivery_count == 1
         r.accept()
         s.send(Message(body="after", properties={"n": 2}))  # the upstream session is still there
-        assert [m.body for m in take(r, 1)] == ["after"]
+        assert [m.body for m in receive_n_and_extras(r, 1)] == ["after"]
     finally:
         c.close()
     assert "connected (RabbitMQ " + rabbitmq_broker.version in proxy.log()
@@ -70,9 +70,9 @@ def test_modified_undeliverable_here_on_a_subscription(proxy, rabbitmq_broker):
         r = c.create_receiver(f"/topic/{topic}", credit=1, options=Selector("n >= 0"))
         s = c.create_sender(f"/topic/{topic}")
         s.send(Message(body="once", subject=topic, properties={"n": 1}))
-        assert [m.body for m in take(r, 1, accept=False, extra_wait=0)] == ["once"]
+        assert [m.body for m in receive_n_and_extras(r, 1, accept=False, extra_wait=0)] == ["once"]
         _settle_modified(r, delivery_failed=True, undeliverable_here=True)
-        back = [m.body for m in receive(r, idle=1.5, limit=5)]
+        back = [m.body for m in receive_until_quiet(r, idle=1.5, limit=5)]
         assert back == ([] if rabbitmq_broker.major >= 4 else ["once"])
     finally:
         c.close()
@@ -91,7 +91,7 @@ def test_quick_link_churn_every_attach_is_answered(proxy, address):
             s.send(Message(body=i, properties={"n": i}))
             s.close()
             r = c.create_receiver(q, name=f"r{i}", credit=1, options=Selector(f"n = {i}"))
-            assert [m.body for m in take(r, 1, extra_wait=0)] == [i]
+            assert [m.body for m in receive_n_and_extras(r, 1, extra_wait=0)] == [i]
             r.close()
     finally:
         c.close()
@@ -113,7 +113,7 @@ def test_v2_addresses_competing_filtered_consumers_and_exchange_publishing(proxy
         via_exchange = p.create_sender(f"/exchanges/amq.topic/{key}")
         for i in range(20):
             (direct if i < 10 else via_exchange).send(Message(body=i, properties={"odd": i % 2 == 1}))
-        got = receive_all({"odd": odd, "even": even}, expect=20)
+        got = receive_from_each({"odd": odd, "even": even}, expect=20)
         assert sorted(m.body for m in got["odd"]) == list(range(1, 20, 2))
         assert sorted(m.body for m in got["even"]) == list(range(0, 20, 2))
     finally:
@@ -139,7 +139,7 @@ def test_v2_missing_queue_refuses_only_that_link(proxy4, rabbitmq4):
         # the client's other link, its connection and the proxy's upstream connection are untouched
         s = c.create_sender(f"/queues/{q}")
         s.send(Message(body="still", properties={"n": 1}))
-        assert [m.body for m in take(working, 1)] == ["still"]
+        assert [m.body for m in receive_n_and_extras(working, 1)] == ["still"]
     finally:
         c.close()
     assert proxy4.log().count("connected (RabbitMQ 4.") == 1  # no reconnect happened

@@ -19,11 +19,8 @@ import pytest
 from proton import Message
 from proton.reactor import Selector
 
-from proxy_clients import bind_queue, connect, declare_queue, receive
-from proxy_harness import Proxy
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "embedded"))
-from embedkit import Capabilities  # noqa: E402
+from clients import Capabilities, bind_queue, connect, declare_queue, receive_until_quiet
+from launcher import Daemon
 
 N = 12  # messages per cell: i = 0..11, k = i % 3
 
@@ -112,7 +109,7 @@ def rules_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def embedded_daemon(rules_file):
-    p = Proxy("--config", rules_file, upstream=None)
+    p = Daemon("--config", rules_file)
     yield p
     p.stop()
     assert "Traceback" not in p.log(), p.log()
@@ -120,8 +117,8 @@ def embedded_daemon(rules_file):
 
 @pytest.fixture(scope="module")
 def chained_daemon():
-    inner = Proxy("--set", "embedded.default_routing_type=multicast", upstream=None)
-    outer = Proxy(upstream=inner.url)
+    inner = Daemon("--set", "embedded.default_routing_type=multicast")
+    outer = Daemon(upstream=inner.url)
     yield outer
     outer.stop()
     inner.stop()
@@ -131,7 +128,7 @@ def chained_daemon():
 
 @pytest.fixture(scope="module")
 def rabbitmq_daemon(rabbitmq):
-    p = Proxy()
+    p = Daemon(upstream=rabbitmq)
     yield p
     p.stop()
     assert "Traceback" not in p.log(), p.log()
@@ -154,8 +151,8 @@ def run_cell(url: str, form: Form, pair: tuple, broker_url: str | None = None) -
             sender.send(Message(id=f"m{i}", body=i, properties={"k": i % 3}))
         selected = [{i for i in range(N) if selects(s, i)} for s in pair]
         if form.subscription:
-            got = [[m.body for m in receive(r, count=len(want), idle=5, limit=20)] for r, want in zip(receivers, selected)]
-            got = [g + [m.body for m in receive(r, idle=0.3, limit=2)] for g, r in zip(got, receivers)]
+            got = [[m.body for m in receive_until_quiet(r, at_most=len(want), idle=5, limit=20)] for r, want in zip(receivers, selected)]
+            got = [g + [m.body for m in receive_until_quiet(r, idle=0.3, limit=2)] for g, r in zip(got, receivers)]
             for g, want, selector in zip(got, selected, pair):
                 assert sorted(g) == sorted(want), f"{form.name}: receiver {selector!r} got {sorted(g)}"
         else:
@@ -163,11 +160,11 @@ def run_cell(url: str, form: Form, pair: tuple, broker_url: str | None = None) -
             got = [[] for _ in receivers]
             for _ in range(40):
                 for g, r in zip(got, receivers):
-                    g.extend(m.body for m in receive(r, idle=0.1, limit=1))
+                    g.extend(m.body for m in receive_until_quiet(r, idle=0.1, limit=1))
                 if sum(len(g) for g in got) >= len(want_all):
                     break
             for g, r in zip(got, receivers):
-                g.extend(m.body for m in receive(r, idle=0.3, limit=2))
+                g.extend(m.body for m in receive_until_quiet(r, idle=0.3, limit=2))
             seen = [i for g in got for i in g]
             assert len(seen) == len(set(seen)), f"{form.name}: a queue message went to both receivers: {got}"
             assert set(seen) == want_all, f"{form.name}: receivers got {got}, expected together {sorted(want_all)}"

@@ -18,8 +18,8 @@ import pytest
 from proton import Message
 from proton.reactor import Selector
 
-from proxy_clients import connect, receive
-from proxy_harness import Proxy
+from clients import connect, receive_until_quiet
+from launcher import Daemon
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -37,7 +37,7 @@ MESSAGES = int(os.environ.get("BROKER_FILTER_SOAK_MESSAGES", "400"))
 def test_random_clients_lose_nothing_and_duplicate_nothing(rabbitmq):
     rnd = random.Random(SEED * 1_000_003 + MESSAGES)
     replay = f"replay: BROKER_FILTER_SOAK_SEED={SEED} BROKER_FILTER_SOAK_MESSAGES={MESSAGES}"
-    proxy = Proxy("--set", "limits.upstream_window=8")
+    proxy = Daemon("--set", "limits.upstream_window=8", upstream=rabbitmq)
     q = f"/queue/soak-{uuid.uuid4().hex[:8]}"
     published: set[int] = set()
     received: list[int] = []
@@ -62,7 +62,7 @@ def test_random_clients_lose_nothing_and_duplicate_nothing(rabbitmq):
                 receivers.append((r, text))
             elif receivers:
                 r, text = receivers.pop(rnd.randrange(len(receivers)))
-                for m in receive(r, idle=0.2, limit=2):
+                for m in receive_until_quiet(r, idle=0.2, limit=2):
                     assert SELECTS[text](m.properties["c"]), (text, m.properties, replay)
                     received.append(m.body)
                 if rnd.random() < 0.5:
@@ -70,7 +70,7 @@ def test_random_clients_lose_nothing_and_duplicate_nothing(rabbitmq):
                 else:
                     r.link.detach()
         for r, text in receivers:
-            for m in receive(r, idle=0.2, limit=2):
+            for m in receive_until_quiet(r, idle=0.2, limit=2):
                 assert SELECTS[text](m.properties["c"]), (text, m.properties, replay)
                 received.append(m.body)
     finally:
@@ -79,7 +79,7 @@ def test_random_clients_lose_nothing_and_duplicate_nothing(rabbitmq):
         proxy.stop()
     direct = connect(rabbitmq)
     try:
-        rest = [m.body for m in receive(direct.create_receiver(q, credit=500), idle=2.0, limit=60)]
+        rest = [m.body for m in receive_until_quiet(direct.create_receiver(q, credit=500), idle=2.0, limit=60)]
     finally:
         direct.close()
     counts = collections.Counter(received + rest)

@@ -1,17 +1,12 @@
-"""Helpers for the streaming tests: publishing numbered messages, reading them back, waiting."""
+"""Helpers for the streaming tests: publishing numbered messages, waiting, reading the archive."""
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
-from pathlib import Path
 
 from proton import Message
 from proton.utils import BlockingConnection
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "proxy"))
-from proxy_clients import receive  # noqa: E402
 
 REGIONS = ("eu", "us", "asia")
 
@@ -32,15 +27,6 @@ def publish(url: str, address: str, numbers) -> None:
         snd = conn.create_sender(address)
         for i in numbers:
             snd.send(Message(body=f"m{i}", properties=properties(i), subject=f"s{i}"))
-    finally:
-        conn.close()
-
-
-def drain(url: str, address: str, idle: float = 1.0, limit: float = 30.0) -> list[Message]:
-    """Every message the address delivers until none comes for `idle` seconds (accepted)."""
-    conn = BlockingConnection(url, timeout=20)
-    try:
-        return receive(conn.create_receiver(address, credit=100), idle=idle, limit=limit)
     finally:
         conn.close()
 

@@ -16,7 +16,8 @@ from broker_filter.spark import register
 from broker_filter.spark.ingest import run_until_idle, start_ingest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from streamkit import archived_numbers, drain, fresh, properties, publish, wait_for  # noqa: E402
+from clients import drain  # noqa: E402
+from streamkit import archived_numbers, fresh, properties, publish, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -146,7 +147,7 @@ def test_unreadable_message_is_rejected_and_an_unreachable_broker_fails_the_quer
 
 def unacknowledged(queue: str) -> int | None:
     """RabbitMQ's count of delivered, unsettled messages of a queue."""
-    from proxy_harness import RABBITMQ3  # the node of the `rabbitmq` fixture here (tests/proxy also runs 4.0)
+    from rabbitmq_nodes import RABBITMQ3  # the node of the `rabbitmq` fixture here (tests/proxy also runs 4.0)
 
     for _ in range(3):  # rabbitmqctl itself can time out on a loaded machine
         r = RABBITMQ3.ctl("list_queues", "name", "messages_unacknowledged", "--quiet")

@@ -17,7 +17,8 @@ from broker_filter.archive.parquet import archive_files
 from broker_filter.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from streamkit import archived_numbers, drain, fresh, properties, publish, wait_for  # noqa: E402
+from clients import drain  # noqa: E402
+from streamkit import archived_numbers, fresh, properties, publish, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.rabbitmq]
 

@@ -1,0 +1,71 @@
+"""The RabbitMQ nodes the tests use as upstreams: the system's 3.10 on 5672, 4.0 from its trixie
+chroot on 5682 (scripts/rabbitmq4.sh controls it), and optionally the newest Debian ships on 5692
+(scripts/rabbitmq-latest.sh)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RABBIT_ENV = {
+    "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+    "ERL_EPMD_ADDRESS": "127.0.0.1",
+    "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+}
+RABBITMQ4_ROOT = Path(os.environ.get("BROKER_FILTER_RABBITMQ4_ROOT", "/opt/broker-filter-trixie"))
+
+
+class Broker:
+    """A RabbitMQ node: its version, AMQP port and URL, and rabbitmqctl against it."""
+
+    def __init__(self, version: str, port: int, ctl: list[str], env: dict | None = None):
+        self.version = version
+        self.major = int(version.split(".")[0])
+        self.port = port
+        self.url = f"amqp://guest:guest@127.0.0.1:{port}"
+        self._ctl = ctl
+        self._env = env or {}
+
+    def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """rabbitmqctl against this node."""
+        return subprocess.run([*self._ctl, *args], env={**os.environ, **self._env}, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"RabbitMQ {self.version} on 127.0.0.1:{self.port}"
+
+
+RABBITMQ3 = Broker("3.10", 5672, ["rabbitmqctl"], RABBIT_ENV)
+RABBITMQ4 = Broker("4.0", 5682, ["bash", str(ROOT / "scripts" / "rabbitmq4.sh"), "ctl"])
+# Optional: the newest RabbitMQ Debian ships (4.1+: filter expressions on streams), from its own chroot.
+RABBITMQ_LATEST_ROOT = Path(os.environ.get("BROKER_FILTER_RABBITMQ_LATEST_ROOT", "/opt/broker-filter-sid"))
+RABBITMQ_LATEST = Broker("4.1+", 5692, ["bash", str(ROOT / "scripts" / "rabbitmq-latest.sh"), "ctl"])
+# The node of the RabbitMQ run in progress (tests/proxy's `rabbitmq_broker` fixture sets it):
+# `rabbitmqctl` and `amqp10_ready` default to it.
+current = RABBITMQ3
+
+
+def rabbitmqctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return current.ctl(*args, timeout=timeout)
+
+
+def amqp10_ready(timeout: float = 30, broker: Broker | None = None) -> dict:
+    """The broker accepts AMQP 1.0 connections; returns its open frame's properties."""
+    from proton.utils import BlockingConnection
+
+    url = (broker or current).url
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            c = BlockingConnection(url, timeout=3)
+            props = {str(k): v for k, v in (c.conn.remote_properties or {}).items()}
+            c.close()
+            return props
+        except Exception as e:  # not up yet
+            last = e
+            time.sleep(0.3)
+    raise TimeoutError(f"RabbitMQ AMQP 1.0 on {url} not ready: {last}")
