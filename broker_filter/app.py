@@ -191,6 +191,7 @@ class App:
             in_flight=self._in_flight,
             stop_accepting=self._stop_accepting,
             before_stop=self._before_stop,
+            upstream_closing=lambda: bool(getattr(self.upstream, "closing", lambda: False)()),
             health=getattr(self, "health", None),
         )
         self.shutdown = shutdown

@@ -6,7 +6,9 @@ alone.  There the listener stops accepting, `/readyz` turns 503, and the daemon 
 delivery is in flight (sent to a client and not yet settled, or published by a client and not yet
 settled upstream) or `shutdown.grace_period` has passed.  Then every client link is detached and
 every client connection closed with `amqp:connection:forced` ("broker-filter is shutting down"),
-the upstream is stopped, and once the closes are written (at most a second) the loop ends: exit
+the upstream is stopped, and once the client connections are closed and the upstream broker has
+answered the upstream connection's close (at most two seconds; the outcomes written before that
+close have then reached it) the loop ends: exit
 status 0.  Deliveries still unsettled at that point go back to the upstream broker, which redelivers
 them (at-least-once).  A second signal forces: the loop is interrupted wherever it is and the
 daemon exits with 128 + the signal number.
@@ -28,7 +30,7 @@ log = logging.getLogger("broker_filter.lifecycle")
 
 SHUTDOWN_CONDITION = "amqp:connection:forced"
 SHUTDOWN_DESCRIPTION = "broker-filter is shutting down"
-_CLOSE_WAIT = 1.0
+_CLOSE_WAIT = 2.0
 _POLL = 0.1
 
 
@@ -112,6 +114,7 @@ class GracefulShutdown:
         in_flight: Callable[[], int],
         stop_accepting: Callable[[], None],
         before_stop: Callable[[], None] = lambda: None,
+        upstream_closing: Callable[[], bool] = lambda: False,
         health: Any = None,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -121,6 +124,7 @@ class GracefulShutdown:
         self._in_flight = in_flight
         self._stop_accepting = stop_accepting
         self._before_stop = before_stop
+        self._upstream_closing = upstream_closing
         self.health = health
         self._clock = clock
         self._pipe = WakePipe()
@@ -225,7 +229,10 @@ class GracefulShutdown:
         self._closing()
 
     def _closing(self) -> None:
-        if self._registry.connections and self._clock() < self._deadline:
+        # The upstream's close is waited for too: the outcomes written just before it (a move's
+        # accepted original) must reach the broker, or it would redeliver what was settled.
+        busy = self._registry.connections or self._upstream_closing()
+        if busy and self._clock() < self._deadline:
             self._container.schedule(_POLL, self)
             return
         self._stop()

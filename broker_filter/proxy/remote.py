@@ -314,6 +314,10 @@ class RemoteUpstream(Handler):
         if self.connection is not None:
             self.connection.close()
 
+    def closing(self) -> bool:
+        """Stopped, and the connection's close not yet answered (or the socket not yet closed)."""
+        return self.stopped and self.connection is not None
+
     def can_evaluate(self, entry: Any) -> bool:
         kind = getattr(entry, "kind", None)
         if self.configured_pushdown is not None:
