@@ -8,9 +8,8 @@ settled upstream) or `shutdown.grace_period` has passed.  Then every client link
 every client connection closed with `amqp:connection:forced` ("broker-filter is shutting down"),
 the upstream is stopped, and once the client connections are closed and the upstream broker has
 answered the upstream connection's close (at most two seconds; the outcomes written before that
-close have then reached it) the loop ends: exit
-status 0.  Deliveries still unsettled at that point go back to the upstream broker, which redelivers
-them (at-least-once).  A second signal forces: the loop is interrupted wherever it is and the
+close have then reached it) the loop ends: exit status 0.  Deliveries still unsettled at that point
+go back to the upstream broker, which redelivers them (at-least-once).  A second signal forces: the loop is interrupted wherever it is and the
 daemon exits with 128 + the signal number.
 """
 

@@ -427,7 +427,7 @@ class RemoteUpstream(Handler):
         if (self.connection is None or session.connection != self.connection or session in self._idle
                 or session.state & (Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED)):
             return
-        session.bf_idle_since = _now()
+        session.bf_idle_since = time.monotonic()
         self._idle.append(session)
         if self._idle_timer is None:
             self._idle_timer = self.loop.call_later(SESSION_IDLE, self._end_idle)
@@ -435,7 +435,7 @@ class RemoteUpstream(Handler):
     def _end_idle(self) -> None:
         """End the sessions idle for SESSION_IDLE seconds; look again while some are left."""
         self._idle_timer = None
-        cutoff = _now() - SESSION_IDLE
+        cutoff = time.monotonic() - SESSION_IDLE
         keep = []
         for session in self._idle:
             if session.bf_idle_since <= cutoff:
@@ -446,7 +446,7 @@ class RemoteUpstream(Handler):
         self._idle = keep
         if keep:
             self._idle_timer = self.loop.call_later(
-                max(0.1, keep[0].bf_idle_since + SESSION_IDLE - _now()), self._end_idle)
+                max(0.1, keep[0].bf_idle_since + SESSION_IDLE - time.monotonic()), self._end_idle)
 
     def _begin_waiting(self) -> None:
         if self._ended:
@@ -780,10 +780,6 @@ def _endpoint(link) -> Any:
         return link.bf_endpoint
     except AttributeError:
         return None
-
-
-def _now() -> float:
-    return time.monotonic()
 
 
 def _major(version: str | None) -> int:

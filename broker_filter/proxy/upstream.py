@@ -265,6 +265,8 @@ class Upstream(Protocol):
 
     # Optional: `can_offer(entry) -> bool`, True when the filtex entry may go on the upstream attach
     # for the reply to decide (`ConsumerSpec.offered`); an upstream without it is offered nothing.
+    # Optional: `closing() -> bool`, True after `stop()` while the upstream still closes its
+    # connection (the shutdown waits for it, so outcomes written before the close reach the broker).
 
     def routing_type(self, address: str | None, capabilities: Sequence[str] = ()) -> str | None:
         """What a consumer of `address` gets in this upstream's address model, known before it
