@@ -41,6 +41,12 @@ from .security import PasswordHashError, parse_password_hash, redact_text, redac
 
 ENV_PREFIX = "BROKER_FILTER_"
 CONFIG_ENV = "BROKER_FILTER_CONFIG"
+# Variables the daemon once read and no longer does: set, they stop it with the reason rather than
+# being ignored.
+RETIRED_ENV = {
+    "BROKER_FILTER_IO": "no longer read: the daemon always runs on proton-c's engine (the `--io container` "
+                        "loop is gone); unset it",
+}
 
 
 class ConfigError(ValueError):
@@ -844,6 +850,9 @@ def read_file(path: str) -> dict:
 
 def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] = os.environ) -> Config:
     """The effective configuration: defaults < TOML file < environment < command-line flags."""
+    for name, reason in RETIRED_ENV.items():
+        if name in environ:
+            raise ConfigError(f"environment variable {name}", reason)
     path = getattr(args, "config", None) or environ.get(CONFIG_ENV) or None
     raw: dict = read_file(path) if path else {}
     leaves = dict(_leaves())
