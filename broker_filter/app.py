@@ -18,6 +18,7 @@ from typing import Any
 from .engine.container import EngineContainer, client_ssl_context
 from .engine.container import listen as engine_listen
 from .proxy.loop import ProtonLoop
+from .workers import worker_index
 from .proxy.remote import RemoteUpstream
 from .proxy.server import ProxyServer
 
@@ -59,6 +60,9 @@ class App:
         secure = any(u.startswith("amqps:") for u in config.upstream.urls)
         self.container = EngineContainer(
             self.instance, client_tls=client_ssl_context(config.upstream.tls) if secure else None)
+        self.worker = worker_index()
+        if self.worker is not None:  # one of `listener.workers`: the port is shared (broker_filter.workers)
+            self.container.loop.reuse_port = True
         self.loop = ProtonLoop(self.container)
         self.journal = None
         if config.journal.enabled:  # pyarrow (the [journal] extra) is imported only then
@@ -118,7 +122,10 @@ class App:
         from .metrics import Health, serve_http
 
         self.health = Health(self.metrics)
-        self.exporter = serve_http(self.metrics, self.health, self.config.metrics.host, self.config.metrics.port)
+        port = self.config.metrics.port
+        if port and self.worker is not None:  # one exporter per worker: the configured port + its index
+            port += self.worker
+        self.exporter = serve_http(self.metrics, self.health, self.config.metrics.host, port)
         self.loop.call_later(1.0, self._publish_snapshot)
 
     def _publish_snapshot(self) -> None:

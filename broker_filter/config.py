@@ -147,6 +147,13 @@ class Listener:
         secret=True,
         shown_default="{}",
     )
+    workers: int = setting(
+        1,
+        "worker processes serving this listener on one port (`SO_REUSEPORT`, Linux), each a daemon of its "
+        "own under a supervising parent; more than 1 needs `upstream.urls` and no journal",
+        kind="int",
+        minimum=1,
+    )
     tls: ListenerTLS = section(ListenerTLS, "TLS on the client listener")
 
     @property
@@ -754,6 +761,11 @@ def _check(config: Config) -> None:
         _check_file(f"upstream.tls.{name}", getattr(upstream.tls, name))
     if upstream.reconnect.max_delay < upstream.reconnect.initial_delay:
         raise ConfigError("upstream.reconnect.max_delay", "must be >= upstream.reconnect.initial_delay")
+    if listener.workers > 1 and not config.upstream.urls:
+        raise ConfigError("listener.workers", "several workers need an upstream broker (upstream.urls): the "
+                          "embedded broker's addresses live in one process")
+    if listener.workers > 1 and config.journal.enabled:
+        raise ConfigError("listener.workers", "several workers cannot share one journal (journal.enabled)")
     if config.journal.enabled and not config.journal.directory:
         raise ConfigError("journal.directory", "is required when journal.enabled = true")
     if config.journal.enabled:

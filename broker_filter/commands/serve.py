@@ -22,7 +22,10 @@ def run(args: argparse.Namespace) -> int:
     from .. import logs
     from ..app import App
     from ..config import load_for_cli
+    from ..workers import Supervisor, worker_index
 
     config = load_for_cli(args)
     logs.configure_from(config)
+    if config.listener.workers > 1 and worker_index() is None:
+        return Supervisor(config).run()
     return App(config).run()
