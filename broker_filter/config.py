@@ -894,7 +894,8 @@ def _apply_flags(raw: dict, args: argparse.Namespace, leaves: Mapping[str, Any])
     if upstream is not None:
         urls = [u for u in upstream if u]
         _set(raw, "upstream.urls", urls)
-    for flag, key in (("metrics", "metrics.listen"), ("log_format", "logging.format"), ("log_level", "logging.level")):
+    for flag, key in (("metrics", "metrics.listen"), ("log_format", "logging.format"), ("log_level", "logging.level"),
+                      ("workers", "listener.workers")):
         value = getattr(args, flag, None)
         if value is not None:
             _set(raw, key, _Text(value, f"--{flag.replace('_', '-')}"))
@@ -926,6 +927,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="upstream broker amqp[s]://[user:pass@]host[:port]; repeat for failover (default: embedded broker)",
     )
     group.add_argument("--metrics", metavar="HOST:PORT", help="HTTP exporter for /metrics, /healthz, /readyz")
+    group.add_argument("--workers", metavar="N", help="worker processes on the listener's port (listener.workers)")
     group.add_argument("--log-format", choices=("text", "json"), help="log line format (default text)")
     group.add_argument(
         "--log-level", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), help="default INFO"

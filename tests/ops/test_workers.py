@@ -60,15 +60,17 @@ def wait_until(condition, timeout: float, what: str):
 
 
 def start(rabbitmq: str) -> Daemon:
-    daemon = Daemon("--set", "listener.workers=2", upstream=rabbitmq)
+    daemon = Daemon("--workers", "2", upstream=rabbitmq)
     wait_until(lambda: daemon.log().count("connected (") >= 2, 30, "both workers' upstream connections")
     wait_until(lambda: len(workers_of(daemon.proc.pid)) == 2, 10, "two workers")
     return daemon
 
 
-def serve_filtered(url: str, base: str) -> dict[str, list]:
+def serve_filtered(url: str, prefix: str) -> str:
     """On CONNECTIONS connections: a receiver with `color = 'red'` on its own queue, and a sender
-    of two red and two blue messages; returns what each receiver got, by queue."""
+    of two red and two blue messages; each receiver must get its two red ones.  Returns the queues'
+    common name."""
+    base = f"{prefix}-{uuid.uuid4().hex[:8]}"
     connections = [BlockingConnection(url, timeout=30) for _ in range(CONNECTIONS)]
     try:
         receivers = {}
@@ -79,11 +81,13 @@ def serve_filtered(url: str, base: str) -> dict[str, list]:
             sender = conn.create_sender(f"/queue/{base}-{i}")
             for n, color in enumerate(("red", "blue", "red", "blue")):
                 sender.send(Message(body=f"{i}-{n}-{color}", properties={"color": color}))
-        return {a: sorted(m.body for m in receive_n_and_extras(r, 2, extra_wait=0.5, limit=30))
-                for a, r in receivers.items()}
+        got = {a: sorted(m.body for m in receive_n_and_extras(r, 2, extra_wait=0.5, limit=30))
+               for a, r in receivers.items()}
     finally:
         for conn in connections:
             conn.close()
+    assert got == {f"/queue/{base}-{i}": [f"{i}-0-red", f"{i}-2-red"] for i in range(CONNECTIONS)}
+    return base
 
 
 def test_two_workers_share_the_port_serve_filtered_consumers_and_drain_on_sigterm(rabbitmq):
@@ -98,9 +102,7 @@ def test_two_workers_share_the_port_serve_filtered_consumers_and_drain_on_sigter
             conn.close()
         assert sum(landed.values()) >= CONNECTIONS and all(n > 0 for n in landed.values()), landed
 
-        base = f"workers-{uuid.uuid4().hex[:8]}"
-        got = serve_filtered(daemon.url, base)
-        assert got == {f"/queue/{base}-{i}": [f"{i}-0-red", f"{i}-2-red"] for i in range(CONNECTIONS)}
+        base = serve_filtered(daemon.url, "workers")
     finally:
         status = daemon.stop()
     assert status == 0, daemon.log()
@@ -121,9 +123,7 @@ def test_a_killed_worker_is_started_again_and_service_goes_on(rabbitmq):
             workers_of(daemon.proc.pid)), 30, "a new worker")
         assert replaced & first == first - {victim}
         wait_until(lambda: daemon.log().count("connected (") >= 3, 30, "the new worker's upstream connection")
-        base = f"restarted-{uuid.uuid4().hex[:8]}"
-        got = serve_filtered(daemon.url, base)
-        assert got == {f"/queue/{base}-{i}": [f"{i}-0-red", f"{i}-2-red"] for i in range(CONNECTIONS)}
+        serve_filtered(daemon.url, "restarted")
     finally:
         status = daemon.stop()
     assert status == 0, daemon.log()
