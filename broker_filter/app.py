@@ -53,6 +53,10 @@ def build_upstream(config: Any) -> Any:
     return EmbeddedUpstream.from_config(config.embedded)
 
 
+class StartError(Exception):
+    """A socket the configuration names cannot be opened (the message names the setting)."""
+
+
 class App:
     def __init__(self, config: Any, *, instance: str | None = None):
         self.config = config
@@ -107,10 +111,14 @@ class App:
             check = UpstreamLogin(self.container, self.config.upstream.urls)
         # SASL (PLAIN users, EXTERNAL, the anonymous policy) and TLS as configured in [listener].
         self.registry = ConnectionRegistry(handler)
-        self.acceptor = engine_listen(self.container, self.config.listener, self.registry, passthrough=check,
-                                      max_connections=self.config.limits.connections,
-                                      handshake_timeout=self.config.limits.handshake_timeout,
-                                      on_refused=self._refused)
+        try:
+            self.acceptor = engine_listen(self.container, self.config.listener, self.registry, passthrough=check,
+                                          max_connections=self.config.limits.connections,
+                                          handshake_timeout=self.config.limits.handshake_timeout,
+                                          on_refused=self._refused)
+        except OSError as e:
+            raise StartError(f"listener: cannot listen on {host}:{self.config.listener.port}: "
+                             f"{e.strerror or e}") from None
         self.port = self.acceptor.port
         self.upstream.start(self.loop, self.server)
         log.info("listening on %s:%s, upstream %s, instance %s", host, self.port, self.upstream.name,
@@ -125,7 +133,11 @@ class App:
         port = self.config.metrics.port
         if port and self.worker is not None:  # one exporter per worker: the configured port + its index
             port += self.worker
-        self.exporter = serve_http(self.metrics, self.health, self.config.metrics.host, port)
+        try:
+            self.exporter = serve_http(self.metrics, self.health, self.config.metrics.host, port)
+        except OSError as e:
+            raise StartError(f"metrics.listen: cannot listen on {self.config.metrics.host}:{port}: "
+                             f"{e.strerror or e}") from None
         self.loop.call_later(1.0, self._publish_snapshot)
 
     def _publish_snapshot(self) -> None:

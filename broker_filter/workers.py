@@ -15,6 +15,8 @@ Signals: SIGTERM or SIGINT to the supervisor is passed to every worker, which dr
 daemon does; the supervisor exits 0 once every worker exited 0 (1 otherwise).  A second signal is
 passed on too (the workers then stop at once).  A worker that exits while no shutdown is under way
 is logged and started again a second later; the supervisor counts the restarts in its log lines.
+One that fails five times in a row within seconds of its start (a bad certificate, a port taken)
+ends the supervisor: the other workers are drained and it exits 1.
 
 Metrics: with `metrics.listen`, worker i serves its own exporter on the configured port + i (port
 0: each on a free port, which it logs); sum the workers' counters for the daemon's.
@@ -35,6 +37,8 @@ log = logging.getLogger("broker_filter.workers")
 
 WORKER_ENV = "BROKER_FILTER_WORKER"
 RESTART_DELAY = 1.0
+QUICK_EXIT = 5.0  # a worker that exits this soon after its start failed to start
+QUICK_EXITS = 5  # so many in a row (one worker) and the supervisor gives up: something is wrong for all
 _POLL = 0.2
 
 
@@ -66,6 +70,9 @@ class Supervisor:
         self.restarts = 0
         self.stopping: int | None = None
         self._due: dict[int, float] = {}  # index -> when a dead worker starts again
+        self._started: dict[int, float] = {}
+        self._quick: dict[int, int] = {}  # index -> exits in a row soon after the start
+        self.failed = False
         self._reserved: socket.socket | None = None
 
     def run(self) -> int:
@@ -101,6 +108,7 @@ class Supervisor:
         cmd = [sys.executable, "-m", "broker_filter", *self.argv, "--set", f"listener.port={self.port}"]
         env = {**os.environ, WORKER_ENV: str(index)}
         self.workers[index] = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+        self._started[index] = time.monotonic()
         log.info("worker %d started", index, extra={"fields": {"worker": index, "pid": self.workers[index].pid}})
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -117,6 +125,8 @@ class Supervisor:
     def _supervise(self) -> int:
         failed = False
         while True:
+            if self.failed and self.stopping is None:
+                self._on_signal(signal.SIGTERM, None)
             for index, proc in list(self.workers.items()):
                 status = proc.poll()
                 if status is None:
@@ -124,6 +134,16 @@ class Supervisor:
                 if self.stopping is not None:
                     failed = failed or status != 0
                     del self.workers[index]
+                    continue
+                if time.monotonic() - self._started[index] < QUICK_EXIT:
+                    self._quick[index] = self._quick.get(index, 0) + 1
+                else:
+                    self._quick[index] = 0
+                if self._quick[index] >= QUICK_EXITS:
+                    log.error("worker %d failed %d times in a row at its start; stopping every worker", index,
+                              QUICK_EXITS, extra={"fields": {"worker": index, "status": status}})
+                    del self.workers[index]
+                    self.failed = failed = True
                     continue
                 self.restarts += 1
                 log.warning("worker %d (pid %d) exited with status %s; starting it again", index, proc.pid,

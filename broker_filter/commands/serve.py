@@ -19,8 +19,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from .. import logs
-    from ..app import App
+    from ..app import App, StartError
     from ..config import load_for_cli
     from ..workers import Supervisor, worker_index
 
@@ -28,4 +30,11 @@ def run(args: argparse.Namespace) -> int:
     logs.configure_from(config)
     if config.listener.workers > 1 and worker_index() is None:
         return Supervisor(config).run()
-    return App(config).run()
+    app = App(config)
+    try:
+        app.start()
+    except StartError as e:
+        print(f"broker-filter: {e}", file=sys.stderr)
+        app.close()
+        return 1
+    return app.run()

@@ -135,3 +135,18 @@ def test_serve_refuses_the_retired_io_option():
     assert r.returncode == 2
     assert "unrecognized arguments: --io container" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_serve_with_its_metrics_port_taken_exits_1_naming_the_setting():
+    import socket
+
+    cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "broker_filter"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run(cmd + ["serve", "--listen", "127.0.0.1:0", "--metrics", f"127.0.0.1:{port}"],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert f"broker-filter: metrics.listen: cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -141,3 +141,23 @@ def test_combinations_that_cannot_work_are_refused_naming_the_option(settings, r
     with pytest.raises(ConfigError) as info:
         load(parser.parse_args(["--set", "listener.workers=2", *settings]), {})
     assert str(info.value) == f"listener.workers: {reason}"
+
+
+def test_a_worker_that_cannot_start_ends_the_supervisor_with_status_1(rabbitmq):
+    """Worker 0's metrics port is taken (worker 1's, the next one, is free): worker 0 fails at every
+    start; after five quick failures in a row the supervisor drains worker 1 and exits 1."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        daemon = Daemon("--workers", "2", "--metrics", f"127.0.0.1:{port}", upstream=rabbitmq)
+        try:
+            assert daemon.proc.wait(90) == 1, daemon.log()
+        finally:
+            daemon.stop()
+    log = daemon.log()
+    assert "worker 0 failed 5 times in a row at its start; stopping every worker" in log
+    assert log.count("worker 0 (pid") == 4  # four restarts before the fifth failure ends it
+    assert "Traceback" not in log
