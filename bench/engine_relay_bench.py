@@ -246,7 +246,7 @@ def one_round(port: int, address: str, count: int, through_relay: bool, relay_pi
             "selected": consumed["selected"], "received": consumed["received"]}
 
 
-def start_daemon(io: str, upstream: str) -> tuple[subprocess.Popen, int, Path]:
+def start_daemon(io: str, upstream: str, profile: str | None = None) -> tuple[subprocess.Popen, int, Path]:
     """`broker-filter serve --io IO` in front of RabbitMQ: the process, its port and its log."""
     import re
     import tempfile
@@ -254,7 +254,8 @@ def start_daemon(io: str, upstream: str) -> tuple[subprocess.Popen, int, Path]:
 
     log = Path(tempfile.mkstemp(prefix=f"broker-filter-bench-{io}-", suffix=".log")[1])
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "broker_filter", "serve", "--io", io, "--listen",
+        profiler = ["-m", "cProfile", "-o", profile] if profile else []
+        proc = subprocess.Popen([sys.executable, *profiler, "-m", "broker_filter", "serve", "--io", io, "--listen",
                                  "127.0.0.1:0", "--upstream", f"amqp://guest:guest@{upstream}"],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -287,6 +288,7 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=1000)
     parser.add_argument("--no-ordered", dest="ordered", action="store_false")
     parser.add_argument("--topic", action="store_true", help="a fresh /topic/<name> per round instead of a queue")
+    parser.add_argument("--profile", metavar="FILE", help="run the daemon under cProfile, statistics to FILE")
     parser.add_argument("--targets", default="direct,relay",
                         help="comma-separated: direct, relay, engine, container, engine-both, container-both")
     options = parser.parse_args()
@@ -314,7 +316,7 @@ def main() -> int:
             servers["relay"] = (relay, json.loads(relay.stdout.readline())["port"])
         for io in ("engine", "container"):
             if io in targets or f"{io}-both" in targets:
-                proc, port, log = start_daemon(io, options.upstream)
+                proc, port, log = start_daemon(io, options.upstream, options.profile)
                 logs.append(log)
                 servers[io] = servers[f"{io}-both"] = (proc, port)
         for n in range(options.rounds):
