@@ -40,6 +40,7 @@ from proton import Handler
 
 from ..amqp import types as t
 from ..amqp import CodecError, set_message_annotation
+from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import sharing
@@ -224,7 +225,8 @@ class FeedBinding:
 class Inlet:
     """A client sending link and its upstream publisher."""
 
-    __slots__ = ("link", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters", "oversize")
+    __slots__ = ("link", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters", "oversize",
+                 "origin")
 
     def __init__(self, link, address: str, conn: _Conn, counters: Any = None):
         self.counters = counters
@@ -236,6 +238,8 @@ class Inlet:
         self.closed = False
         self.unsettled = 0
         self.oversize: set = set()  # partial deliveries already over the size limit (pointers)
+        # the message-annotations section a message without any gets: the origin annotation alone
+        self.origin = encode_section(MESSAGE_ANNOTATIONS, {ORIGIN_ANNOTATION: conn.id})
 
     # PublisherHandler
     def on_publisher_ready(self, publisher) -> None:
@@ -852,7 +856,7 @@ class ProxyServer(Handler):
             settle_with(dlv, RELEASED)
             return
         try:
-            data = set_message_annotation(data, ORIGIN_ANNOTATION, inlet.conn.id)
+            data = set_message_annotation(data, ORIGIN_ANNOTATION, inlet.conn.id, inlet.origin)
         except CodecError as e:
             settle_with(dlv, Outcome("rejected", error=("amqp:decode-error", f"message not decodable: {e}")))
             inlet.top_up()
