@@ -16,13 +16,12 @@ from broker_filter.amqp.sections import encode_section
 from broker_filter.config import Config
 from broker_filter.engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Handler, Terminus
 from broker_filter.engine.container import _BRIDGE, EngineContainer, _symbol_keys
-from broker_filter.engine.memory import pump
 from broker_filter.proxy.lifecycle import ConnectionRegistry
 from broker_filter.proxy.loop import ProtonLoop
 from broker_filter.proxy.remote import RemoteUpstream
 from broker_filter.proxy.server import ProxyServer
 
-from .apps import Recorder
+from .apps import Recorder, settle_proxy
 
 SELECTOR = t.ulong(0x0000468C00000004)
 DISPOSITION, FLOW = 0x15, 0x13
@@ -117,18 +116,8 @@ class Relayed:
         self.settle()
         assert self.server.upstream_up
 
-    def settle(self, rounds: int = 100) -> None:
-        for _ in range(rounds):
-            moved = pump(self.engine, self.client_conn, self.server_conn)
-            for up, broker in self.container.pairs:
-                moved += pump(self.engine, up, broker)
-            self.engine.dirty.clear()
-            before = self.loop.rounds
-            self.container._quiesced()
-            ran = self.engine.run_timers()
-            if not moved and self.loop.rounds == before and not ran:
-                return
-        raise RuntimeError("the proxy did not settle")
+    def settle(self) -> None:
+        settle_proxy(self.container, self.loop, [(self.client_conn, self.server_conn), *self.container.pairs], 100)
 
     def receiver(self, address: str, selector: str | None = None, credit: int = 0):
         source = Terminus(address=address,
