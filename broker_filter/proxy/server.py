@@ -832,7 +832,7 @@ class ProxyServer(Handler):
         if lib.pn_delivery_partial(dlv):
             if limit and lib.pn_delivery_pending(dlv) > limit:
                 # Too large already: drop what arrived (memory stays bounded), refuse once complete.
-                discard(link._impl, dlv)
+                discard(link._impl)
                 if inlet is not None:
                     inlet.oversize.add(dlv)
             return
