@@ -248,3 +248,27 @@ def test_a_client_publish_goes_upstream_with_its_origin_and_gets_the_upstream_ou
     assert sorted(states) == [ACCEPTED] * 49 + [REJECTED]  # (ACCEPTED < REJECTED)
     assert all(d.ptr is None for d in sent)  # every client delivery settled
     assert relayed.client.flows - flows <= 5  # credit topped up in batches, not per message
+
+
+def test_a_failure_in_a_typed_handler_closes_that_link_only(relayed, caplog):
+    def broken(link, delivery):
+        raise RuntimeError("broken outcome handling")
+
+    relayed.server._client_outcome = broken  # what the route of the next outlet calls
+    relayed.receiver("/topic/broken", credit=5)
+    relayed.server._client_outcome = type(relayed.server)._client_outcome.__get__(relayed.server)
+    healthy = relayed.receiver("/topic/healthy", credit=5)
+    relayed.broker.senders[0].send(encode_section(0x77, "to the broken link"))
+    relayed.broker.senders[1].send(encode_section(0x77, "to the healthy link"))
+    relayed.settle()
+    first, second = relayed.client.deliveries
+    first.accept()
+    relayed.settle()
+    assert relayed.client.closed == [("r-/topic/broken", ("amqp:internal-error",
+                                                          "proxy failure on this link; see the proxy log"))]
+    assert "broken outcome handling" in caplog.text
+    second.accept()
+    relayed.settle()
+    assert healthy.remote_state != 0 and not healthy.remote_closed
+    # the healthy link's message accepted; the broken link's given back as a failed attempt
+    assert sorted(state for _, state, *_ in relayed.broker.outcomes) == [ACCEPTED, MODIFIED]
