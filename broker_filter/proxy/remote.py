@@ -45,18 +45,21 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import OrderedDict
 import logging
 import re
 import time
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
-from proton import Disposition, Endpoint, Handler, Terminus, Transport
+from proton import Endpoint, Handler, Terminus, Transport
 from proton import symbol as psymbol
 
 from ..amqp import types as t
 from ..security import redact_url
-from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
+from ..engine._cproton import lib
+from ..engine.container import Typed
+from .wire import data_value, put_value, receive, remote_outcome, send, settle_with
 from .sharing import address_form_routing
 from .upstream import (
     ConsumerHandler,
@@ -66,6 +69,7 @@ from .upstream import (
     Loop,
     Outcome,
     PublisherHandler,
+    RELEASED,
     UpstreamDelivery,
     UpstreamListener,
     FILTEX_KINDS,
@@ -77,6 +81,10 @@ log = logging.getLogger("broker_filter.proxy.upstream")
 BEGIN_HOLD = 2.0  # longest wait of a new session for ended ones to be answered (see the module docstring)
 SESSION_IDLE = 30.0  # RabbitMQ 4: how long a session whose link detached waits for another link before it ends
 END_SETTLE = 0.25  # RabbitMQ 4: how long after an end is answered its channel is still taken to be busy
+# Ordered settlement (`RemoteConsumer.settle_in_order`): at most this many decided outcomes wait
+# behind an undecided delivery; past it they are settled at once, out of order.
+ORDER_LIMIT = 1000
+_UNDECIDED = object()
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
 # An attach reply in proton's frame trace: the link name, and the attach's own offered-capabilities
@@ -171,10 +179,19 @@ class _RemoteLink:
 
 
 class RemoteConsumer(_RemoteLink):
+    """An upstream receiving link.  Its deliveries are settled as the feed decides, or, once
+    `settle_in_order()` was called (subscription feeds, where every delivery is decided within the
+    feed's window), in delivery-id order: proton-c then sends one disposition frame for a run of
+    consecutive deliveries instead of one per message.  A decided outcome waits behind undecided
+    ones at most until ORDER_LIMIT of them wait, and never past `close()`."""
+
     def __init__(self, upstream: "RemoteUpstream", spec: ConsumerSpec, handler: ConsumerHandler):
         super().__init__(upstream, handler)
         self.spec = spec
         self.offer_pending = False  # its attach offers filters and the reply is not in yet
+        # ordered settlement: delivery -> its outcome (_UNDECIDED), in arrival order; None: off
+        self.order: OrderedDict | None = None
+        self.waiting = 0  # decided outcomes in `order`
 
     @property
     def credit(self) -> int:
@@ -184,17 +201,57 @@ class RemoteConsumer(_RemoteLink):
         if n > 0 and not self.closed and self.link is not None:
             self.link.flow(n)
 
+    def settle_in_order(self) -> None:
+        if self.order is None:
+            self.order = OrderedDict()
+
     def settle(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
+        if outcome.kind == "modified" and not self.upstream.modified_ok:
+            outcome = RELEASED
+        order = self.order
+        if order is None or order.get(delivery, outcome) is not _UNDECIDED:
+            self._apply(delivery, outcome)
+            return
+        order[delivery] = outcome
+        self.waiting += 1
+        while order:  # settle the decided run at the head
+            head = next(iter(order))
+            decided = order[head]
+            if decided is _UNDECIDED:
+                break
+            del order[head]
+            self.waiting -= 1
+            self._apply(head, decided)
+        if self.waiting > ORDER_LIMIT:
+            self._settle_decided()
+
+    def _settle_decided(self) -> None:
+        """Settle every decided outcome now, out of order."""
+        order = self.order
+        if not order or not self.waiting:
+            return
+        decided = [(d, o) for d, o in order.items() if o is not _UNDECIDED]
+        for d, o in decided:
+            del order[d]
+            self._apply(d, o)
+        self.waiting = 0
+
+    def _apply(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
         dlv = delivery.ref
         delivery.ref = None
         if dlv is None or self.closed:
             return  # the link is gone: the broker has already taken the message back
-        if outcome.kind == "modified" and not self.upstream.modified_ok:
-            outcome = Outcome("released")
-        apply_outcome(dlv, outcome)
+        settle_with(dlv, outcome)
+
+    def _discard(self) -> None:
+        if self.order is not None:
+            self.order.clear()
+            self.waiting = 0
 
     def close(self, closed: bool | None = None) -> None:
         # `closed` does not matter here: the remote link is private to the proxy (see open_consumer).
+        if not self.closed:
+            self._settle_decided()  # what the feed decided reaches the broker before the detach
         if self._finish():
             self._end()
 
@@ -207,20 +264,17 @@ class RemotePublisher(_RemoteLink):
         super().__init__(upstream, handler)
         self.address = address
         self._tags = itertools.count(1)
-        self.pending: dict[str, Callable[[Outcome], None]] = {}
+        self.pending: dict[Any, Callable[[Outcome], None]] = {}
 
     @property
     def credit(self) -> int:
-        return self.link.credit if self.link is not None and self.ready and not self.closed else 0
+        return lib.pn_link_credit(self.link._impl) if self.link is not None and self.ready and not self.closed else 0
 
     def send(self, data: bytes, on_settled: Callable[[Outcome], None]) -> None:
         if self.closed or self.link is None:
             return
-        tag = str(next(self._tags))  # proton hands tags back as str
-        self.link.delivery(tag)
-        self.link.send(data)
-        self.link.advance()
-        self.pending[tag] = on_settled
+        # keyed by the delivery's pointer: valid until settled in `RemoteUpstream._published`
+        self.pending[send(self.link._impl, b"%x" % next(self._tags), data)] = on_settled
 
     def close(self) -> None:
         if self._finish():
@@ -474,6 +528,14 @@ class RemoteUpstream(Handler):
         link.bf_endpoint = endpoint
         endpoint.link = link
         self._endpoints[name] = endpoint
+        route = getattr(getattr(self.loop, "container", None), "route", None)
+        if route is not None:  # its deliveries and flow without proton's event wrappers
+            failed = functools.partial(self._typed_failed, endpoint)
+            if isinstance(endpoint, RemoteConsumer):
+                route(link, Typed(functools.partial(self._received, endpoint, link._impl), None, failed))
+            else:
+                route(link, Typed(functools.partial(self._published, endpoint),
+                                  functools.partial(self._publisher_credit, endpoint, link._impl), failed))
         if endpoint.session not in self._waiting:
             link.open()
 
@@ -721,44 +783,58 @@ class RemoteUpstream(Handler):
         link.bf_endpoint = None
         link.free()
 
+    # (a link routed by the container gets its flow and deliveries in the methods below directly)
     @_guarded
     def on_link_flow(self, event) -> None:
         link = event.link
         if link.is_sender:
-            ep = _endpoint(link)
-            if ep is not None and ep.ready and not ep.closed and link.credit > 0:
-                ep.handler.on_publisher_credit(ep)
+            self._publisher_credit(_endpoint(link), link._impl)
 
     @_guarded
     def on_delivery(self, event) -> None:
         dlv = event.delivery
         link = dlv.link
-        ep = _endpoint(link)
         if link.is_receiver:
-            if not dlv.readable or dlv.partial:
-                return
-            data = link.recv(dlv.pending)
-            link.advance()
-            if ep is None or ep.closed:
-                dlv.update(Disposition.RELEASED)
-                dlv.settle()
-                return
-            if dlv.aborted:
-                dlv.settle()
-                return
-            ud = UpstreamDelivery(data, dlv)
-            ep.handler.on_delivery(ep, ud)
+            self._received(_endpoint(link), link._impl, dlv._impl)
         else:
-            if ep is None:
-                dlv.settle()
-                return
-            outcome = outcome_of_delivery(dlv)
-            if outcome is None and not dlv.settled:
-                return
-            cb = ep.pending.pop(dlv.tag, None)
-            dlv.settle()
-            if cb is not None and not ep.closed:
-                cb(outcome if outcome is not None else Outcome("accepted"))
+            self._published(_endpoint(link), dlv._impl)
+
+    def _publisher_credit(self, ep: Any, link: Any) -> None:
+        if ep is not None and ep.ready and not ep.closed and lib.pn_link_credit(link) > 0:
+            ep.handler.on_publisher_credit(ep)
+
+    def _received(self, ep: Any, link: Any, dlv: Any) -> None:
+        """A transfer (pointers) on a consumer's link."""
+        data = receive(link, dlv)
+        if data is None:
+            return
+        if ep is None or ep.closed:
+            settle_with(dlv, RELEASED)
+            return
+        if lib.pn_delivery_aborted(dlv):
+            lib.pn_delivery_settle(dlv)
+            return
+        ud = UpstreamDelivery(data, dlv)
+        if ep.order is not None:
+            ep.order[ud] = _UNDECIDED
+        ep.handler.on_delivery(ep, ud)
+
+    def _published(self, ep: Any, dlv: Any) -> None:
+        """The broker's disposition of a delivery (a pointer) a publisher sent."""
+        if ep is None:
+            lib.pn_delivery_settle(dlv)
+            return
+        outcome = remote_outcome(dlv)
+        if outcome is None and not lib.pn_delivery_settled(dlv):
+            return
+        cb = ep.pending.pop(dlv, None)
+        lib.pn_delivery_settle(dlv)
+        if cb is not None and not ep.closed:
+            cb(outcome if outcome is not None else Outcome("accepted"))
+
+    def _typed_failed(self, ep: Any) -> None:
+        if not ep.closed:
+            ep._closed_by_upstream(ErrorInfo("amqp:internal-error", "proxy failure on the upstream link"))
 
 
 def _put_routing_capabilities(terminus: Any, capabilities: Any) -> None:
