@@ -45,7 +45,12 @@ So each non-matching message is moved at most once per pass, a selective outlet 
 any depth, and a queue nobody matches is not cycled.  Other daemons' filters count while their
 marks are younger than `foreign_ttl` (first-offer times: moving a message again is no sign of
 life), so two daemons in front of one queue pass each other's messages on and then go quiet.
-A message some outlet selects is never moved: it waits for that outlet's credit.
+A message some outlet selects waits for that outlet's credit, within a bound: messages held for
+outlets that select them but have no credit take at most `reserve` (half the window); while
+searching, the ones past it are moved like non-matching ones (a link that never takes its messages
+cannot fill the window and starve the others or new arrivals), and when an outlet whose messages
+were moved gets credit, one more pass starts, which brings them round to it.  They are never
+given to an outlet that does not select them.
 
 Stopping (`stop`): no move starts, nothing more is pulled or sent; moves in flight finish (the I/O
 layer waits for `moving` to reach 0, bounded by its grace) and their originals are accepted; then
@@ -164,7 +169,8 @@ class Custody:
     the decoded sections, the filters it was offered to (`mark`, from a moved copy's annotation),
     outlets it must not go to again, and its redelivery state."""
 
-    __slots__ = ("delivery", "message", "reads", "excluded", "mark", "redelivered", "failed", "refused")
+    __slots__ = ("delivery", "message", "reads", "excluded", "mark", "redelivered", "failed", "refused",
+                 "kept")
 
     def __init__(self, delivery: Any, message: Any, reads: frozenset, mark: dict | None = None):
         self.delivery = delivery
@@ -175,6 +181,7 @@ class Custody:
         self.redelivered = False  # a client had it: first-acquirer false from now on
         self.failed = 0  # failed attempts in the proxy (added to the header's delivery-count)
         self.refused = 0  # the pass in which the broker refused its copy (not moved again in it)
+        self.kept = False  # held for links that select it and have no credit (see `Feed.reserve`)
 
     def data(self) -> bytes:
         if not self.redelivered:
@@ -223,6 +230,12 @@ class Feed:
         self.stopping = False
         self.stats = FeedStats()
         self._rr = 0
+        # Messages held for links that select them but have no credit take at most `reserve` of the
+        # window; while searching, the rest are moved like non-matching ones (see `_keep`), and a link
+        # whose messages were moved (`_deferred`, by filter identity) starts a pass when it has credit.
+        self.reserve = max(1, window // 2)
+        self._kept = 0  # held messages with `kept` set
+        self._deferred: set[str] = set()
         self._reads: frozenset = frozenset()
         self._identities: frozenset = frozenset()
         self._clock = clock
@@ -273,7 +286,14 @@ class Feed:
         self.pump()
 
     def set_credit(self, outlet: Outlet, credit: int) -> None:
+        had = outlet.credit
         outlet.credit = max(0, credit)
+        if had <= 0 < outlet.credit and outlet.identity in self._deferred and not self.stopping:
+            # Messages this filter selects were moved while its links had no credit: go round once
+            # more for them.
+            self._deferred.discard(outlet.identity)
+            if not self.pass_open:
+                self._open_pass()
         self.pump()
 
     def poke(self) -> None:
@@ -358,6 +378,7 @@ class Feed:
             out.extend(c.delivery for c in o.in_flight.values())
             o.in_flight.clear()
         self.held.clear()
+        self._kept = 0
         self.outlets.clear()
         self.stopping = True
         self._count_held()
@@ -377,6 +398,7 @@ class Feed:
                 if not self._offer(c, c.excluded):
                     keep.append(c)
             self.held = keep
+            self._kept = sum(1 for c in keep if c.kept)
             self._count_held()
         if self.held and self._searching():
             self._move_held()
@@ -472,7 +494,7 @@ class Feed:
         elif not self._identities.issubset(c.mark) and any(o.credit > 0 for o in self.outlets):
             self._open_pass()  # not yet offered to a filter here: there may be more behind it
         wanted = not self._nobody and self._wanted(c)
-        if not self._searching() or wanted or not self._movable(c) or not self._move(c):
+        if not self._searching() or (wanted and self._keep(c)) or not self._movable(c) or not self._move(c, wanted):
             self._hold(c)  # (an outlet that selects it takes it with its next credit)
 
     def _movable(self, c: Custody) -> bool:
@@ -483,16 +505,31 @@ class Feed:
     def _wanted(self, c: Custody) -> bool:
         return any(o.name not in c.excluded and self._selects(o, c) for o in self.outlets)
 
+    def _keep(self, c: Custody) -> bool:
+        """A message some outlet selects (none with credit has taken it): held while such messages
+        take less than `reserve` of the window, the oldest first; past it, it may be moved like a
+        non-matching one (it comes round to its links, and a pass starts when one gets credit)."""
+        if c.redelivered or self._kept < self.reserve:
+            if not c.redelivered:
+                c.kept = True
+                self._kept += 1
+            return True
+        return False
+
     def _move_held(self) -> None:
-        """While searching: move the held messages no outlet here selects (see `_movable`)."""
+        """While searching: move the held messages no outlet here selects (see `_movable`), and
+        those kept past the reserve."""
         keep: deque[Custody] = deque()
+        self._kept = 0
         for c in self.held:
-            if not self._searching() or self._wanted(c) or not self._movable(c) or not self._move(c):
+            c.kept = False
+            wanted = self._wanted(c)
+            if not self._searching() or (wanted and self._keep(c)) or not self._movable(c) or not self._move(c, wanted):
                 keep.append(c)
         self.held = keep
         self._count_held()
 
-    def _move(self, c: Custody) -> bool:
+    def _move(self, c: Custody, wanted: bool = False) -> bool:
         ms = int(self._wall()) * 1000  # whole seconds: most copies of a pass share one mark
         stamp = [self.token, ms]
         mark = dict(c.mark)
@@ -512,6 +549,7 @@ class Feed:
             c.message = _BAD  # cannot carry a mark: never moved
             return False
         c.mark = mark
+        c.kept = False
 
         def done(ok: bool) -> None:
             self.moving -= 1
@@ -532,6 +570,9 @@ class Feed:
             self.moving -= 1
             self.stats.moving = self.moving
             return False
+        if wanted:  # moved away from links without credit that select it
+            self._deferred.update(o.identity for o in self.outlets
+                                  if o.name not in c.excluded and self._selects(o, c))
         return True
 
     def _hold(self, c: Custody) -> None:

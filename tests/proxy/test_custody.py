@@ -115,6 +115,30 @@ def test_a_match_behind_any_depth_is_found_and_a_graceful_stop_duplicates_nothin
     assert "Traceback" not in proxy.log()
 
 
+def test_a_link_with_no_credit_does_not_starve_another_links_matches(upstream):
+    q = fresh_queue()
+    n = 1000  # ten windows of messages only the idle link selects, then the other link's five
+    publish_many(upstream, q, [Message(body=i, properties={"k": "f"}) for i in range(n)]
+                 + [Message(body=n + i, properties={"k": "g"}) for i in range(5)])
+    proxy = Daemon(upstream=upstream)
+    a, b = connect(proxy.url), connect(proxy.url)
+    try:
+        idle = a.create_receiver(q, credit=0, options=Selector("k = 'f'"))  # never gives credit (yet)
+        other = b.create_receiver(q, credit=10, options=Selector("k = 'g'"))
+        got = receive_until_quiet(other, at_most=5, idle=60, limit=90)
+        assert sorted(m.body for m in got) == list(range(n, n + 5))  # found behind the idle link's messages
+        idle.flow(n)
+        mine = receive_until_quiet(idle, at_most=n, idle=30, limit=120)
+        assert sorted(m.body for m in mine) == list(range(n))  # never lost, each once, only to the link selecting it
+        assert receive_until_quiet(other, idle=0.5) == []
+        a.close()
+        b.close()
+    finally:
+        proxy.stop()
+    assert [m.body for m in drain(upstream, q)] == []
+    assert "Traceback" not in proxy.log()
+
+
 @pytest.mark.timeout(480)
 def test_two_daemons_on_one_queue_serve_each_others_links(upstream):
     q = fresh_queue()

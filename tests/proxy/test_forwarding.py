@@ -288,6 +288,32 @@ def test_a_match_behind_any_depth_is_found_and_each_non_match_moves_once_per_fil
     assert len(sim.ready) + len(c.feed.held) == n  # and none lost
 
 
+def test_a_link_without_credit_takes_at_most_its_share_of_the_window_and_gets_its_messages_later():
+    # 300 messages only 'red' selects, then 5 for 'blue'; red is attached but never gives credit.
+    n = 300
+    sim = SimQueue([msg("red", i) for i in range(n)] + [msg("blue", n + i) for i in range(5)])
+    c = SimConsumer(sim, window=20, token="d1")
+    red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
+    c.feed.add_outlet(red)
+    c.feed.add_outlet(blue)
+    c.feed.set_credit(blue, 5)
+    sim.run()
+    assert c.received == {"blue": [f"m{n + i}" for i in range(5)]}  # not starved by red's messages
+    kept = [h for h in c.feed.held if h.kept]
+    assert 0 < len(kept) <= c.feed.reserve == 10  # red's messages hold at most the reserve
+    assert all(decode_message(h.delivery.data).application_properties["color"] == "red" for h in kept)
+    assert len(sim.ready) + len(c.feed.held) == n and len(set(sim.ready)) == len(sim.ready)  # none lost or doubled
+    moves = sim.moves
+    assert n - 20 <= moves <= 2 * n  # red's messages past the reserve moved, once per pass
+    sim.run()
+    assert sim.moves == moves  # the search is over: nothing cycles while red has no credit
+    # red gives credit: its held messages at once, the moved ones by one more pass
+    c.feed.set_credit(red, 10)
+    sim.run()
+    assert sorted(c.received["red"]) == sorted(f"m{i}" for i in range(n))  # each once, none to blue
+    assert len(c.received["blue"]) == 5 and not sim.ready and not c.feed.held
+
+
 def test_moves_are_pipelined_within_the_window():
     sim = SimQueue([msg("blue", i) for i in range(1000)], lazy=True)
     c = SimConsumer(sim, window=50, token="d1")
