@@ -38,7 +38,8 @@ and "" -> [the pass that moved it, time].  The search stops by knowing, not by a
 * a pass ends when a copy it moved comes round (everything ahead of that copy has been offered);
 * a pass starts when the set of filters changes (a new filter attaches), when the feed pulls a
   message not yet offered to every filter it knows, when `poke` says a client published to the
-  queue through the proxy, and when a mark shows a filter another daemon serves on the queue;
+  queue through the proxy, when a mark shows a filter another daemon serves on the queue, and when
+  the queue's ready count shows what the feed did not put there (`tick`);
 * once the pass is over, a message already offered to every filter is held, never moved again.
 
 So each non-matching message is moved at most once per pass, a selective outlet finds a match at
@@ -117,6 +118,12 @@ class FeedIO(Protocol):
     def settle_upstream(self, delivery: Any, outcome: Outcome) -> None: ...
 
     def flow_upstream(self, n: int) -> None: ...
+
+    # Optional: `probe(answer) -> bool | None`: ask the upstream how many messages the queue has
+    # ready (a drain without credit, which RabbitMQ 4 answers with `available`); False if it cannot
+    # be asked now (credit outstanding), None if this upstream is never asked.  answer(n) later:
+    # n >= 0 the count, -1 the question was withdrawn (ask again), None the upstream did not answer
+    # (see `Feed.tick`).
 
     def recycle(self, delivery: Any, data: bytes, done: Callable[[bool], None]) -> bool:
         """Publish `data` (the delivery's bytes with the offered mark) to the tail of the queue.
@@ -253,6 +260,20 @@ class Feed:
         self.look_again_max = look_again_max
         self._next_look: float | None = None
         self._look_delay = look_again
+        # Knowing instead of looking again (see `tick`): copies of the last pass the broker accepted
+        # and copies of it pulled back (their difference is what the queue holds of them); all
+        # copies accepted and all messages pulled, and the highest and lowest count of the queue net
+        # of them (what others put in or took out); whether another consumer of the queue was seen;
+        # a count asked for; counts never answered.
+        self._pass_moved = 0
+        self._pass_back = 0
+        self._moved_total = 0
+        self._pulled_total = 0
+        self._others_high: int | None = None
+        self._others_low = 0
+        self._others = False
+        self._probing = False
+        self._unanswered = 0
         self._log = log
 
     # ------------------------------------------------------------------ outlets
@@ -312,6 +333,7 @@ class Feed:
     # ------------------------------------------------------------------ upstream events
     def on_upstream_delivery(self, delivery: Any) -> None:
         self.upstream_credit = max(0, self.upstream_credit - 1)
+        self._pulled_total += 1
         before = self.pass_no
         c = self._custody(delivery)
         if self.subscription:
@@ -455,18 +477,39 @@ class Feed:
     def _open_pass(self) -> None:
         self.pass_no += 1
         self.pass_open = True
+        self._pass_moved = self._pass_back = 0
         self._next_look = None
         self._look_delay = self.look_again
 
     def tick(self) -> None:
         """Called by the I/O layer now and then (about once a second).  A pass that is over while
-        links still wait: look again after a while (10 s, then twice as long each time, at most
-        10 minutes; any other reason for a pass starts the delays over).  That is how a daemon finds
-        a daemon it has not seen yet on the same queue (the other one's messages may be behind what
-        this one holds) and a match published directly behind a finished pass."""
+        links still wait, and nothing in flight: ask the upstream how many messages the queue has
+        ready (`probe`, answered in `on_available`).  What the queue should hold is known: the copies
+        of the last pass not yet pulled back.  More than that is a message this feed never saw
+        (published directly behind the finished pass): one more pass.  The count net of everything
+        this feed pulled and moved is what others put in or took out: when it first falls, another
+        consumer takes messages (another daemon, which may wait for what this one holds, and whose
+        copies carry its filters): one more pass.  While the counts stay put nothing is moved.
+
+        Once another consumer was seen (a fall, or a copy another daemon moved), its own moves
+        make copies this feed did not move, so from then on only a net count higher than ever
+        starts a pass, and looking again after a while remains (10 s, then twice as long each time,
+        at most 10 minutes; any other reason for a pass starts the delays over): the counts cannot
+        tell a message published while the other consumer takes one.  So does an upstream that
+        cannot be asked (no `probe`) or did not answer twice."""
         if not self.recycle or self.pass_open or self.stopping or not any(o.credit > 0 for o in self.outlets):
             self._next_look = None
             return
+        probe = getattr(self.io, "probe", None)
+        if probe is not None and self._unanswered < 2:
+            if not self._probing and self.moving == 0:
+                asked = probe(self.on_available)
+                if asked is None:
+                    self._unanswered = 2  # never asked: look again instead, from now on
+                self._probing = bool(asked)
+            if not self._others:  # no other consumer seen: the counts tell everything
+                self._next_look = None
+                return
         now = self._clock()
         if self._next_look is None:
             self._next_look = now + self._look_delay
@@ -474,6 +517,28 @@ class Feed:
             delay = min(self._look_delay * 2, self.look_again_max)
             self._open_pass()
             self._look_delay = delay
+            self.pump()
+
+    def on_available(self, n: int | None) -> None:
+        """The upstream's count of messages ready in the queue (see `tick`)."""
+        self._probing = False
+        if n is None:
+            self._unanswered += 1
+            return
+        self._unanswered = 0
+        if n < 0 or self.stopping or self.pass_open or self.moving:
+            return
+        net = n - self._moved_total + self._pulled_total  # the queue as others left it
+        if self._others_high is None:
+            self._others_high = self._others_low = net
+        grew = net > self._others_high
+        met = net < self._others_low and not self._others
+        self._others_high = max(self._others_high, net)
+        self._others_low = min(self._others_low, net)
+        if met:
+            self._others = True
+        if met or (grew if self._others else n > self._pass_moved - self._pass_back):
+            self._open_pass()
             self.pump()
 
     def _pass_tag(self) -> str:
@@ -550,11 +615,15 @@ class Feed:
             return False
         c.mark = mark
         c.kept = False
+        moved_in = self.pass_no
 
         def done(ok: bool) -> None:
             self.moving -= 1
             self.stats.moving = self.moving
             if ok:
+                if moved_in == self.pass_no:
+                    self._pass_moved += 1
+                self._moved_total += 1
                 self.stats.recycled += 1
                 self.io.settle_upstream(c.delivery, ACCEPTED)
             else:
@@ -636,10 +705,15 @@ class Feed:
                     if isinstance(v, list) and len(v) == 2 and isinstance(v[1], int):
                         mark[str(k)] = [str(v[0]), int(v[1])]
                 self._learn(mark)
+                if mark.get("", [None])[0] == self._pass_tag():
+                    self._pass_back += 1  # a copy of this (or the last) pass came back
         return Custody(delivery, message, reads, mark)
 
     # ------------------------------------------------------------------ marks
     def _learn(self, mark: dict) -> None:
+        last = mark.get("")
+        if last is not None and not last[0].startswith(self.token + "#"):
+            self._others = True  # moved by another daemon on this queue
         for identity, (token, ms) in mark.items():
             if identity and token != self.token and identity not in self._identities:
                 seen = ms / 1000.0

@@ -167,6 +167,13 @@ class FeedBinding:
         if self.consumer is not None:
             self.consumer.flow(n)
 
+    def probe(self, answer: Callable[[int | None], None]) -> bool | None:
+        """The queue's ready count, if the upstream consumer can be asked (see forwarding.Feed.tick)."""
+        probe = getattr(self.consumer, "probe", None)
+        if probe is None:
+            return None if self.consumer is not None else False
+        return False if self.closed else probe(answer)
+
     def recycle(self, delivery: UpstreamDelivery, data: bytes, done: Callable[[bool], None]) -> bool:
         def moved(ok: bool) -> None:
             if not self.closed:

@@ -139,6 +139,45 @@ def test_a_link_with_no_credit_does_not_starve_another_links_matches(upstream):
     assert "Traceback" not in proxy.log()
 
 
+def test_a_match_published_directly_behind_a_finished_pass_is_found_by_the_queues_count(upstream, rabbitmq_broker):
+    """After a pass the proxy holds a window of messages every filter was offered and pulls no more;
+    it asks RabbitMQ 4 for the queue's ready count (a drain without credit) once a second, and a
+    count higher than the copies it left there starts one more pass (no timer: the first look again
+    would come 10 s after the pass).  RabbitMQ 3.10 answers that drain too, but its classic queue
+    then fails the channel (function_clause on send_drained): there the proxy looks again after
+    10 s, 20 s, ... instead, and this test checks that it does."""
+    counts = rabbitmq_broker.major >= 4
+    q = fresh_queue()
+    depth = 2000
+    publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)])
+    mport = free_port()
+    proxy = Daemon("--metrics", f"127.0.0.1:{mport}", upstream=upstream)
+    c = connect(proxy.url)
+    try:
+        r = c.create_receiver(q, credit=10, options=Selector("half = 1"))
+        deadline = time.monotonic() + 120
+        while metric_value(scrape(mport), "broker_filter_search_passes", address=q) < 1:
+            assert time.monotonic() < deadline, "the pass never ended"
+            time.sleep(0.2)
+        if counts:
+            time.sleep(12.0)  # counts once a second: nothing new, so nothing moves (no look again at 10 s)
+            text = scrape(mport)
+            assert metric_value(text, "broker_filter_search_passes", address=q) == 1
+            assert metric_value(text, "broker_filter_moves_in_flight", address=q) == 0
+        publish_many(upstream, q, [Message(body=depth, properties={"half": 1})])  # straight to RabbitMQ
+        start = time.monotonic()
+        got = receive_until_quiet(r, at_most=1, idle=60, limit=60)
+        assert [m.body for m in got] == [depth]
+        if counts:
+            assert time.monotonic() - start < 8.0  # found by the count, not by a look again
+        c.close()
+    finally:
+        proxy.stop()
+    rest = [m.body for m in drain(upstream, q)]
+    assert sorted(rest) == list(range(depth))  # no loss, no duplicate
+    assert "Traceback" not in proxy.log()
+
+
 @pytest.mark.timeout(480)
 def test_two_daemons_on_one_queue_serve_each_others_links(upstream):
     q = fresh_queue()
