@@ -893,6 +893,9 @@ class ProxyServer(Handler):
             self.draining.discard(binding)
         if binding.closed:
             return
+        if binding.feed.moving:
+            log.warning("shutdown grace over with %d moves to %s in flight: their originals go back to the queue "
+                        "beside copies the broker may accept", binding.feed.moving, binding.spec.address)
         binding.closed = True
         binding.feed.close()
         if binding.consumer is not None:
