@@ -87,6 +87,7 @@ _TRACED_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 # The answer to a drain without credit: a flow carrying the queue's ready count (RabbitMQ 3.10, 4)
 _TRACED_AVAILABLE = re.compile(r"<- @flow\(19\) \[[^\]]*available=(0x[0-9a-fA-F]+|\d+)[^\]]*drain=true")
 PROBE_TIMEOUT = 5.0  # seconds a count may take before it counts as unanswered
+STOP_ENDS = 1.0  # seconds a stop waits for ended sessions to be answered before closing the connection
 
 
 def _caps(data) -> tuple[str, ...]:
@@ -316,6 +317,7 @@ class RemoteUpstream(Handler):
         self._ended: set[Any] = set()  # sessions the proxy ended, until the broker's end arrives
         self._waiting: list[Any] = []  # sessions to begin once _ended is empty
         self._hold_timer = None
+        self._stop_timer = None
         self._names = itertools.count(1)
         self._backoff = 0.1
         self._reconnect_timer = None
@@ -333,12 +335,27 @@ class RemoteUpstream(Handler):
         self._connect()
 
     def stop(self) -> None:
+        """Close every link and the connection.  The connection's close waits (at most
+        STOP_ENDS seconds) for the broker to answer the sessions ended here: RabbitMQ 3.10 drops
+        dispositions its session processes have not handled when the connection closes, so the
+        accept of a move's original sent just before would be lost and the message redelivered
+        beside its copy.  A session's `end` is answered after its earlier frames."""
         self.stopped = True
         if self._reconnect_timer is not None:
             self._reconnect_timer.cancel()
         for ep in list(self._endpoints.values()):
             ep.close()
         if self.connection is not None:
+            if self._ended:
+                self._stop_timer = self.loop.call_later(STOP_ENDS, self._close_connection)
+            else:
+                self._close_connection()
+
+    def _close_connection(self) -> None:
+        if self._stop_timer is not None:
+            self._stop_timer.cancel()
+            self._stop_timer = None
+        if self.connection is not None and not (self.connection.state & Endpoint.LOCAL_CLOSED):
             self.connection.close()
 
     def closing(self) -> bool:
@@ -427,6 +444,11 @@ class RemoteUpstream(Handler):
         self._ended.add(session)
 
     def _ended_answered(self, session: Any) -> None:
+        if self.stopped:
+            self._ended.discard(session)
+            if not self._ended and self._stop_timer is not None:
+                self._close_connection()
+            return
         if self.recycles_sessions and session in self._ended:
             # The broker forgets the channel only after it answered: keep it busy a moment longer.
             self.loop.call_later(END_SETTLE, functools.partial(self._channel_free, session, self.connection))
