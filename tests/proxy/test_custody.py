@@ -246,47 +246,40 @@ def test_embedded_broker_gives_a_killed_consumers_messages_to_the_other_at_once(
     assert "Traceback" not in proxy.log()
 
 
-def test_the_last_link_leaving_and_sigterm_mid_search_duplicate_nothing(upstream):
+def sigterm_mid_search(upstream: str, *args: str, login: dict | None = None, leave_first: bool = False) -> Daemon:
+    """20,000 messages nobody selects, a link with a selector searching them through a daemon
+    (window 500), and SIGTERM while moves are in flight (just after the link left, with
+    `leave_first`); then the queue, drained directly, must hold each message exactly once."""
     q = fresh_queue()
     depth = 20000
     publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)])
     mport = free_port()
-    proxy = Daemon("--metrics", f"127.0.0.1:{mport}", "--set", "limits.upstream_window=500", upstream=upstream)
-    c = connect(proxy.url)
+    proxy = Daemon("--metrics", f"127.0.0.1:{mport}", "--set", "limits.upstream_window=500", *args, upstream=upstream)
+    c = connect(proxy.url, **(login or {}))
     try:
         c.create_receiver(q, credit=10, options=Selector("half = 1"))
         deadline = time.monotonic() + 30
         while metric_value(scrape(mport), "broker_filter_moves_in_flight", address=q) == 0:
             assert time.monotonic() < deadline, "the search never started"
             time.sleep(0.2)
-        c.close()  # the last link leaves with moves in flight
+        if leave_first:
+            c.close()  # the last link leaves with moves in flight
     finally:
-        proxy.stop()  # and SIGTERM at once
+        assert proxy.stop() == 0  # SIGTERM
     rest = [m.body for m in drain(upstream, q)]
     assert len(rest) == depth and sorted(rest) == list(range(depth))  # no loss, no duplicate
     assert "Traceback" not in proxy.log()
+    return proxy
+
+
+def test_the_last_link_leaving_and_sigterm_mid_search_duplicate_nothing(upstream):
+    sigterm_mid_search(upstream, leave_first=True)
 
 
 def test_pass_through_sigterm_mid_search_loses_and_duplicates_nothing(upstream):
     """A pass-through login has an upstream connection and proxy server of its own; SIGTERM waits
     for its moves in flight and returns what it holds, as for the shared server."""
-    q = fresh_queue()
-    depth = 20000
-    publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)])
-    mport = free_port()
-    proxy = Daemon("--metrics", f"127.0.0.1:{mport}", "--set", "limits.upstream_window=500",
-                   "--set", "upstream.credentials=pass-through", "--set", "listener.allow_anonymous=false",
-                   upstream=upstream)
-    c = connect(proxy.url, user="guest", password="guest", allowed_mechs="PLAIN")
-    try:
-        c.create_receiver(q, credit=10, options=Selector("half = 1"))
-        deadline = time.monotonic() + 30
-        while metric_value(scrape(mport), "broker_filter_moves_in_flight", address=q) == 0:
-            assert time.monotonic() < deadline, "the search never started"
-            time.sleep(0.2)
-    finally:
-        assert proxy.stop() == 0  # SIGTERM with the link attached and moves in flight
+    proxy = sigterm_mid_search(upstream, "--set", "upstream.credentials=pass-through",
+                               "--set", "listener.allow_anonymous=false",
+                               login={"user": "guest", "password": "guest", "allowed_mechs": "PLAIN"})
     assert "pass-through: opening an upstream connection" in proxy.log()
-    rest = [m.body for m in drain(upstream, q)]
-    assert len(rest) == depth and sorted(rest) == list(range(depth))  # no loss, no duplicate
-    assert "Traceback" not in proxy.log()

@@ -331,12 +331,16 @@ def test_moves_are_pipelined_within_the_window():
     assert peak > 10  # many moves in flight at once, not one at a time
 
 
+def three_colors(n):
+    """Red, blue and colourless messages in turn."""
+    colors = ["red", "blue", None]
+    return [msg(colors[i % 3], i) for i in range(n)]
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_two_daemons_on_one_queue_each_get_their_matches(seed):
     wall = [1_000_000.0]
-    colors = ["red", "blue", None]
-    ms = [msg(colors[i % 3], i) for i in range(900)]
-    sim = SimQueue(ms, seed=seed, wall=wall)
+    sim = SimQueue(three_colors(900), seed=seed, wall=wall)
     one = SimConsumer(sim, window=20, token="one", wall=lambda: wall[0], clock=lambda: wall[0])
     two = SimConsumer(sim, window=20, token="two", wall=lambda: wall[0], clock=lambda: wall[0])
     red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
@@ -391,9 +395,7 @@ def test_a_match_published_directly_behind_a_finished_pass_is_found_by_counting_
 @pytest.mark.parametrize("seed", range(5))
 def test_two_daemons_meet_by_counting_without_a_timer(seed):
     wall = [1_000_000.0]
-    colors = ["red", "blue", None]
-    ms = [msg(colors[i % 3], i) for i in range(900)]
-    sim = SimQueue(ms, seed=seed, wall=wall)
+    sim = SimQueue(three_colors(900), seed=seed, wall=wall)
     kw = dict(window=20, wall=lambda: wall[0], clock=lambda: wall[0], look_again=1e9)  # no timer
     one, two = CountingConsumer(sim, token="one", **kw), CountingConsumer(sim, token="two", **kw)
     red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
