@@ -92,6 +92,10 @@ _TRACED_ATTACH = re.compile(r'<- @attach\(18\) \[name="((?:[^"\\]|\\.)*)"')
 _TRACED_OFFERED = re.compile(r'offered-capabilities=(@<symbol>\[[^\]]*\]|:"[^"]*"|:[^\s,\]]+)')
 _TRACED_SYMBOL = re.compile(r':"([^"]*)"|:([^\s,\]"]+)')
 _TRACED_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
+# The answer to a drain without credit: a flow carrying the queue's ready count (RabbitMQ 3.10, 4)
+_TRACED_AVAILABLE = re.compile(r"<- @flow\(19\) \[[^\]]*available=(0x[0-9a-fA-F]+|\d+)[^\]]*drain=true")
+PROBE_TIMEOUT = 5.0  # seconds a count may take before it counts as unanswered
+STOP_ENDS = 1.0  # seconds a stop waits for ended sessions to be answered before closing the connection
 
 
 def _caps(data) -> tuple[str, ...]:
@@ -199,11 +203,31 @@ class RemoteConsumer(_RemoteLink):
 
     def flow(self, n: int) -> None:
         if n > 0 and not self.closed and self.link is not None:
+            if self.upstream.probing is self:
+                self.upstream.probe_answered(-1)  # credit withdraws the question (no drain with it)
             self.link.flow(n)
 
     def settle_in_order(self) -> None:
         if self.order is None:
             self.order = OrderedDict()
+
+    def probe(self, answer: Callable[[int | None], None]) -> bool | None:
+        """Ask how many messages the queue has ready: a drain without credit, which RabbitMQ 4
+        answers with a flow carrying `available` (read from the frame trace, like an attach reply's
+        capabilities; one question per connection at a time).  answer(n) comes later: the count,
+        -1 if credit withdrew the question, None without an answer in PROBE_TIMEOUT seconds.
+        False: not now (credit outstanding, another question open); None: this upstream is never
+        asked (not RabbitMQ 4)."""
+        up = self.upstream
+        if not up.counts_queue:
+            return None
+        if self.closed or self.link is None or self.link.credit or up.probing is not None or up.connection is None:
+            return False
+        up.probing, up.probe_answer = self, answer
+        up.probe_timer = up.loop.call_later(PROBE_TIMEOUT, lambda: up.probe_answered(None))
+        up._trace_attaches(+1)
+        self.link.drain(0)
+        return True
 
     def settle(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
         if outcome.kind == "modified" and not self.upstream.modified_ok:
@@ -339,6 +363,7 @@ class RemoteUpstream(Handler):
         self.version: str | None = None
         self.binds_exchange_keys = False
         self.modified_ok = True
+        self.counts_queue = False
         self.recycles_sessions = False  # RabbitMQ 4: sessions outlive their links (see the module docstring)
         self._idle: list[Any] = []  # recycled sessions with no link, oldest first
         self._idle_timer = None
@@ -346,11 +371,15 @@ class RemoteUpstream(Handler):
         self._ended: set[Any] = set()  # sessions the proxy ended, until the broker's end arrives
         self._waiting: list[Any] = []  # sessions to begin once _ended is empty
         self._hold_timer = None
+        self._stop_timer = None
         self._names = itertools.count(1)
         self._backoff = 0.1
         self._reconnect_timer = None
         self.connects = 0
         self._awaiting_offers = 0  # consumer attaches offering filters whose reply is not in yet
+        self.probing: RemoteConsumer | None = None  # the consumer whose queue count was asked for
+        self.probe_answer: Callable[[int | None], None] | None = None
+        self.probe_timer: Any = None
         self._traced: dict[str, frozenset[str]] = {}  # link name -> its attach reply's offered-capabilities
 
     # ------------------------------------------------------------------ Upstream
@@ -360,12 +389,27 @@ class RemoteUpstream(Handler):
         self._connect()
 
     def stop(self) -> None:
+        """Close every link and the connection.  The connection's close waits (at most
+        STOP_ENDS seconds) for the broker to answer the sessions ended here: RabbitMQ 3.10 drops
+        dispositions its session processes have not handled when the connection closes, so the
+        accept of a move's original sent just before would be lost and the message redelivered
+        beside its copy.  A session's `end` is answered after its earlier frames."""
         self.stopped = True
         if self._reconnect_timer is not None:
             self._reconnect_timer.cancel()
         for ep in list(self._endpoints.values()):
             ep.close()
         if self.connection is not None:
+            if self._ended:
+                self._stop_timer = self.loop.call_later(STOP_ENDS, self._close_connection)
+            else:
+                self._close_connection()
+
+    def _close_connection(self) -> None:
+        if self._stop_timer is not None:
+            self._stop_timer.cancel()
+            self._stop_timer = None
+        if self.connection is not None and not (self.connection.state & Endpoint.LOCAL_CLOSED):
             self.connection.close()
 
     def closing(self) -> bool:
@@ -454,6 +498,11 @@ class RemoteUpstream(Handler):
         self._ended.add(session)
 
     def _ended_answered(self, session: Any) -> None:
+        if self.stopped:
+            self._ended.discard(session)
+            if not self._ended and self._stop_timer is not None:
+                self._close_connection()
+            return
         if self.recycles_sessions and session in self._ended:
             # The broker forgets the channel only after it answered: keep it busy a moment longer.
             self.loop.call_later(END_SETTLE, functools.partial(self._channel_free, session, self.connection))
@@ -563,12 +612,32 @@ class RemoteUpstream(Handler):
         else:
             transport.trace(Transport.TRACE_OFF)
 
+    def probe_answered(self, n: int | None) -> None:
+        """The count asked for by `RemoteConsumer.probe` (see there)."""
+        consumer, answer = self.probing, self.probe_answer
+        if consumer is None:
+            return
+        self.probing = self.probe_answer = None
+        if self.probe_timer is not None:
+            self.probe_timer.cancel()
+            self.probe_timer = None
+        self._trace_attaches(-1)
+        if consumer.link is not None and not consumer.closed:
+            consumer.link.drain_mode = False
+        answer(n)
+
     def _offer_answered(self, consumer: "RemoteConsumer") -> None:
         consumer.offer_pending = False
         self._trace_attaches(-1)
 
     def _on_trace(self, transport: Any, message: str) -> None:
         try:
+            if self.probing is not None:
+                m = _TRACED_AVAILABLE.search(message)
+                if m is not None:
+                    n = int(m.group(1), 0)
+                    self.loop.call_later(0, lambda: self.probe_answered(n))  # not inside proton's I/O
+                    return
             m = _TRACED_ATTACH.search(message)
             if m is None:
                 return
@@ -636,6 +705,8 @@ class RemoteUpstream(Handler):
         conn, self.connection = self.connection, None
         self._awaiting_offers = 0
         self._traced.clear()
+        if self.probing is not None:
+            self.probe_answered(None)
         desc = f"upstream {self.name} connection lost"
         if condition is not None and getattr(condition, "description", None):
             desc += f": {condition.description}"
@@ -673,6 +744,10 @@ class RemoteUpstream(Handler):
         self.binds_exchange_keys = is_rabbit
         self.modified_ok = not is_rabbit or _major(self.version) >= 4
         self.recycles_sessions = is_rabbit and _major(self.version) >= 4
+        # A drain without credit is answered with the queue's ready count by RabbitMQ 4; RabbitMQ
+        # 3.10 answers it too, but its classic queue then fails the channel (function_clause on
+        # send_drained), so it is never asked (see RemoteConsumer.probe).
+        self.counts_queue = is_rabbit and _major(self.version) >= 4
         self.connected = True
         self._backoff = 0.1
         self._attempt = 0

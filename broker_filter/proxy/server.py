@@ -164,6 +164,13 @@ class FeedBinding:
         if self.consumer is not None:
             self.consumer.flow(n)
 
+    def probe(self, answer: Callable[[int | None], None]) -> bool | None:
+        """The queue's ready count, if the upstream consumer can be asked (see forwarding.Feed.tick)."""
+        probe = getattr(self.consumer, "probe", None)
+        if probe is None:
+            return None if self.consumer is not None else False
+        return False if self.closed else probe(answer)
+
     def recycle(self, delivery: UpstreamDelivery, data: bytes, done: Callable[[bool], None]) -> bool:
         def moved(ok: bool) -> None:
             if not self.closed:
@@ -913,6 +920,9 @@ class ProxyServer(Handler):
             self.draining.discard(binding)
         if binding.closed:
             return
+        if binding.feed.moving:
+            log.warning("shutdown grace over with %d moves to %s in flight: their originals go back to the queue "
+                        "beside copies the broker may accept", binding.feed.moving, binding.spec.address)
         binding.closed = True
         binding.feed.close()
         if binding.consumer is not None:
