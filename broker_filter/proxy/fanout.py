@@ -168,6 +168,7 @@ class FanoutFeed:
         self.stats = FeedStats()
         self.fanout = FanoutStats()
         self._reads: frozenset = frozenset()
+        self._eager: set[Outlet] = set()  # members in the group with credit (the group pulls for them)
         self._clock = clock
         self._log = log
 
@@ -186,6 +187,7 @@ class FanoutFeed:
             return
         self.members[outlet] = _Member(outlet)
         self.outlets.append(outlet)
+        self._count(outlet)
         self.index.register(outlet, outlet.filter, outlet.receiver)
         self._reads = self._reads | outlet.filter.reads
         self._top_up()
@@ -197,6 +199,7 @@ class FanoutFeed:
             return
         self.outlets.remove(outlet)
         self.index.unregister(outlet)
+        self._eager.discard(outlet)
         self._reads = frozenset().union(*(o.filter.reads for o in self.outlets))
         copies = list(outlet.in_flight.values()) + list(m.queue)
         outlet.in_flight.clear()
@@ -213,7 +216,12 @@ class FanoutFeed:
 
     def set_credit(self, outlet: Outlet, credit: int) -> None:
         outlet.credit = max(0, credit)
-        self.pump()
+        m = self.members.get(outlet)
+        if m is None or self.stopping:
+            return
+        self._drain(m)
+        self._top_up_own(m)
+        self._top_up()
 
     def poke(self) -> None:
         pass
@@ -241,6 +249,7 @@ class FanoutFeed:
                 m.own = None
         self.members.clear()
         self.outlets.clear()
+        self._eager.clear()
         self.stopping = True
         return out
 
@@ -289,6 +298,7 @@ class FanoutFeed:
             return
         m.own_ready = True
         self.index.unregister(outlet)
+        self._eager.discard(outlet)
         self._top_up_own(m)
 
     def on_own_delivery(self, outlet: Outlet, consumer: Any, delivery: Any) -> None:
@@ -398,12 +408,19 @@ class FanoutFeed:
             else:
                 o.in_flight[tag] = c
         o.waiting_since = (o.waiting_since or self._clock()) if o.credit > 0 and not m.queue else None
+        self._count(o, m)
+
+    def _count(self, o: Outlet, m: _Member | None = None) -> None:
+        if o.credit > 0 and not (m or self.members[o]).own_ready:
+            self._eager.add(o)
+        else:
+            self._eager.discard(o)
 
     def _top_up(self) -> None:
         """Pull while a member in the group has credit, keeping at most `window` outstanding."""
         if self.stopping:
             return
-        if not any(o.credit > 0 for o, m in self.members.items() if not m.own_ready):
+        if not self._eager:
             return
         room = self.window - self.upstream_credit
         if room > 0 and (self.upstream_credit == 0 or room * 4 >= self.window):

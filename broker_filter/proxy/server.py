@@ -42,7 +42,7 @@ from ..amqp import types as t
 from ..amqp import CodecError, set_message_annotation
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from .forwarding import Feed, FeedStats, Outcome, Outlet, filter_identity
-from . import sharing
+from . import fanout, sharing
 from .routing import Routing
 from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
 from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
@@ -130,10 +130,13 @@ class FeedBinding:
         self.server = server
         self.key = key
         self.spec = spec
-        self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
-                         recycle=server.recycle and not subscription, token=server.feed_token(),
-                         custody=not getattr(server.upstream, "redelivers_in_place", False),
-                         log=log.warning)
+        if key[0] == "fanout":  # the address's shared upstream subscription (proxy/fanout.py)
+            self.feed = fanout.FanoutFeed(self, window=server.window, buffer=server.window, log=log.warning)
+        else:
+            self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
+                             recycle=server.recycle and not subscription, token=server.feed_token(),
+                             custody=not getattr(server.upstream, "redelivers_in_place", False),
+                             log=log.warning)
         self.pending: list[Outlet] = []  # attached by clients, waiting for the upstream consumer
         self.ready = False
         self.closed = False
@@ -175,6 +178,16 @@ class FeedBinding:
                     self.server.finish_feed(self)
 
         return self.server.recycle_message(self, data, moved)
+
+    def open_own(self, outlet: Outlet, handler: Any) -> Any:
+        """FanoutIO: an upstream subscription for one slow link of a shared subscription."""
+        name = f"{self.spec.name}|own-{next(self.server._sub_ids)}"
+        return self.server.upstream.open_consumer(dataclasses.replace(self.spec, name=name), handler)
+
+    def lost_outlet(self, outlet: Outlet, condition: str, description: str) -> None:
+        link = outlet.io_ref
+        link.bf_binding = None
+        close_link(link, condition, description)
 
     # ConsumerHandler ----------------------------------------------------------
     def on_consumer_ready(self, consumer, info: ConsumerInfo) -> None:
@@ -634,7 +647,8 @@ class ProxyServer(Handler):
         key = sharing.feed_key(decision, address=up_address, pushed=pushed + offered, local=local,
                                serial=next(self._sub_ids), link_name=link.name,
                                container_id=spec.container_id, capabilities=caps,
-                               durable=bool(src.durability) or spec.expiry_policy == "never")
+                               durable=bool(src.durability) or spec.expiry_policy == "never",
+                               dynamic=spec.dynamic)
         binding = self.feeds.get(key)
         if (binding is None or binding.closed) and offered and not decision.subscription:
             # A feed whose upstream turned the offered filters down serves every link of its queue.

@@ -126,19 +126,24 @@ def decide(*, address: str | None, capabilities: Iterable[str] = (), copy: bool 
 
 def feed_key(decision: Decision, *, address: str | None, pushed: Iterable[Any], local: Any, serial: int,
              link_name: str | None = None, container_id: str | None = None,
-             capabilities: Iterable[str] = (), durable: bool = False) -> tuple:
+             capabilities: Iterable[str] = (), durable: bool = False, dynamic: bool = False) -> tuple:
     """The key of the feed a link joins: links with equal keys share one upstream consumer.
 
     Queues: the upstream address and the pushed-down filters (the upstream applies those, so only
     links asking for the same upstream view can share it).  Subscriptions: a key of their own
-    (`serial` is unique per link), except a named shared subscription, whose links share by name
-    (and by their filters: a JMS subscription has one selector)."""
+    (`serial` is unique per link) when durable, dynamic or named (a JMS subscription: its identity
+    lives in the broker), a named shared subscription's links sharing by name (and by their filters:
+    a JMS subscription has one selector); every other subscription link joins the address's shared
+    upstream subscription (`broker_filter.proxy.fanout`), by the upstream address and pushed-down
+    filters."""
     pushed_key = tuple((str(e.key), repr(e.value)) for e in pushed)
     if not decision.subscription:
         return ("queue", address, pushed_key)
     named = subscription_name(link_name, container_id, capabilities, durable)
     if named is not None and named.shared:
         return ("named", address, named.queue_name, pushed_key, _canonical(local))
+    if named is None and not durable and not dynamic:
+        return ("fanout", address, pushed_key)
     return ("subscription", serial)
 
 
