@@ -1,0 +1,215 @@
+"""One upstream subscription per topic address, through the daemon, on RabbitMQ 3.10 and 4.0 with real
+clients: exact sets per link with mixed filters while RabbitMQ holds ONE subscription queue (with one
+consumer) for N links, gone once the last link leaves; a slow link (no credit) does not stop the
+others and gets its messages later; a client process killed with SIGKILL does not lose the others'
+messages; a property test (random filter sets and messages) on the daemon."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from proton import Message
+
+from broker_filter.filters import compile_selector
+from clients import connect, receive_until_quiet, receiver, send_messages
+from launcher import Daemon
+from rabbitmq_nodes import rabbitmqctl
+
+HERE = Path(__file__).parent
+WINDOW = 8  # the daemon's upstream window: also each link's buffer in a shared subscription
+
+pytestmark = pytest.mark.rabbitmq
+
+
+@pytest.fixture(scope="module")
+def fanout_daemon(rabbitmq):
+    p = Daemon("--set", f"limits.upstream_window={WINDOW}", upstream=rabbitmq)
+    yield p
+    p.stop()
+    assert "Traceback" not in p.log(), p.log()
+
+
+def subscription_queues(topic: str) -> list[str]:
+    """The queues bound to amq.topic under `topic`: one per upstream subscription on /topic/<topic>."""
+    out = rabbitmqctl("list_bindings", "-q", "source_name", "destination_name", "routing_key").stdout
+    return [cols[1] for cols in (line.split("\t") for line in out.splitlines())
+            if len(cols) == 3 and cols[0] == "amq.topic" and cols[2] == topic]
+
+
+def consumers(queues: list[str]) -> int:
+    out = rabbitmqctl("list_queues", "-q", "name", "consumers").stdout
+    return sum(int(cols[1]) for cols in (line.split("\t") for line in out.splitlines())
+               if len(cols) == 2 and cols[0] in queues and cols[1].isdigit())
+
+
+def ended(topic: str, queues: list[str], broker) -> bool:
+    """The daemon's upstream subscriptions on `topic` are gone: RabbitMQ 4 deletes their queues;
+    RabbitMQ 3.10 keeps a /topic/ subscription queue after its link detaches (for any client), so
+    there: no consumer is left on it."""
+    if broker.version == "3.10":
+        return consumers(queues) == 0
+    return subscription_queues(topic) == []
+
+
+def wait_until(check, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.3)
+    return check()
+
+
+def messages(n: int, seed: int = 1) -> list[Message]:
+    rnd = random.Random(seed)
+    out = []
+    for i in range(n):
+        props = {"i": i, "k": rnd.randint(0, 6)}
+        if rnd.random() < 0.9:
+            props["customer"] = f"c{rnd.randint(0, 5)}"
+        out.append(Message(id=f"m{i}", body=i, properties=props))
+    return out
+
+
+def selected(selector: str | None, msgs: list[Message]) -> list[int]:
+    from broker_filter.amqp import decode_message
+    from broker_filter.amqp.message import Message as Decoded
+
+    if selector is None:
+        return [m.body for m in msgs]
+    f = compile_selector(selector)
+    return [m.body for m in msgs
+            if f.evaluate(Decoded(application_properties=dict(m.properties))) is True]
+
+
+MIXED = [None, "customer = 'c1'", "customer = 'c1'", "customer IN ('c2', 'c3')", "customer LIKE 'c4%'",
+         "k > 3 AND customer <> 'c0'", "customer = 'c5' OR k = 0"]
+
+
+def test_mixed_filters_exact_sets_one_upstream_subscription_gone_with_the_last_link(fanout_daemon, rabbitmq_broker):
+    topic = f"fan{uuid.uuid4().hex[:10]}"
+    conns = [connect(fanout_daemon.url) for _ in range(3)]
+    try:
+        rcvs = [receiver(conns[j % 3], f"/topic/{topic}", credit=100, selector=s) for j, s in enumerate(MIXED)]
+        assert wait_until(lambda: len(subscription_queues(topic)) == 1, 10)
+        queues = subscription_queues(topic)
+        assert len(queues) == 1 and consumers(queues) == 1, queues  # ONE for seven links
+        msgs = messages(60)
+        send_messages(conns[0].create_sender(f"/topic/{topic}"), msgs)
+        for r, s in zip(rcvs, MIXED):
+            want = selected(s, msgs)
+            got = [m.body for m in receive_until_quiet(r, at_most=len(want), idle=5, limit=30)]
+            got += [m.body for m in receive_until_quiet(r, idle=0.3, limit=2)]
+            assert got == want, f"{s!r}: got {got}, expected {want}"
+        # links leave one by one: the subscription stays while one is left, then goes
+        for r in rcvs[:-1]:
+            r.close()
+        time.sleep(0.5)
+        assert subscription_queues(topic) == queues and consumers(queues) == 1
+        rcvs[-1].close()
+        assert wait_until(lambda: ended(topic, queues, rabbitmq_broker), 20), subscription_queues(topic)
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_a_slow_link_does_not_stop_the_others_and_gets_its_messages_later(fanout_daemon, rabbitmq_broker):
+    topic = f"fan{uuid.uuid4().hex[:10]}"
+    conns = [connect(fanout_daemon.url) for _ in range(3)]
+    try:
+        slow = receiver(conns[0], f"/topic/{topic}", credit=0, selector="k >= 0")
+        fast = receiver(conns[1], f"/topic/{topic}", credit=200, selector="k >= 0")
+        assert wait_until(lambda: len(subscription_queues(topic)) == 1, 10)
+        n = 6 * WINDOW
+        msgs = [Message(id=f"m{i}", body=i, properties={"k": i}) for i in range(n)]
+        snd = conns[2].create_sender(f"/topic/{topic}")
+        send_messages(snd, msgs)
+        got = [m.body for m in receive_until_quiet(fast, at_most=n, idle=5, limit=30)]
+        assert got == list(range(n))  # the slow link held nobody back
+        # the slow link left the shared subscription for one of its own, with what it had not received
+        assert wait_until(lambda: len(subscription_queues(topic)) == 2, 10)
+        late = [m.body for m in receive_until_quiet(slow, idle=3, limit=60)]
+        assert sorted(set(late)) == list(range(n)), late  # nothing lost
+        duplicates = len(late) - len(set(late))
+        assert duplicates <= WINDOW, late  # only around the switch, and few
+        assert [m for m in late if m not in late[:late.index(m)]] == list(range(n))  # first copies in order
+        # messages published now reach both, once each
+        more = [Message(id=f"x{i}", body=1000 + i, properties={"k": i}) for i in range(5)]
+        send_messages(snd, more)
+        assert [m.body for m in receive_until_quiet(fast, at_most=5, idle=5)] == [1000 + i for i in range(5)]
+        assert [m.body for m in receive_until_quiet(slow, idle=2, limit=20)] == [1000 + i for i in range(5)]
+        queues = subscription_queues(topic)
+        slow.close()
+        fast.close()
+        assert wait_until(lambda: ended(topic, queues, rabbitmq_broker), 20), subscription_queues(topic)
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_a_killed_client_does_not_lose_the_others_messages(fanout_daemon):
+    topic = f"fan{uuid.uuid4().hex[:10]}"
+    killed = subprocess.Popen([sys.executable, str(HERE / "killed_client.py"), fanout_daemon.url, f"/topic/{topic}",
+                               "k >= 0", "4", "1"], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    conns = [connect(fanout_daemon.url) for _ in range(2)]
+    try:
+        others = [receiver(conns[0], f"/topic/{topic}", credit=100, selector="k >= 0"),
+                  receiver(conns[0], f"/topic/{topic}", credit=100, selector="k < 10")]
+        assert wait_until(lambda: consumers(subscription_queues(topic)) == 1, 15)
+        time.sleep(0.5)  # the killed client's link is attached too (one subscription for all three)
+        snd = conns[1].create_sender(f"/topic/{topic}")
+        send_messages(snd, [Message(id=f"m{i}", body=i, properties={"k": i}) for i in range(20)])
+        lines = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "ready" not in lines:
+            lines.append(killed.stdout.readline().strip())
+        assert "ready" in lines, lines
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait(10)
+        send_messages(snd, [Message(id=f"m{i}", body=i, properties={"k": i}) for i in range(20, 30)])
+        got0 = [m.body for m in receive_until_quiet(others[0], at_most=30, idle=5, limit=30)]
+        got1 = [m.body for m in receive_until_quiet(others[1], idle=2, limit=20)]
+        assert got0 == list(range(30))
+        assert got1 == list(range(10))
+        assert len(subscription_queues(topic)) == 1
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+        for c in conns:
+            c.close()
+
+
+SELECTORS = ["customer = 'c{n}'", "customer IN ('c{n}', 'c{m}')", "customer LIKE 'c{n}%'", "k > {n}",
+             "customer = 'c{n}' AND k < {m}", "customer <> 'c{n}'"]
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 10_000))
+def test_property_links_receive_exactly_what_their_filter_selects(fanout_daemon, seed):
+    rnd = random.Random(seed)
+    topic = f"fan{uuid.uuid4().hex[:10]}"
+    texts = [rnd.choice(SELECTORS).format(n=rnd.randint(0, 5), m=rnd.randint(0, 5)) for _ in range(rnd.randint(2, 8))]
+    conns = [connect(fanout_daemon.url) for _ in range(2)]
+    try:
+        rcvs = [receiver(conns[j % 2], f"/topic/{topic}", credit=100, selector=t) for j, t in enumerate(texts)]
+        assert wait_until(lambda: len(subscription_queues(topic)) == 1, 10)
+        msgs = messages(30, seed)
+        send_messages(conns[0].create_sender(f"/topic/{topic}"), msgs)
+        for r, t in zip(rcvs, texts):
+            want = selected(t, msgs)
+            got = [m.body for m in receive_until_quiet(r, at_most=len(want), idle=3, limit=20)]
+            got += [m.body for m in receive_until_quiet(r, idle=0.2, limit=1)]
+            assert got == want, t
+    finally:
+        for c in conns:
+            c.close()
