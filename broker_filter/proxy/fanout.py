@@ -154,7 +154,7 @@ class FanoutFeed:
 
     def __init__(self, io: FanoutIO, *, window: int = 100, buffer: int = 100, indexed: bool = True,
                  cache_size: int = 1024, clock: Callable[[], float] = time.monotonic,
-                 log: Callable[[str], None] | None = None, **_ignored: Any):
+                 log: Callable[[str], None] | None = None, counters: Any = None):
         if window < 1 or buffer < 1:
             raise ValueError("window and buffer are at least 1")
         self.io = io
@@ -171,6 +171,7 @@ class FanoutFeed:
         self._eager: set[Outlet] = set()  # members in the group with credit (the group pulls for them)
         self._clock = clock
         self._log = log
+        self.counters = counters  # broker_filter.metrics.SharedCounters, or None
 
     @property
     def held(self) -> list:
@@ -190,6 +191,8 @@ class FanoutFeed:
         self._count(outlet)
         self.index.register(outlet, outlet.filter, outlet.receiver)
         self._reads = self._reads | outlet.filter.reads
+        if self.counters is not None:
+            self.counters.subscribers.inc()
         self._top_up()
 
     def remove_outlet(self, outlet: Outlet) -> None:
@@ -197,6 +200,8 @@ class FanoutFeed:
         m = self.members.pop(outlet, None)
         if m is None:
             return
+        if self.counters is not None and not m.own_ready:
+            self.counters.subscribers.dec()
         self.outlets.remove(outlet)
         self.index.unregister(outlet)
         self._eager.discard(outlet)
@@ -235,6 +240,8 @@ class FanoutFeed:
     def close(self) -> list[Any]:
         """Forget everything; returns the shared subscription's deliveries still unsettled (closing
         the upstream consumer returns them).  Members' own subscriptions are closed."""
+        if self.counters is not None:
+            self.counters.subscribers.dec(self.grouped)
         out: list[Any] = []
         seen: set[int] = set()
         for m in self.members.values():
@@ -262,11 +269,22 @@ class FanoutFeed:
         self.upstream_credit = max(0, self.upstream_credit - 1)
         shared = _Shared(delivery, self._decode(delivery))
         self.fanout.messages += 1
+        index = self.index
+        before = (index.candidates_total, index.evaluations_total, index.cache_lookups, index.cache_hits)
         if shared.message is _BAD:
             selected = [o for o in self.outlets if not o.filter.reads]
-            self.index.messages += 1
+            index.messages += 1
         else:
-            selected = self.index.match(shared.message)
+            selected = index.match(shared.message)
+        if self.counters is not None:
+            c = self.counters
+            c.messages.inc()
+            c.candidates.inc(index.candidates_total - before[0])
+            c.evaluations.inc(index.evaluations_total - before[1])
+            if index.cache_lookups != before[2]:
+                c.cache_lookups.inc()
+                if index.cache_hits != before[3]:
+                    c.cache_hits.inc()
         targets = [self.members[o] for o in selected if self.members[o].own_ready is False]
         if not targets:
             self.stats.filtered += 1
@@ -298,6 +316,8 @@ class FanoutFeed:
             return
         m.own_ready = True
         self.index.unregister(outlet)
+        if self.counters is not None:
+            self.counters.subscribers.dec()
         self._eager.discard(outlet)
         self._top_up_own(m)
 

@@ -131,7 +131,8 @@ class FeedBinding:
         self.key = key
         self.spec = spec
         if key[0] == "fanout":  # the address's shared upstream subscription (proxy/fanout.py)
-            self.feed = fanout.FanoutFeed(self, window=server.window, buffer=server.window, log=log.warning)
+            self.feed = fanout.FanoutFeed(self, window=server.window, buffer=server.window, log=log.warning,
+                                          counters=server.metrics.shared(spec.address) if server.metrics else None)
         else:
             self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
                              recycle=server.recycle and not subscription, token=server.feed_token(),

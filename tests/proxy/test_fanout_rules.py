@@ -278,3 +278,34 @@ def test_property_members_receive_exactly_what_their_filter_selects(seed, indexe
     if presettled:
         assert len(io.settled) == len(ds)  # every message settled upstream exactly once
         assert len({id(d) for d, _ in io.settled}) == len(ds)
+
+
+def test_metrics_subscribers_candidates_evaluations_and_index_hit_rate():
+    from prometheus_client import CollectorRegistry
+
+    from broker_filter.metrics import Metrics
+
+    metrics = Metrics(CollectorRegistry())
+    io = Recorder()
+    feed = FanoutFeed(io, window=10, buffer=10, counters=metrics.shared("/topic/t"))
+    outlets = [outlet(f"o{i}", f"customer = 'c{i}'") for i in range(50)] + [outlet("like", "customer LIKE 'c1%'")]
+    for o in outlets:
+        feed.add_outlet(o)
+        feed.set_credit(o, 10)
+    for i in range(4):
+        feed.on_upstream_delivery(msg(i, customer="c3"))
+    feed.remove_outlet(outlets[0])
+
+    def value(name):
+        return metrics.registry.get_sample_value(name, {"address": "/topic/t"})
+
+    assert value("broker_filter_shared_subscribers") == 50
+    assert value("broker_filter_shared_messages_total") == 4
+    # one equality posting and the unindexable LIKE per message: 2 candidates, 2 evaluations, of 51 links
+    assert value("broker_filter_shared_candidates_total") == 8
+    assert value("broker_filter_shared_evaluations_total") == 8
+    assert value("broker_filter_shared_index_lookups_total") == 4
+    assert value("broker_filter_shared_index_hits_total") == 3  # the same customer value: cached after the first
+    assert io.got("o3") == [d for _, d, _ in io.sent]
+    feed.close()
+    assert value("broker_filter_shared_subscribers") == 0
