@@ -6,7 +6,9 @@ messages; a property test (random filter sets and messages) on the daemon."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import random
 import signal
 import subprocess
@@ -212,3 +214,37 @@ def test_property_links_receive_exactly_what_their_filter_selects(fanout_daemon,
     finally:
         for c in conns:
             c.close()
+
+
+def test_rhea_and_proton_links_share_one_upstream_subscription(fanout_daemon):
+    """rhea receivers (each in its own node process) and a proton receiver on one /topic/ address:
+    one upstream subscription, each gets exactly what its filter selects."""
+    node = shutil.which("node")
+    js = HERE.parent / "js"
+    if node is None or not (js / "node_modules" / "rhea").is_dir():
+        pytest.fail("node and rhea are required (scripts/setup.sh installs them)")
+    topic = f"fan{uuid.uuid4().hex[:10]}"
+    msgs = messages(40, seed=7)
+    rhea_selectors = ["customer = 'c1'", "customer IN ('c2', 'c3')", "customer LIKE 'c4%'", "k > 4"]
+    procs = [subprocess.Popen([node, str(js / "receive.js"), str(fanout_daemon.port), f"/topic/{topic}", s,
+                               str(len(selected(s, msgs))), "20000"], stdout=subprocess.PIPE, text=True)
+             for s in rhea_selectors]
+    conn = connect(fanout_daemon.url)
+    try:
+        for p in procs:
+            assert "attached" in json.loads(p.stdout.readline())
+        mine = receiver(conn, f"/topic/{topic}", credit=100, selector="customer = 'c5'")
+        queues = subscription_queues(topic)
+        assert len(queues) == 1 and consumers(queues) == 1, queues
+        send_messages(conn.create_sender(f"/topic/{topic}"), msgs)
+        for p, s in zip(procs, rhea_selectors):
+            out, _ = p.communicate(timeout=30)
+            got = [json.loads(line)["message"]["body"] for line in out.splitlines() if '"message"' in line]
+            assert got == selected(s, msgs), s
+        want = selected("customer = 'c5'", msgs)
+        assert [m.body for m in receive_until_quiet(mine, at_most=len(want), idle=5)] == want
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        conn.close()
