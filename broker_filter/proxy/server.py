@@ -131,7 +131,10 @@ class FeedBinding:
         self.key = key
         self.spec = spec
         if key[0] == "fanout":  # the address's shared upstream subscription (proxy/fanout.py)
+            limits = getattr(server.config, "limits", None)
             self.feed = fanout.FanoutFeed(self, window=server.window, buffer=server.window, log=log.warning,
+                                          indexed=getattr(limits, "subscription_index", True),
+                                          cache_size=getattr(limits, "index_cache_size", 1024),
                                           counters=server.metrics.shared(spec.address) if server.metrics else None)
         else:
             self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import random
 import signal
 import subprocess
 import sys
@@ -21,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from proton import Message
 
-from broker_filter.filters import compile_selector
 from clients import connect, receive_until_quiet, receiver, send_messages
 from launcher import Daemon
 from rabbitmq_nodes import rabbitmqctl
+from fanout_checks import check_exact_sets, messages, selected, wait_until
 
 HERE = Path(__file__).parent
 WINDOW = 8  # the daemon's upstream window: also each link's buffer in a shared subscription
@@ -59,37 +58,6 @@ def ended(topic: str, queues: list[str]) -> bool:
     auto-delete, after its link detaches, for a direct client too: the daemon leaves one queue per
     shared subscription where direct clients leave one per receiver.)"""
     return consumers(queues) == 0 and set(subscription_queues(topic)) <= set(queues)
-
-
-def wait_until(check, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.3)
-    return check()
-
-
-def messages(n: int, seed: int = 1) -> list[Message]:
-    rnd = random.Random(seed)
-    out = []
-    for i in range(n):
-        props = {"i": i, "k": rnd.randint(0, 6)}
-        if rnd.random() < 0.9:
-            props["customer"] = f"c{rnd.randint(0, 5)}"
-        out.append(Message(id=f"m{i}", body=i, properties=props))
-    return out
-
-
-def selected(selector: str | None, msgs: list[Message]) -> list[int]:
-    from broker_filter.amqp import decode_message
-    from broker_filter.amqp.message import Message as Decoded
-
-    if selector is None:
-        return [m.body for m in msgs]
-    f = compile_selector(selector)
-    return [m.body for m in msgs
-            if f.evaluate(Decoded(application_properties=dict(m.properties))) is True]
 
 
 MIXED = [None, "customer = 'c1'", "customer = 'c1'", "customer IN ('c2', 'c3')", "customer LIKE 'c4%'",
@@ -190,30 +158,25 @@ def test_a_killed_client_does_not_lose_the_others_messages(fanout_daemon):
             c.close()
 
 
-SELECTORS = ["customer = 'c{n}'", "customer IN ('c{n}', 'c{m}')", "customer LIKE 'c{n}%'", "k > {n}",
-             "customer = 'c{n}' AND k < {m}", "customer <> 'c{n}'"]
+INDEX_SETTINGS = {"index-cache": ("true", "1024"), "index-no-cache": ("true", "0"), "no-index": ("false", "0")}
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.fixture(scope="module", params=list(INDEX_SETTINGS.values()), ids=list(INDEX_SETTINGS))
+def index_daemon(request, rabbitmq):
+    """A daemon on the broker of this run with the shared subscriptions' index and cache on or off."""
+    indexed, cache = request.param
+    settings_ = ("--set", f"limits.subscription_index={indexed}", "--set", f"limits.index_cache_size={cache}")
+    p = Daemon(*settings_, upstream=rabbitmq)
+    yield p
+    p.stop()
+    assert "Traceback" not in p.log(), p.log()
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 10_000))
-def test_property_links_receive_exactly_what_their_filter_selects(fanout_daemon, seed):
-    rnd = random.Random(seed)
+def test_property_links_receive_exactly_what_their_filter_selects(index_daemon, seed):
     topic = f"fan{uuid.uuid4().hex[:10]}"
-    texts = [rnd.choice(SELECTORS).format(n=rnd.randint(0, 5), m=rnd.randint(0, 5)) for _ in range(rnd.randint(2, 8))]
-    conns = [connect(fanout_daemon.url) for _ in range(2)]
-    try:
-        rcvs = [receiver(conns[j % 2], f"/topic/{topic}", credit=100, selector=t) for j, t in enumerate(texts)]
-        assert wait_until(lambda: len(subscription_queues(topic)) == 1, 10)
-        msgs = messages(30, seed)
-        send_messages(conns[0].create_sender(f"/topic/{topic}"), msgs)
-        for r, t in zip(rcvs, texts):
-            want = selected(t, msgs)
-            got = [m.body for m in receive_until_quiet(r, at_most=len(want), idle=3, limit=20)]
-            got += [m.body for m in receive_until_quiet(r, idle=0.2, limit=1)]
-            assert got == want, t
-    finally:
-        for c in conns:
-            c.close()
+    check_exact_sets(index_daemon.url, f"/topic/{topic}", seed, lambda: len(subscription_queues(topic)))
 
 
 def test_rhea_and_proton_links_share_one_upstream_subscription(fanout_daemon):
