@@ -4,8 +4,10 @@ Theory of operation
 -------------------
 Every client receiving link becomes an `Outlet` on a `Feed` (see `broker_filter.proxy.forwarding`), and
 every feed is one upstream consumer.  Which links share a feed is one rule, in
-`broker_filter.proxy.sharing`: subscription sources get a feed of their own (a named shared
-subscription one per name); links on the same queue (and the same pushed-down filters) share one.
+`broker_filter.proxy.sharing`: the plain subscription links of one address share one upstream
+subscription (`broker_filter.proxy.fanout`), durable and dynamic ones get a feed of their own (a
+named shared subscription one per name); links on the same queue (and the same pushed-down filters)
+share one.
 The attach reply is sent only once the upstream consumer is attached, so an upstream refusal
 reaches the client as an attach refusal.
 

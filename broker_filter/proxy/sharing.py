@@ -10,16 +10,19 @@ address model (AMQ's anycast and multicast; docs/proxy.md has the same table):
   link on the same queue with the same pushed-down filters shares one feed, which offers each message
   to one link that selects it — what a broker does for consumers with selectors.  A message no link
   selects must stay for others: it is never consumed for not matching.
-* **subscription semantics** (multicast): every receiver has a subscription of its own and gets every
-  message its filter selects.  A link never shares a feed with another link, whatever the filters, so
-  each gets its own upstream subscription and its own copy.
+* **subscription semantics** (multicast): every receiver gets every message its filter selects.
+  The daemon's non-durable, unnamed, non-dynamic subscription links on one upstream address (with
+  the same pushed-down filters) share one upstream subscription, which gives each link its own copy
+  of what its filter selects (`broker_filter.proxy.fanout`: one decode and one index match per
+  message, per-link buffers, a slow link moved to a subscription of its own).  Durable and dynamic
+  links get an upstream subscription of their own: their identity lives in the broker.
 * **named subscriptions** (JMS 2.0 shared subscriptions: capability `shared` on a subscription
   source, named by the link name): the links of one subscription share one feed, because the
   subscription is one queue shared by name.
 
 The first of these that speaks decides (`decide`):
 
-| what says so | queue | subscription |
+| what says so | queue (one shared consumer) | subscription (one shared upstream subscription, a copy per link) |
 |---|---|---|
 | an `[[address_rules]]` entry | `routing_type = "anycast"` | `routing_type = "multicast"` |
 | the client's source distribution mode | | `copy` |
