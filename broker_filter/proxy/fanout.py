@@ -437,10 +437,12 @@ class FanoutFeed:
             self._eager.discard(o)
 
     def _top_up(self) -> None:
-        """Pull while a member in the group has credit, keeping at most `window` outstanding."""
+        """Pull while a member in the group has credit, keeping at most `window` outstanding; once
+        every member has a subscription of its own, pull to consume what nobody here takes any more
+        (the shared subscription lives until its last link leaves)."""
         if self.stopping:
             return
-        if not self._eager:
+        if not self._eager and (len(self.index) or not self.members):
             return
         room = self.window - self.upstream_credit
         if room > 0 and (self.upstream_credit == 0 or room * 4 >= self.window):

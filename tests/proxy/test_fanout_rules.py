@@ -208,6 +208,11 @@ def test_a_slow_member_leaves_for_its_own_subscription_and_gets_everything_in_or
         feed.on_client_outcome(fast, tag, ACCEPTED)
     assert [d for d, _ in own.settled[1:]] == later
     assert sorted(id(d) for d, _ in io.settled) == sorted(id(d) for d in ds)
+    # fast leaves: nobody is left in the group, so the shared subscription consumes what comes
+    feed.remove_outlet(fast)
+    flowed = io.flowed
+    feed.on_upstream_delivery(msg(50, k=1))
+    assert io.flowed > flowed and io.settled[-1][1] is ACCEPTED
     feed.remove_outlet(slow)
     assert own.closed
 
