@@ -203,30 +203,22 @@ class Metrics:
             "Client links served by the address's shared upstream subscription (a link that fell behind "
             "and continues on a subscription of its own is not counted)", ["address"], registry=r,
         )
-        self.shared_messages = Counter(
-            "broker_filter_shared_messages",
-            "Upstream messages of shared subscriptions matched once against their subscription index, by address",
-            ["address"], registry=r,
-        )
-        self.shared_candidates = Counter(
-            "broker_filter_shared_candidates",
-            "Links the subscription index offered as candidates (divide by shared_messages: candidates per "
-            "message), by address", ["address"], registry=r,
-        )
-        self.shared_evaluations = Counter(
-            "broker_filter_shared_evaluations",
-            "Link filters evaluated on shared subscriptions' messages (divide by shared_messages: links "
-            "evaluated per message), by address", ["address"], registry=r,
-        )
-        self.shared_cache_lookups = Counter(
-            "broker_filter_shared_index_lookups",
-            "Candidate lookups in the subscription index's result cache, by address", ["address"], registry=r,
-        )
-        self.shared_cache_hits = Counter(
-            "broker_filter_shared_index_hits",
-            "Lookups answered by the subscription index's result cache (divide by shared_index_lookups: the "
-            "index hit rate), by address", ["address"], registry=r,
-        )
+        for attr, name, doc in (
+            ("shared_messages", "broker_filter_shared_messages",
+             "Upstream messages of shared subscriptions matched once against their subscription index, by address"),
+            ("shared_candidates", "broker_filter_shared_candidates",
+             "Links the subscription index offered as candidates (divide by shared_messages: candidates per "
+             "message), by address"),
+            ("shared_evaluations", "broker_filter_shared_evaluations",
+             "Link filters evaluated on shared subscriptions' messages (divide by shared_messages: links "
+             "evaluated per message), by address"),
+            ("shared_cache_lookups", "broker_filter_shared_index_lookups",
+             "Candidate lookups in the subscription index's result cache, by address"),
+            ("shared_cache_hits", "broker_filter_shared_index_hits",
+             "Lookups answered by the subscription index's result cache (divide by shared_index_lookups: the "
+             "index hit rate), by address"),
+        ):
+            setattr(self, attr, Counter(name, doc, ["address"], registry=r))
         self._by_address: dict[str, AddressCounters] = {}
         self._lock = threading.Lock()
         self._snapshot = Snapshot()

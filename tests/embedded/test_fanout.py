@@ -9,19 +9,11 @@ import uuid
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fanout_checks import check_exact_sets
-from launcher import Daemon
-
-INDEX_SETTINGS = {"index-cache": ("true", "1024"), "index-no-cache": ("true", "0"), "no-index": ("false", "0")}
-
+from fanout_checks import INDEX_SETTINGS, check_exact_sets, serve_with_index
 
 @pytest.fixture(scope="module", params=list(INDEX_SETTINGS.values()), ids=list(INDEX_SETTINGS))
 def index_daemon(request):
-    indexed, cache = request.param
-    p = Daemon("--set", f"limits.subscription_index={indexed}", "--set", f"limits.index_cache_size={cache}")
-    yield p
-    p.stop()
-    assert "Traceback" not in p.log(), p.log()
+    yield from serve_with_index(request.param)
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))

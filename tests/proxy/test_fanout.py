@@ -23,7 +23,7 @@ from proton import Message
 from clients import connect, receive_until_quiet, receiver, send_messages
 from launcher import Daemon
 from rabbitmq_nodes import rabbitmqctl
-from fanout_checks import check_exact_sets, messages, selected, wait_until
+from fanout_checks import INDEX_SETTINGS, check_exact_sets, serve_with_index, messages, selected, wait_until
 
 HERE = Path(__file__).parent
 WINDOW = 8  # the daemon's upstream window: also each link's buffer in a shared subscription
@@ -110,7 +110,7 @@ def test_a_slow_link_does_not_stop_the_others_and_gets_its_messages_later(fanout
         assert sorted(set(late)) == list(range(n)), late  # nothing lost
         duplicates = len(late) - len(set(late))
         assert duplicates <= WINDOW, late  # only around the switch, and few
-        assert [m for m in late if m not in late[:late.index(m)]] == list(range(n))  # first copies in order
+        assert list(dict.fromkeys(late)) == list(range(n))  # first copies in order
         # messages published now reach both, once each
         more = [Message(id=f"x{i}", body=1000 + i, properties={"k": i}) for i in range(5)]
         send_messages(snd, more)
@@ -158,18 +158,10 @@ def test_a_killed_client_does_not_lose_the_others_messages(fanout_daemon):
             c.close()
 
 
-INDEX_SETTINGS = {"index-cache": ("true", "1024"), "index-no-cache": ("true", "0"), "no-index": ("false", "0")}
-
-
 @pytest.fixture(scope="module", params=list(INDEX_SETTINGS.values()), ids=list(INDEX_SETTINGS))
 def index_daemon(request, rabbitmq):
     """A daemon on the broker of this run with the shared subscriptions' index and cache on or off."""
-    indexed, cache = request.param
-    settings_ = ("--set", f"limits.subscription_index={indexed}", "--set", f"limits.index_cache_size={cache}")
-    p = Daemon(*settings_, upstream=rabbitmq)
-    yield p
-    p.stop()
-    assert "Traceback" not in p.log(), p.log()
+    yield from serve_with_index(request.param, upstream=rabbitmq)
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))

@@ -10,6 +10,19 @@ from proton import Message
 
 from broker_filter.filters import compile_selector
 from clients import connect, receive_until_quiet, receiver, send_messages
+from launcher import Daemon
+
+# the daemon's shared-subscription index and its cache, on and off (pytest params and ids)
+INDEX_SETTINGS = {"index-cache": ("true", "1024"), "index-no-cache": ("true", "0"), "no-index": ("false", "0")}
+
+
+def serve_with_index(setting: tuple[str, str], **kw):
+    """Yield a daemon with one of INDEX_SETTINGS (keyword arguments go to Daemon); stop it after."""
+    indexed, cache = setting
+    p = Daemon("--set", f"limits.subscription_index={indexed}", "--set", f"limits.index_cache_size={cache}", **kw)
+    yield p
+    p.stop()
+    assert "Traceback" not in p.log(), p.log()
 
 
 def wait_until(check, timeout: float = 20.0) -> bool:
