@@ -55,8 +55,10 @@ def start_ingest(
 
 def run_until_idle(query: Any, idle_seconds: float | None, poll: float = 0.2) -> dict:
     """Wait until `idle_seconds` pass without a message (None: until the query stops), then stop it.
-    Returns {"messages": rows ingested by this run, "batches": batches with messages}.  Raises the
-    query's error if it failed."""
+    A batch with messages still being written is activity: the query is not stopped in its middle (a
+    first batch slower than `idle_seconds` would otherwise be interrupted and the run would end with
+    nothing written).  Returns {"messages": rows ingested by this run, "batches": batches with
+    messages}.  Raises the query's error if it failed."""
     seen = -1
     totals = {"messages": 0, "batches": 0}
     last_active = None  # idle time counts from the first trigger (a restart first replays its batch)
@@ -71,6 +73,9 @@ def run_until_idle(query: Any, idle_seconds: float | None, poll: float = 0.2) ->
                         totals["messages"] += p["numInputRows"]
                         totals["batches"] += 1
                         last_active = time.monotonic()
+            status = query.status
+            if last_active is not None and status.get("isTriggerActive") and status.get("isDataAvailable"):
+                last_active = time.monotonic()  # a batch with messages is being written
             if idle_seconds is not None and last_active is not None and time.monotonic() - last_active >= idle_seconds:
                 break
             query.awaitTermination(poll)

@@ -200,6 +200,31 @@ def test_stopped_query_restarts_from_its_checkpoint_without_loss(spark_bf, rabbi
     assert drain(rabbitmq, address, idle=0.5) == []  # everything ingested was accepted
 
 
+def test_idle_stop_waits_for_a_batch_slower_than_the_idle_time(spark_bf, daemon):
+    """`run_until_idle` (what `ingest --idle-stop` runs) must not stop the query in the middle of a
+    batch that takes longer to write than the idle time: the batch would be lost to this run."""
+    spark, address = spark_bf, fresh("q")
+    written: list[int] = []
+
+    def slow_writer(frame, batch_id):
+        rows = frame.count()
+        if rows:
+            time.sleep(4.0)  # longer than the idle time below
+        written.append(rows)
+
+    q = (source(spark, daemon.url, address, selector=SELECTOR).writeStream.foreachBatch(slow_writer)
+         .trigger(processingTime="200 milliseconds").start())
+    try:
+        assert wait_for(lambda: q.recentProgress or q.exception(), 60, "the first (empty) trigger")
+        publish(daemon.url, address, range(60))
+        totals = run_until_idle(q, idle_seconds=1.5)
+    finally:
+        if q.isActive:
+            q.stop()
+    assert totals["messages"] == len(selected(range(60)))
+    assert sum(written) == len(selected(range(60)))
+
+
 @pytest.mark.rabbitmq
 def test_writer_publishes_rows_the_broker_accepts(spark_bf, daemon, rabbitmq, tmp_path):
     spark, src, dst = spark_bf, fresh("q"), f"/queue/{fresh('out')}"
