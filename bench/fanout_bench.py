@@ -8,8 +8,9 @@ i selects customer c<i>: mostly `customer = 'c<i>'`, one in 20 `customer IN ('c<
 `customer LIKE 'c<i>'`.  Message j goes to customer c<(7919 j + 13) mod S> (subject `orders.c<k>.new`),
 so each message is selected by exactly one subscriber.  A publisher sends the messages straight to
 RabbitMQ; per published message the bench reports the daemon's CPU and RabbitMQ's CPU (beam.smp,
-from /proc, with the node's idle rate measured just before subtracted: the node is shared), from
-the first publish to the last expected receive.
+from /proc), from the first publish to the last expected receive.  RabbitMQ's figure is beam.smp's CPU over that time;
+the node is shared, so the bench also gives its CPU rate measured idle just before (cores busy) and
+the figure with that rate subtracted ("net", noisy when other work on the node comes and goes).
 
     python bench/fanout_bench.py [--upstream amqp://guest:guest@127.0.0.1:5672] [--messages 2000]
                                  [--subscribers 1,100,1000,10000] [--direct-max 1000]
@@ -27,6 +28,7 @@ import json
 import multiprocessing as mp
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -193,7 +195,7 @@ def topic_queues(port: int, topic: str) -> int:
     return sum(1 for line in out.splitlines() if line.split("\t") == ["amq.topic", topic])
 
 
-def run(mode: str, upstream: str, subscribers: int, messages: int) -> dict:
+def run(mode: str, upstream: str, subscribers: int, messages: int, profile: str | None = None) -> dict:
     port = int(upstream.rsplit(":", 1)[1].split("/")[0])
     beam = beam_pid(port)
     topic = f"fanb{uuid.uuid4().hex[:8]}"
@@ -201,7 +203,7 @@ def run(mode: str, upstream: str, subscribers: int, messages: int) -> dict:
     proxy = None
     try:
         if mode == "daemon":
-            proxy, pport, _log = start_proxy(upstream, None)
+            proxy, pport, _log = start_proxy(upstream, profile)
             sub_url = f"amqp://127.0.0.1:{pport}"
         else:
             sub_url = upstream
@@ -216,8 +218,10 @@ def run(mode: str, upstream: str, subscribers: int, messages: int) -> dict:
         queues = topic_queues(port, topic)
         # RabbitMQ's idle CPU rate (shared node), then the run
         b0, w0 = cpu_seconds(beam), time.time()
+        dd0 = cpu_seconds(proxy.pid) if proxy else 0.0
         time.sleep(3.0)
         idle_rate = (cpu_seconds(beam) - b0) / (time.time() - w0)
+        daemon_idle = ((cpu_seconds(proxy.pid) if proxy else 0.0) - dd0) / (time.time() - w0)
         d0 = cpu_seconds(proxy.pid) if proxy else 0.0
         b1 = cpu_seconds(beam)
         t0 = publish(upstream, address, messages, subscribers)
@@ -225,18 +229,22 @@ def run(mode: str, upstream: str, subscribers: int, messages: int) -> dict:
         t1 = time.time() - 15 if result["t"] is None else max(result["t"], t0)
         wall = time.time() - t0
         d1 = cpu_seconds(proxy.pid) if proxy else 0.0
-        beam_cpu = cpu_seconds(beam) - b1 - idle_rate * wall
+        beam_raw = cpu_seconds(beam) - b1
         p.join(30)
         return {
             "mode": mode, "subscribers": subscribers, "messages": messages, "upstream_queues": queues,
             "selected": result["selected"], "copies": result["copies"], "wrong": result["wrong"],
             "seconds": round(t1 - t0, 2),
             "daemon_us_per_msg": round((d1 - d0) / messages * 1e6, 1) if proxy else None,
-            "rabbitmq_us_per_msg": round(max(beam_cpu, 0.0) / messages * 1e6, 1),
+            "daemon_idle_cpu": round(daemon_idle, 3),
+            "wall": round(wall, 2),
+            "rabbitmq_us_per_msg": round(beam_raw / messages * 1e6, 1),
+            "rabbitmq_net_us_per_msg": round((beam_raw - idle_rate * wall) / messages * 1e6, 1),
+            "rabbitmq_idle_cpu": round(idle_rate, 3),
         }
     finally:
         if proxy is not None:
-            proxy.terminate()
+            proxy.send_signal(signal.SIGINT if profile else signal.SIGTERM)
             proxy.wait(30)
         delete_topic_queues(port, topic)
 
@@ -247,12 +255,13 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=2000)
     ap.add_argument("--subscribers", default="1,100,1000,10000")
     ap.add_argument("--direct-max", type=int, default=1000)
+    ap.add_argument("--profile", help="write a cProfile of the daemon's last run to this file")
     ap.add_argument("--direct-copies", type=int, default=200_000,
                     help="at most this many copies per direct run (fewer messages at many subscribers)")
     args = ap.parse_args()
     rows = []
     for s in [int(x) for x in args.subscribers.split(",")]:
-        rows.append(run("daemon", args.upstream, s, args.messages))
+        rows.append(run("daemon", args.upstream, s, args.messages, args.profile))
         print(json.dumps(rows[-1]), flush=True)
         if s <= args.direct_max:
             n = max(100, min(args.messages, args.direct_copies // s))
@@ -263,12 +272,13 @@ def main() -> int:
         if r["mode"] == "daemon":
             r["daemon_vs_1"] = round(r["daemon_us_per_msg"] / base["daemon_us_per_msg"], 2)
     print("| mode | subscribers | messages | upstream queues | selected | copies to the client | daemon µs CPU/msg | "
-          "RabbitMQ µs CPU/msg | daemon vs 1 subscriber |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "RabbitMQ µs CPU/msg (net) | RabbitMQ idle cores | daemon vs 1 subscriber |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['mode']} | {r['subscribers']:,} | {r['messages']:,} | {r['upstream_queues']:,} | {r['selected']:,} | "
               f"{r['copies']:,} | {r['daemon_us_per_msg'] if r['daemon_us_per_msg'] is not None else '—'} | "
-              f"{r['rabbitmq_us_per_msg']} | {r.get('daemon_vs_1', '—')} |")
+              f"{r['rabbitmq_us_per_msg']} ({r['rabbitmq_net_us_per_msg']}) | {r['rabbitmq_idle_cpu']} | "
+              f"{r.get('daemon_vs_1', '—')} |")
     return 0
 
 

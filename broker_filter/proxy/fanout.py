@@ -45,7 +45,7 @@ The I/O layer implements `FanoutIO` and calls the `on_*` methods; the feed has t
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -162,16 +162,34 @@ class FanoutFeed:
         self.buffer = buffer
         self.index = SubscriptionIndex(indexed=indexed, cache_size=cache_size)
         self.members: dict[Outlet, _Member] = {}
-        self.outlets: list[Outlet] = []
         self.upstream_credit = 0
         self.stopping = False
         self.stats = FeedStats()
         self.fanout = FanoutStats()
         self._reads: frozenset = frozenset()
+        self._read_counts: Counter = Counter()  # section -> members whose filter reads it
         self._eager: set[Outlet] = set()  # members in the group with credit (the group pulls for them)
         self._clock = clock
         self._log = log
         self.counters = counters  # broker_filter.metrics.SharedCounters, or None
+
+    @property
+    def outlets(self) -> dict[Outlet, _Member]:
+        """The members' outlets (a dict: membership and removal in O(1), iteration in join order)."""
+        return self.members
+
+    def _count_reads(self, outlet: Outlet, delta: int) -> None:
+        counts = self._read_counts
+        changed = False
+        for section in outlet.filter.reads:
+            counts[section] += delta
+            if counts[section] <= 0:
+                del counts[section]
+                changed = True
+            elif counts[section] == delta:
+                changed = True
+        if changed:
+            self._reads = frozenset(counts)
 
     @property
     def held(self) -> list:
@@ -187,10 +205,9 @@ class FanoutFeed:
         if outlet in self.members:
             return
         self.members[outlet] = _Member(outlet)
-        self.outlets.append(outlet)
         self._count(outlet)
         self.index.register(outlet, outlet.filter, outlet.receiver)
-        self._reads = self._reads | outlet.filter.reads
+        self._count_reads(outlet, +1)
         if self.counters is not None:
             self.counters.subscribers.inc()
         self._top_up()
@@ -202,10 +219,9 @@ class FanoutFeed:
             return
         if self.counters is not None and not m.own_ready:
             self.counters.subscribers.dec()
-        self.outlets.remove(outlet)
         self.index.unregister(outlet)
         self._eager.discard(outlet)
-        self._reads = frozenset().union(*(o.filter.reads for o in self.outlets))
+        self._count_reads(outlet, -1)
         copies = list(outlet.in_flight.values()) + list(m.queue)
         outlet.in_flight.clear()
         m.queue.clear()
@@ -255,7 +271,6 @@ class FanoutFeed:
                 m.own.close()
                 m.own = None
         self.members.clear()
-        self.outlets.clear()
         self._eager.clear()
         self.stopping = True
         return out

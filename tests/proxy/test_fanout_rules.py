@@ -229,7 +229,7 @@ def test_own_subscription_lost_closes_that_link_only():
     own = io.own[0]
     own.handler.on_consumer_closed(own, None)
     assert io.lost == [("slow", "amqp:link:detach-forced")]
-    assert feed.outlets == [fast]
+    assert list(feed.outlets) == [fast]
     assert len(io.settled) == 0  # fast has not settled yet; slow's copies are done
     for tag in io.tags("fast"):
         feed.on_client_outcome(fast, tag, ACCEPTED)
