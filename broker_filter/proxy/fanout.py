@@ -29,14 +29,16 @@ is done with every copy it had (its subscription ends with it).
 
 Slow members.  A member's queue holds at most `buffer` copies.  A member selected by a message
 while its queue is full leaves the group: the feed asks the I/O layer for an upstream subscription
-of the member's own (`FanoutIO.open_own`).  Until that subscription is attached the member stays
-in the index (its queue may grow by what arrives during that round trip), so nothing published
-in between is lost; once attached, the member is out of the index and its own subscription's
-messages queue behind the copies it still has, so it receives the messages it had not yet
-received, in order, when it gives credit.  The others never wait for it.  Messages published
-while its own subscription was being attached can reach it twice (once per subscription): the
-only case of a duplicate, and at-least-once is what a subscriber is promised.  A member stays on
-its own subscription until it detaches.
+of the member's own (`FanoutIO.open_own`).  The member stays in the group (the index) until the
+shared subscription delivers the first message its own subscription delivered (the *marker*,
+compared byte for byte): a message before the marker in the shared stream was published before its
+own subscription existed, so only the group has it for the member; the marker and everything after
+it are in its own subscription too.  At the marker the member leaves the index and its own
+subscription's messages queue behind the copies it still has: it receives every message once, in
+order, when it gives credit, and the others never wait for it.  (Its queue grows past `buffer` by
+what is published until the marker comes round: one publish after the attach.  Two messages with
+identical bytes on either side of the attach could switch it early.)  It stays on its own
+subscription until it detaches.
 
 The I/O layer implements `FanoutIO` and calls the `on_*` methods; the feed has the interface of
 `broker_filter.proxy.forwarding.Feed` that the I/O layer uses.
@@ -114,13 +116,16 @@ class _Copy:
 
 
 class _Member:
-    __slots__ = ("outlet", "queue", "own", "own_ready", "own_credit")
+    __slots__ = ("outlet", "queue", "own", "attached", "marker", "held_own", "switched", "own_credit")
 
     def __init__(self, outlet: Outlet):
         self.outlet = outlet
         self.queue: deque[_Copy] = deque()
         self.own: Any = None  # the consumer of its own subscription, once it left the group
-        self.own_ready = False
+        self.attached = False  # its own subscription is attached
+        self.marker: bytes | None = None  # the first message its own subscription delivered
+        self.held_own: deque[_Copy] = deque()  # its own subscription's copies, until the switch
+        self.switched = False  # out of the group: served by its own subscription only
         self.own_credit = 0  # credit outstanding on its own subscription
 
 
@@ -169,6 +174,7 @@ class FanoutFeed:
         self._reads: frozenset = frozenset()
         self._read_counts: Counter = Counter()  # section -> members whose filter reads it
         self._eager: set[Outlet] = set()  # members in the group with credit (the group pulls for them)
+        self._switching: set[_Member] = set()  # own subscription attached, waiting for their marker
         self._clock = clock
         self._log = log
         self.counters = counters  # broker_filter.metrics.SharedCounters, or None
@@ -198,7 +204,7 @@ class FanoutFeed:
     @property
     def grouped(self) -> int:
         """Members served by the shared subscription (not yet moved to their own)."""
-        return sum(1 for m in self.members.values() if m.own is None)
+        return sum(1 for m in self.members.values() if not m.switched)
 
     # ------------------------------------------------------------------ outlets
     def add_outlet(self, outlet: Outlet) -> None:
@@ -217,7 +223,8 @@ class FanoutFeed:
         m = self.members.pop(outlet, None)
         if m is None:
             return
-        if self.counters is not None and not m.own_ready:
+        self._switching.discard(m)
+        if self.counters is not None and not m.switched:
             self.counters.subscribers.dec()
         self.index.unregister(outlet)
         self._eager.discard(outlet)
@@ -225,6 +232,7 @@ class FanoutFeed:
         copies = list(outlet.in_flight.values()) + list(m.queue)
         outlet.in_flight.clear()
         m.queue.clear()
+        m.held_own.clear()  # (its own subscription's: they go back with it)
         outlet.credit = 0
         outlet.waiting_since = None
         for c in copies:
@@ -272,6 +280,7 @@ class FanoutFeed:
                 m.own = None
         self.members.clear()
         self._eager.clear()
+        self._switching.clear()
         self.stopping = True
         return out
 
@@ -282,6 +291,9 @@ class FanoutFeed:
     # ------------------------------------------------------------------ the shared subscription
     def on_upstream_delivery(self, delivery: Any) -> None:
         self.upstream_credit = max(0, self.upstream_credit - 1)
+        if self._switching:
+            for m in [m for m in self._switching if m.marker is not None and m.marker == delivery.data]:
+                self._switch(m)
         shared = _Shared(delivery, self._decode(delivery))
         self.fanout.messages += 1
         index = self.index
@@ -300,7 +312,7 @@ class FanoutFeed:
                 c.cache_lookups.inc()
                 if index.cache_hits != before[3]:
                     c.cache_hits.inc()
-        targets = [self.members[o] for o in selected if self.members[o].own_ready is False]
+        targets = [self.members[o] for o in selected]
         if not targets:
             self.stats.filtered += 1
             self.io.settle_upstream(delivery, ACCEPTED)
@@ -316,8 +328,8 @@ class FanoutFeed:
         self._top_up()
 
     def _depart(self, m: _Member) -> None:
-        """A slow member leaves: its own subscription is opened; it stays in the index until that
-        is attached."""
+        """A slow member leaves: its own subscription is opened; it stays in the group until the
+        shared subscription delivers the first message its own one delivered (`_switch`)."""
         self.fanout.departed += 1
         if self._log is not None:
             self._log(f"link {m.outlet.name} is {len(m.queue)} messages behind: it continues on a "
@@ -329,11 +341,26 @@ class FanoutFeed:
         m = self.members.get(outlet)
         if m is None or m.own is not consumer:
             return
-        m.own_ready = True
-        self.index.unregister(outlet)
+        m.attached = True
+        self._switching.add(m)
+        # enough credit for the first message that marks the switch (more once switched)
+        m.own_credit = self.buffer
+        consumer.flow(self.buffer)
+
+    def _switch(self, m: _Member) -> None:
+        """The shared subscription delivered the member's marker: every message before it in the
+        shared stream was published before the member's own subscription existed (it had them from
+        the group), every one from it on is in its own subscription too.  From here on it is served by
+        its own subscription only."""
+        self._switching.discard(m)
+        m.switched = True
+        self.index.unregister(m.outlet)
+        self._eager.discard(m.outlet)
         if self.counters is not None:
             self.counters.subscribers.dec()
-        self._eager.discard(outlet)
+        m.queue.extend(m.held_own)
+        m.held_own.clear()
+        self._drain(m)
         self._top_up_own(m)
 
     def on_own_delivery(self, outlet: Outlet, consumer: Any, delivery: Any) -> None:
@@ -349,9 +376,14 @@ class FanoutFeed:
                 ok = outlet.filter.evaluate(shared.message, outlet.receiver) is True
             except Exception:
                 ok = False
+        if not m.switched and m.marker is None:
+            m.marker = delivery.data
         if not ok:
             consumer.settle(delivery, ACCEPTED)
             self.stats.filtered += 1
+        elif not m.switched:
+            shared.pending = 1
+            m.held_own.append(_Copy(shared))
         else:
             shared.pending = 1
             m.queue.append(_Copy(shared))
@@ -369,7 +401,7 @@ class FanoutFeed:
         self.io.lost_outlet(outlet, condition, description)
 
     def _top_up_own(self, m: _Member) -> None:
-        if not m.own_ready or m.own is None or self.stopping:
+        if not m.switched or m.own is None or self.stopping:
             return
         want = m.outlet.credit - len(m.queue) - m.own_credit
         if want > 0:
@@ -446,7 +478,7 @@ class FanoutFeed:
         self._count(o, m)
 
     def _count(self, o: Outlet, m: _Member | None = None) -> None:
-        if o.credit > 0 and not (m or self.members[o]).own_ready:
+        if o.credit > 0 and not (m or self.members[o]).switched:
             self._eager.add(o)
         else:
             self._eager.discard(o)

@@ -179,35 +179,39 @@ def test_a_slow_member_leaves_for_its_own_subscription_and_gets_everything_in_or
     feed.add_outlet(slow)
     feed.add_outlet(fast)
     feed.set_credit(fast, 1000)
-    ds = [msg(i, k=1) for i in range(6)]
+    ds = [msg(i, k=1) for i in range(10)]
     for d in ds[:4]:
         feed.on_upstream_delivery(d)
     assert len(io.own) == 1  # the fourth copy overflowed slow's buffer of 3
     own = io.own[0]
     feed.on_upstream_delivery(ds[4])  # before its own subscription is attached: still queued for it
     own.handler.on_consumer_ready(own, None)
-    assert len(feed.index) == 1 and feed.grouped == 1
-    feed.on_upstream_delivery(ds[5])  # after: not for slow any more
-    assert io.got("fast") == ds
-    assert io.got("slow") == []
-    # its own subscription delivers what came after (a non-match is consumed there)
-    later = [msg(10 + i, k=1) for i in range(2)]
+    assert own.flowed == 3  # credit for the message that marks the switch
+    # published before its own subscription existed, delivered by the shared one after the attach:
+    # still the member's (its own subscription does not have it)
+    feed.on_upstream_delivery(ds[5])
+    # published after: in both subscriptions; its own delivers first (a non-match, then a match)
     skip = msg(99, k=2)
-    feed.set_credit(slow, 10)
-    assert io.got("slow") == ds[:5]
-    assert own.flowed == 5
     own.handler.on_delivery(own, skip)
-    for d in later:
-        own.handler.on_delivery(own, d)
+    own.handler.on_delivery(own, ds[6])
     assert own.settled == [(skip, ACCEPTED)]
-    assert io.got("slow") == ds[:5] + later
+    assert feed.grouped == 2  # its own subscription's messages wait for the switch
+    feed.on_upstream_delivery(skip)  # the marker: the switch
+    assert feed.grouped == 1 and len(feed.index) == 1
+    feed.on_upstream_delivery(ds[6])
+    own.handler.on_delivery(own, ds[7])
+    feed.on_upstream_delivery(ds[7])
+    assert io.got("slow") == []
+    feed.set_credit(slow, 20)
+    # everything once, in order: the group's copies up to the switch, then its own subscription's
+    assert io.got("slow") == ds[:8]
+    assert io.got("fast") == ds[:8]
     # its own copies settle on its own subscription; group copies on the group's
     for tag in io.tags("slow"):
         feed.on_client_outcome(slow, tag, ACCEPTED)
     for tag in io.tags("fast"):
         feed.on_client_outcome(fast, tag, ACCEPTED)
-    assert [d for d, _ in own.settled[1:]] == later
-    assert sorted(id(d) for d, _ in io.settled) == sorted(id(d) for d in ds)
+    assert [d for d, _ in own.settled[1:]] == ds[6:8]
     # fast leaves: nobody is left in the group, so the shared subscription consumes what comes
     feed.remove_outlet(fast)
     flowed = io.flowed
