@@ -4,8 +4,10 @@ Theory of operation
 -------------------
 Every client receiving link becomes an `Outlet` on a `Feed` (see `broker_filter.proxy.forwarding`), and
 every feed is one upstream consumer.  Which links share a feed is one rule, in
-`broker_filter.proxy.sharing`: subscription sources get a feed of their own (a named shared
-subscription one per name); links on the same queue (and the same pushed-down filters) share one.
+`broker_filter.proxy.sharing`: the plain subscription links of one address share one upstream
+subscription (`broker_filter.proxy.fanout`), durable and dynamic ones get a feed of their own (a
+named shared subscription one per name); links on the same queue (and the same pushed-down filters)
+share one.
 The attach reply is sent only once the upstream consumer is attached, so an upstream refusal
 reaches the client as an attach refusal.
 
@@ -43,7 +45,7 @@ from ..amqp import CodecError, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
-from . import sharing
+from . import fanout, sharing
 from .routing import Routing
 from ..engine._cproton import lib
 from ..engine.container import Typed
@@ -133,10 +135,17 @@ class FeedBinding:
         self.server = server
         self.key = key
         self.spec = spec
-        self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
-                         recycle=server.recycle and not subscription, token=server.feed_token(),
-                         custody=not getattr(server.upstream, "redelivers_in_place", False),
-                         log=log.warning)
+        if key[0] == "fanout":  # the address's shared upstream subscription (proxy/fanout.py)
+            limits = getattr(server.config, "limits", None)
+            self.feed = fanout.FanoutFeed(self, window=server.window, buffer=server.window, log=log.warning,
+                                          indexed=getattr(limits, "subscription_index", True),
+                                          cache_size=getattr(limits, "index_cache_size", 1024),
+                                          counters=server.metrics.shared(spec.address) if server.metrics else None)
+        else:
+            self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
+                             recycle=server.recycle and not subscription, token=server.feed_token(),
+                             custody=not getattr(server.upstream, "redelivers_in_place", False),
+                             log=log.warning)
         self.pending: list[Outlet] = []  # attached by clients, waiting for the upstream consumer
         self.ready = False
         self.closed = False
@@ -179,6 +188,16 @@ class FeedBinding:
                     self.server.finish_feed(self)
 
         return self.server.recycle_message(self, data, moved)
+
+    def open_own(self, outlet: Outlet, handler: Any) -> Any:
+        """FanoutIO: an upstream subscription for one slow link of a shared subscription."""
+        name = f"{self.spec.name}|own-{next(self.server._sub_ids)}"
+        return self.server.upstream.open_consumer(dataclasses.replace(self.spec, name=name), handler)
+
+    def lost_outlet(self, outlet: Outlet, condition: str, description: str) -> None:
+        link = outlet.io_ref
+        link.bf_binding = None
+        close_link(link, condition, description)
 
     # ConsumerHandler ----------------------------------------------------------
     def on_consumer_ready(self, consumer, info: ConsumerInfo) -> None:
@@ -666,7 +685,8 @@ class ProxyServer(Handler):
         key = sharing.feed_key(decision, address=up_address, pushed=pushed + offered, local=local,
                                serial=next(self._sub_ids), link_name=link.name,
                                container_id=spec.container_id, capabilities=caps,
-                               durable=bool(src.durability) or spec.expiry_policy == "never")
+                               durable=bool(src.durability) or spec.expiry_policy == "never",
+                               dynamic=spec.dynamic)
         binding = self.feeds.get(key)
         if (binding is None or binding.closed) and offered and not decision.subscription:
             # A feed whose upstream turned the offered filters down serves every link of its queue.
