@@ -119,9 +119,10 @@ class Relayed:
     def settle(self) -> None:
         settle_proxy(self.container, self.loop, [(self.client_conn, self.server_conn), *self.container.pairs], 100)
 
-    def receiver(self, address: str, selector: str | None = None, credit: int = 0):
+    def receiver(self, address: str, selector: str | None = None, credit: int = 0, durable: bool = False):
         source = Terminus(address=address,
-                          filter={t.symbol("jms-selector"): t.Described(SELECTOR, selector)} if selector else None)
+                          filter={t.symbol("jms-selector"): t.Described(SELECTOR, selector)} if selector else None,
+                          **({"durability": 2, "expiry_policy": "never"} if durable else {}))
         receiver = self.session.receiver(f"r-{address}", source=source)
         receiver.open()
         self.settle()
@@ -151,7 +152,9 @@ def relayed():
 
 
 def test_each_client_outcome_reaches_the_upstream_as_that_outcome(relayed):
-    relayed.receiver("/topic/outcomes", credit=10)
+    # A durable subscription has an upstream subscription of its own, so each client outcome is the
+    # upstream outcome (links sharing an address's subscription settle their copies: test_fanout_rules).
+    relayed.receiver("/topic/outcomes", credit=10, durable=True)
     for n in range(4):
         relayed.broker.send(n, True)
     relayed.settle()
@@ -193,7 +196,7 @@ def test_a_subscription_settles_upstream_in_delivery_order_in_few_frames(relayed
 
 
 def test_closing_the_link_settles_what_was_decided_out_of_order(relayed):
-    receiver = relayed.receiver("/topic/closing", "half = 1", credit=10)
+    receiver = relayed.receiver("/topic/closing", "half = 1", credit=10, durable=True)
     relayed.broker.send(0, True)
     relayed.broker.send(1, False)
     relayed.broker.send(2, False)
@@ -255,9 +258,9 @@ def test_a_failure_in_a_typed_handler_closes_that_link_only(relayed, caplog):
         raise RuntimeError("broken outcome handling")
 
     relayed.server._client_outcome = broken  # what the route of the next outlet calls
-    relayed.receiver("/topic/broken", credit=5)
+    relayed.receiver("/topic/broken", credit=5, durable=True)  # own upstream subscriptions, as above
     relayed.server._client_outcome = type(relayed.server)._client_outcome.__get__(relayed.server)
-    healthy = relayed.receiver("/topic/healthy", credit=5)
+    healthy = relayed.receiver("/topic/healthy", credit=5, durable=True)
     relayed.broker.senders[0].send(encode_section(0x77, "to the broken link"))
     relayed.broker.senders[1].send(encode_section(0x77, "to the healthy link"))
     relayed.settle()
