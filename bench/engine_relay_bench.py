@@ -17,11 +17,15 @@ The relay's CPU (user + system, from /proc) per upstream message is reported for
     python bench/engine_relay_bench.py [--messages 40000] [--rounds 3] [--no-ordered]
     python bench/engine_relay_bench.py --serve [--upstream 127.0.0.1:5672]   (the relay alone)
 
-The daemon itself (`broker-filter serve`) takes part with `--targets`: `engine` / `container` run the
-consumer through the daemon on that I/O loop (`--io`), `engine-both` / `container-both` the producer
-too (every message crosses the daemon twice); their CPU is the daemon's, per upstream message:
+The daemon itself (`broker-filter serve`, on its engine) takes part with `--targets`: `engine` runs
+the consumer through the daemon, `engine-both` the producer too (every message crosses the daemon
+twice); their CPU is the daemon's, per upstream message:
 
-    python bench/engine_relay_bench.py --targets direct,engine,container,engine-both,container-both --topic
+    python bench/engine_relay_bench.py --targets direct,relay,engine,engine-both --topic
+
+`--frames` puts a forwarder between the daemon and RabbitMQ that counts the AMQP frames the daemon
+sends upstream: disposition and flow frames per upstream message are reported for each daemon round.
+`--profile FILE` runs the daemon under cProfile.
 
 `--topic` publishes to a fresh `/topic/<name>` instead of a queue: a selective consumer on a queue
 through the daemon leaves the messages it does not select in the queue (moved to its tail, queue
@@ -39,6 +43,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -246,7 +251,75 @@ def one_round(port: int, address: str, count: int, through_relay: bool, relay_pi
             "selected": consumed["selected"], "received": consumed["received"]}
 
 
-def start_daemon(io: str, upstream: str) -> tuple[subprocess.Popen, int, Path]:
+class FrameCounter:
+    """A TCP forwarder to `upstream` that counts the AMQP performatives sent through it (client to
+    server direction): `counts[code]`, e.g. 0x15 disposition, 0x13 flow, 0x14 transfer."""
+
+    def __init__(self, upstream: str):
+        import socket
+        import threading
+
+        host, _, port = upstream.rpartition(":")
+        self.target = (host, int(port))
+        self.counts: collections.Counter = collections.Counter()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            for s in (client, upstream):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, source, target, count: bool) -> None:
+        pending = b""
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                target.sendall(data)
+                if count:
+                    pending = self._count(pending + data)
+        except OSError:
+            pass
+        for s in (source, target):
+            try:
+                s.shutdown(2)
+            except OSError:
+                pass
+
+    def _count(self, data: bytes) -> bytes:
+        pos = 0
+        while True:
+            if data[pos:pos + 4] == b"AMQP":
+                if len(data) - pos < 8:
+                    break
+                pos += 8
+                continue
+            if len(data) - pos < 8:
+                break
+            size = int.from_bytes(data[pos:pos + 4], "big")
+            if len(data) - pos < size:
+                break
+            body = pos + 4 * data[pos + 4]
+            if size > body - pos + 2 and data[body:body + 2] == b"\x00\x53":
+                self.counts[data[body + 2]] += 1
+            pos += size
+        return data[pos:]
+
+
+def start_daemon(io: str, upstream: str, profile: str | None = None) -> tuple[subprocess.Popen, int, Path]:
     """`broker-filter serve --io IO` in front of RabbitMQ: the process, its port and its log."""
     import re
     import tempfile
@@ -254,7 +327,8 @@ def start_daemon(io: str, upstream: str) -> tuple[subprocess.Popen, int, Path]:
 
     log = Path(tempfile.mkstemp(prefix=f"broker-filter-bench-{io}-", suffix=".log")[1])
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "broker_filter", "serve", "--io", io, "--listen",
+        profiler = ["-m", "cProfile", "-o", profile] if profile else []
+        proc = subprocess.Popen([sys.executable, *profiler, "-m", "broker_filter", "serve", "--io", io, "--listen",
                                  "127.0.0.1:0", "--upstream", f"amqp://guest:guest@{upstream}"],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -287,18 +361,22 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=1000)
     parser.add_argument("--no-ordered", dest="ordered", action="store_false")
     parser.add_argument("--topic", action="store_true", help="a fresh /topic/<name> per round instead of a queue")
+    parser.add_argument("--profile", metavar="FILE", help="run the daemon under cProfile, statistics to FILE")
+    parser.add_argument("--frames", action="store_true",
+                        help="count the frames the daemon sends upstream (through a forwarder)")
     parser.add_argument("--targets", default="direct,relay",
-                        help="comma-separated: direct, relay, engine, container, engine-both, container-both")
+                        help="comma-separated: direct, relay, engine, engine-both")
     options = parser.parse_args()
     if options.serve:
         serve(options.upstream, options.ordered, options.window)
         return 0
 
     targets = [t for t in options.targets.split(",") if t]
-    unknown = set(targets) - {"direct", "relay", "engine", "container", "engine-both", "container-both"}
+    unknown = set(targets) - {"direct", "relay", "engine", "engine-both"}
     if unknown or "direct" not in targets:
-        parser.error(f"--targets: direct and any of relay, engine, container, engine-both, container-both "
+        parser.error(f"--targets: direct and any of relay, engine, engine-both "
                      f"(unknown: {', '.join(sorted(unknown)) or 'none'})")
+    counter = FrameCounter(options.upstream) if options.frames else None
     servers: dict[str, tuple[subprocess.Popen, int]] = {}  # target -> (process, port)
     logs = []
     queues = []
@@ -312,9 +390,10 @@ def main() -> int:
                 command.append("--no-ordered")
             relay = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
             servers["relay"] = (relay, json.loads(relay.stdout.readline())["port"])
-        for io in ("engine", "container"):
+        for io in ("engine",):
             if io in targets or f"{io}-both" in targets:
-                proc, port, log = start_daemon(io, options.upstream)
+                upstream = f"127.0.0.1:{counter.port}" if counter is not None else options.upstream
+                proc, port, log = start_daemon(io, upstream, options.profile)
                 logs.append(log)
                 servers[io] = servers[f"{io}-both"] = (proc, port)
         for n in range(options.rounds):
@@ -324,10 +403,17 @@ def main() -> int:
                     queues.append(name)
                 proc, port = servers.get(kind, (None, 0))
                 address = f"/topic/{name}" if options.topic else f"/queue/{name}"
+                before = dict(counter.counts) if counter is not None else {}
                 result = one_round(port, address, options.messages, proc is not None,
                                    proc.pid if proc is not None else None, kind.endswith("-both"))
                 results[kind].append(result)
                 extra = f", CPU {result['cpu_us_per_msg']:.1f} us/msg" if proc is not None else ""
+                if counter is not None and kind.startswith("engine"):
+                    time.sleep(0.5)  # the last dispositions
+                    frames = {code: (counter.counts[code] - before.get(code, 0)) / options.messages
+                              for code in (0x15, 0x13)}
+                    result["dispositions"], result["flows"] = frames[0x15], frames[0x13]
+                    extra += f", {frames[0x15]:.3f} dispositions and {frames[0x13]:.3f} flows upstream per message"
                 print(f"round {n + 1} {kind:14}: {result['rate']:8.0f} msg/s (selected {result['selected']}, "
                       f"received {result['received']}){extra}", flush=True)
     finally:
@@ -348,7 +434,12 @@ def main() -> int:
     for kind in [t for t in targets if t != "direct"]:
         rate = statistics.median(r["rate"] for r in results[kind])
         cpu = statistics.median(r["cpu_us_per_msg"] for r in results[kind])
-        print(f"  {kind:14} {rate:8.0f} msg/s: {rate / direct:.2f}x direct; CPU {cpu:.1f} us per upstream message")
+        frames = ""
+        if "dispositions" in results[kind][0]:
+            frames = (f"; {statistics.median(r['dispositions'] for r in results[kind]):.3f} disposition, "
+                      f"{statistics.median(r['flows'] for r in results[kind]):.3f} flow frames per message")
+        print(f"  {kind:14} {rate:8.0f} msg/s: {rate / direct:.2f}x direct; CPU {cpu:.1f} us per upstream message"
+              f"{frames}")
     return 0
 
 

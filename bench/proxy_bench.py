@@ -201,7 +201,9 @@ def main() -> int:
     ap.add_argument("--upstream", default="amqp://guest:guest@127.0.0.1:5672")
     ap.add_argument("--messages", type=int, default=20000)
     ap.add_argument("--latency-messages", type=int, default=1500)
-    ap.add_argument("--rate", type=float, default=300.0, help="msg/s of the latency runs (well below saturation)")
+    ap.add_argument("--rate", default="300",
+                    help="msg/s of the latency runs (well below saturation), or 'half': half the lower of the "
+                         "direct and proxied throughput measured in the same run")
     ap.add_argument("--repeat", type=int, default=2, help="throughput runs per side (best is kept)")
     ap.add_argument("--profile", metavar="FILE", help="run the proxy under cProfile and write stats here")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -224,6 +226,9 @@ def main() -> int:
                 for _ in range(args.repeat)] if args.both_ways else []
         d = max(direct, key=lambda r: r["rate"])
         p = max(proxied, key=lambda r: r["rate"])
+        if args.rate == "half":
+            args.rate = round(min(d["rate"], p["rate"]) / 2)
+        args.rate = float(args.rate)
         dl = run_once(args.upstream, args.upstream, None, args.latency_messages, args.rate)
         pl = run_once(args.upstream, proxied_url, sel, args.latency_messages, args.rate)
     finally:

@@ -12,7 +12,12 @@ The daemon's peak resident memory (VmHWM) is reported per depth (a fresh daemon 
 by the window, it should not grow with N.  After the match the daemon is stopped with SIGTERM and
 the queue drained, which must give back exactly the N non-matching messages (no duplicate).
 
+While the daemon searches, its metrics are sampled every 0.2 s: the mean number of moves in flight
+(the pipelining depth), and by Little's law, with the moves per second, the mean time a move waits
+for the broker's confirm of its copy.  `--window W` runs the daemon with limits.upstream_window W.
+
     python bench/search_bench.py [--upstream amqp://guest:guest@127.0.0.1:5672] [--depths 10000 100000]
+                                 [--window 100]
 
 Needs node with rhea (tests/js/node_modules) and a RabbitMQ with AMQP 1.0 on the upstream URL.
 """
@@ -24,6 +29,8 @@ import json
 import re
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -58,13 +65,38 @@ def peak_rss_mb(pid: int) -> float:
     return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
 
 
+class Sampler(threading.Thread):
+    """Samples the daemon's moves in flight on `address` every 0.2 s until stopped."""
+
+    def __init__(self, port: int, address: str):
+        super().__init__(daemon=True)
+        self.port, self.address = port, address
+        self.moving: list[float] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        from launcher import metric_value, scrape
+
+        while not self.halt.wait(0.2):
+            try:
+                self.moving.append(metric_value(scrape(self.port), "broker_filter_moves_in_flight",
+                                                address=self.address))
+            except Exception:  # noqa: BLE001 - the exporter is not up yet, or a scrape timed out
+                pass
+
+    def mean(self) -> float:
+        busy = [m for m in self.moving if m > 0]
+        return sum(busy) / len(busy) if busy else 0.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--upstream", default="amqp://guest:guest@127.0.0.1:5672")
     ap.add_argument("--depths", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--window", type=int, default=None)
     args = ap.parse_args()
     from clients import drain
-    from launcher import Daemon
+    from launcher import Daemon, free_port
 
     parts = urlsplit(args.upstream)
     rows = []
@@ -74,11 +106,16 @@ def main() -> None:
         publish(args.upstream, proxied_q, depth)
         direct = rhea(parts.port or 5672, direct_q, "-", depth + 1, parts.username, parts.password, 600)
         assert direct["received"] == depth + 1, direct
-        daemon = Daemon(upstream=args.upstream)
+        mport = free_port()
+        extra = ("--set", f"limits.upstream_window={args.window}") if args.window else ()
+        daemon = Daemon("--metrics", f"127.0.0.1:{mport}", *extra, upstream=args.upstream)
+        sampler = Sampler(mport, proxied_q)
+        sampler.start()
         try:
             found = rhea(daemon.port, proxied_q, "half = 1", 1, None, None, 600)
             rss = peak_rss_mb(daemon.proc.pid)
         finally:
+            sampler.halt.set()
             daemon.stop()
         assert found["received"] == 1, found
         left = drain(args.upstream, proxied_q, idle=3.0, key=lambda m: m.properties["i"])
@@ -87,6 +124,9 @@ def main() -> None:
             "direct_drain_s": direct["last_ms"] / 1000,
             "first_match_s": found["first_ms"] / 1000,
             "ratio": found["first_ms"] / direct["last_ms"],
+            "moves_in_flight_mean": round(sampler.mean(), 1),
+            "moves_per_s": round(depth / (found["first_ms"] / 1000)),
+            "confirm_wait_ms": round(1000 * sampler.mean() / (depth / (found["first_ms"] / 1000)), 1),
             "daemon_peak_rss_mb": round(rss, 1),
             "left_after_sigterm": len(left),
             "duplicates": len(left) - len(set(left)),
@@ -94,10 +134,12 @@ def main() -> None:
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print("| depth N | direct drain of N (rhea) | first match through the daemon | ratio (target <= 3x) | daemon peak RSS | left after SIGTERM |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| depth N | direct drain of N (rhea) | first match through the daemon | ratio (target <= 3x) "
+          "| moves/s | moves in flight (mean) | confirm wait | daemon peak RSS | left after SIGTERM |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['depth']:,} | {r['direct_drain_s']:.2f} s | {r['first_match_s']:.2f} s | {r['ratio']:.2f}x "
+              f"| {r['moves_per_s']:,} | {r['moves_in_flight_mean']} | {r['confirm_wait_ms']} ms "
               f"| {r['daemon_peak_rss_mb']} MB | {r['left_after_sigterm']:,} ({r['duplicates']} duplicates) |")
 
 

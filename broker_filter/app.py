@@ -180,7 +180,7 @@ class App:
             in_flight=self._in_flight,
             stop_accepting=self._stop_accepting,
             before_stop=self._before_stop,
-            upstream_closing=lambda: bool(getattr(self.upstream, "closing", lambda: False)()),
+            upstream_closing=self._upstream_closing,
             health=getattr(self, "health", None),
         )
         self.shutdown = shutdown
@@ -231,11 +231,21 @@ class App:
         """Shutdown begins: no new connections, and no queue feed starts a move, pulls or sends."""
         self.acceptor.stop_accepting()
         self.server.quiesce()
+        if getattr(self, "passthrough", None) is not None:
+            self.passthrough.quiesce()  # every pass-through tenant's server too
+
+    def _upstream_closing(self) -> bool:
+        """An upstream stopped at shutdown (the default one, a pass-through tenant's) still closes."""
+        passthrough = getattr(self, "passthrough", None)
+        return bool(getattr(self.upstream, "closing", lambda: False)()) or (
+            passthrough is not None and passthrough.closing())
 
     def _in_flight(self) -> int:
         """Deliveries sent to clients and not settled, client publishes not yet settled upstream,
         and moves to a queue's tail not yet confirmed (their originals are accepted once they are)."""
         n = self.server.moves_in_flight()
+        if getattr(self, "passthrough", None) is not None:
+            n += self.passthrough.moves_in_flight()
         for conn in list(self.registry.connections):
             link = conn.link_head(0)
             while link:

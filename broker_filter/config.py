@@ -315,6 +315,15 @@ class Limits:
         kind="int",
         minimum=0,
     )
+    subscription_index: bool = setting(
+        True,
+        "match each message of a shared upstream subscription against the links' filters through the "
+        "subscription index; false: evaluate every link's filter (the reference behaviour)",
+        kind="bool",
+    )
+    index_cache_size: int = setting(
+        1024, "candidate lists a shared subscription's index remembers (0: no cache)", kind="int", minimum=0
+    )
     max_message_size: int = setting(
         16 * 1024 * 1024,
         "largest message (encoded bytes) a client may publish; larger ones are refused with "

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Info, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -126,6 +126,21 @@ class AddressCounters:
         self._outcomes[bounded(outcome, OUTCOMES)].inc(n)
 
 
+class SharedCounters:
+    """The instruments of the shared upstream subscriptions on one address (`proxy/fanout.py`):
+    bound once per shared subscription."""
+
+    __slots__ = ("subscribers", "messages", "candidates", "evaluations", "cache_lookups", "cache_hits")
+
+    def __init__(self, metrics: Metrics, label: str):
+        self.subscribers = metrics.shared_subscribers.labels(label)
+        self.messages = metrics.shared_messages.labels(label)
+        self.candidates = metrics.shared_candidates.labels(label)
+        self.evaluations = metrics.shared_evaluations.labels(label)
+        self.cache_lookups = metrics.shared_cache_lookups.labels(label)
+        self.cache_hits = metrics.shared_cache_hits.labels(label)
+
+
 class Metrics:
     """Every instrument of the daemon, registered in `registry`."""
 
@@ -183,6 +198,27 @@ class Metrics:
         self.upstream_reconnects = Counter(
             "broker_filter_upstream_reconnects", "Upstream connections re-established after a loss", registry=r
         )
+        self.shared_subscribers = Gauge(
+            "broker_filter_shared_subscribers",
+            "Client links served by the address's shared upstream subscription (a link that fell behind "
+            "and continues on a subscription of its own is not counted)", ["address"], registry=r,
+        )
+        for attr, name, doc in (
+            ("shared_messages", "broker_filter_shared_messages",
+             "Upstream messages of shared subscriptions matched once against their subscription index, by address"),
+            ("shared_candidates", "broker_filter_shared_candidates",
+             "Links the subscription index offered as candidates (divide by shared_messages: candidates per "
+             "message), by address"),
+            ("shared_evaluations", "broker_filter_shared_evaluations",
+             "Link filters evaluated on shared subscriptions' messages (divide by shared_messages: links "
+             "evaluated per message), by address"),
+            ("shared_cache_lookups", "broker_filter_shared_index_lookups",
+             "Candidate lookups in the subscription index's result cache, by address"),
+            ("shared_cache_hits", "broker_filter_shared_index_hits",
+             "Lookups answered by the subscription index's result cache (divide by shared_index_lookups: the "
+             "index hit rate), by address"),
+        ):
+            setattr(self, attr, Counter(name, doc, ["address"], registry=r))
         self._by_address: dict[str, AddressCounters] = {}
         self._lock = threading.Lock()
         self._snapshot = Snapshot()
@@ -200,6 +236,10 @@ class Metrics:
                 if counters is None:
                     counters = self._by_address[label] = AddressCounters(self, label)
         return counters
+
+    def shared(self, address: str | None) -> SharedCounters:
+        """The instruments of a shared subscription on `address` (bounded label)."""
+        return SharedCounters(self, self.addresses(address))
 
     def refuse_attach(self, reason: str) -> None:
         self.attach_refused.labels(bounded(reason, REFUSAL_REASONS)).inc()
@@ -470,6 +510,10 @@ def reference_table() -> str:
     metrics.refuse_connection("limit")
     metrics.authentication_failed("PLAIN")
     metrics.filter_pushdown.labels(kind="sql", result="local").inc()
+    shared = metrics.shared("a")
+    for counter in (shared.messages, shared.candidates, shared.evaluations, shared.cache_lookups, shared.cache_hits):
+        counter.inc()
+    shared.subscribers.inc()
     metrics.publish(Snapshot(links={"consumer": 1}, held={"a": 1}, credit={"a": 1}, stalled={"a": True},
                              moving={"a": 1}, passes={"a": 1}, waited={"a": 1.0}))
     lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]

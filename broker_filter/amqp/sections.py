@@ -203,18 +203,22 @@ def set_message_annotation(data: bytes, key: Any, value: Any, encoded: bytes | N
     """`data` with message annotation key = value (replacing any), every other section unchanged.
     `encoded`: the bytes of a message-annotations section holding just key = value, spliced in as
     they are when `data` has no message annotations yet (a caller's cache)."""
-    sections = scan(data)
-    insert_at = 0
-    for code, start, vpos, end in sections:
-        if code == MESSAGE_ANNOTATIONS:
-            current, _ = decode(data, vpos)
-            annotations = dict(_map(current, "message-annotations"))
-            annotations[key] = value
-            return data[:start] + encode_section(MESSAGE_ANNOTATIONS, annotations) + data[end:]
-        if code in _BEFORE_MA:
-            insert_at = end
-        else:
-            break
+    insert_at = start = 0
+    n = len(data)
+    try:
+        while start < n:
+            code, vpos = _descriptor(data, start)
+            if code == MESSAGE_ANNOTATIONS:
+                current, end = decode(data, vpos)
+                annotations = dict(_map(current, "message-annotations"))
+                annotations[key] = value
+                return data[:start] + encode_section(MESSAGE_ANNOTATIONS, annotations) + data[end:]
+            if code not in _BEFORE_MA:
+                break
+            start = insert_at = skip(data, vpos)
+        scan(data[start:])  # the rest stays as it is, and must be readable too
+    except IndexError:
+        raise CodecError("truncated section", start) from None
     section = encoded if encoded is not None else encode_section(MESSAGE_ANNOTATIONS, {key: value})
     return data[:insert_at] + section + data[insert_at:]
 

@@ -10,9 +10,12 @@ the listener's SASL exchange, heartbeats and the limits.  `connect()`, `schedule
 `selectable()`, `handler.add()` (with `on_reactor_quiesced` after each turn), `run()` and `stop()`
 behave as the Container's do for the daemon.
 
-This is the bridge, not the destination: wrapping every event costs what it costs on the
-Container.  Handlers move to the typed API of `endpoints` (no wrappers) one path at a time while the
-same subprocess suites run on both I/O paths.
+The per-message events do not cross the bridge: a handler that routes a link (`route(link,
+Typed(...))`) gets that link's PN_DELIVERY as `transfer(delivery pointer)` and its PN_LINK_FLOW as
+`credit()`, with no proton event or wrapper built.  Routes are keyed by the link's pointer and
+dropped before proton can free it (at PN_LINK_FINAL, and for every link of a connection whose
+transport closed), so a reused address never reaches the wrong handler.  Attach, detach, open and
+close stay on the bridge: they are rare.
 
     container = EngineContainer(container_id, client_tls=client_ssl_context(config.upstream.tls))
     listening = listen(container, config.listener, handler, max_connections=...)
@@ -54,12 +57,32 @@ def client_ssl_context(tls: Any) -> ssl.SSLContext:
 # links) would be wrapped as proton's Event and dispatched to no method at all: wrapping is most of
 # this bridge's cost, so they are not handed on.  tests/engine/test_bridge.py checks that no daemon
 # handler defines a method for an event left out here.
+_DELIVERY, _FLOW, _TRANSPORT = lib.PN_DELIVERY, lib.PN_LINK_FLOW, lib.PN_TRANSPORT
 HANDED_ON = frozenset({
     lib.PN_CONNECTION_REMOTE_OPEN, lib.PN_CONNECTION_REMOTE_CLOSE, lib.PN_CONNECTION_FINAL,
     lib.PN_SESSION_REMOTE_OPEN, lib.PN_SESSION_REMOTE_CLOSE,
     lib.PN_LINK_REMOTE_OPEN, lib.PN_LINK_REMOTE_CLOSE, lib.PN_LINK_REMOTE_DETACH, lib.PN_LINK_FLOW,
     lib.PN_DELIVERY, lib.PN_TRANSPORT_ERROR, lib.PN_TRANSPORT_CLOSED,
 })
+
+
+class Typed:
+    """The per-message handlers of a routed link: `transfer(delivery)` for its PN_DELIVERY events
+    (the raw `pn_delivery_t` pointer), `credit()` for its PN_LINK_FLOW events (None: not wanted),
+    `failed()` when either raised (after the exception was logged)."""
+
+    __slots__ = ("transfer", "credit", "failed")
+
+    def __init__(self, transfer: Callable[[Any], None], credit: Callable[[], None] | None = None,
+                 failed: Callable[[], None] | None = None):
+        self.transfer = transfer
+        self.credit = credit
+        self.failed = failed
+
+
+def link_pointer(link: Any) -> Any:
+    """The `pn_link_t` of a proton Link wrapper (or the pointer itself)."""
+    return getattr(link, "_impl", link)
 
 
 class _Bridge(Handler):
@@ -147,6 +170,7 @@ class EngineContainer:
         self.handler = _Handlers()
         self._proton: dict[Any, Any] = {}  # connection pointer -> its proton handler
         self._refused: set[Any] = set()  # links refused before their handler saw them
+        self.typed: dict[Any, Typed] = {}  # link pointer -> its per-message handlers (`route`)
         self.loop.observers = self._proton
         self.loop.observe = self._dispatch
 
@@ -197,10 +221,47 @@ class EngineContainer:
         connection.handler = _BRIDGE
         self._proton[connection.ptr] = handler
 
-    def _dispatch(self, event: Any, handler: Any) -> None:
-        from proton import Event
+    def route(self, link: Any, typed: Typed) -> None:
+        """Hand `link`'s per-message events (PN_DELIVERY, PN_LINK_FLOW) to `typed`, unwrapped."""
+        self.typed[link_pointer(link)] = typed
 
+    def unroute(self, link: Any) -> None:
+        self.typed.pop(link_pointer(link), None)
+
+    def _dispatch(self, event: Any, handler: Any) -> None:
         kind = lib.pn_event_type(event)
+        if kind == _TRANSPORT:
+            return  # (after every change of a transport: the engine's business alone)
+        if kind == _DELIVERY or kind == _FLOW:
+            typed = self.typed.get(lib.pn_event_link(event)) if self.typed else None
+            if typed is not None:
+                try:
+                    if kind == _DELIVERY:
+                        typed.transfer(lib.pn_event_delivery(event))
+                    elif typed.credit is not None:
+                        typed.credit()
+                except Exception:  # noqa: BLE001 - as the daemon's boundaries do: log, fail the link
+                    log.exception("handling %s failed", "a delivery" if kind == _DELIVERY else "a flow")
+                    if typed.failed is not None:
+                        typed.failed()
+                return
+        elif kind == lib.PN_LINK_FINAL:
+            if self.typed:
+                self.typed.pop(lib.pn_event_link(event), None)
+        elif kind == lib.PN_TRANSPORT_CLOSED and self.typed:
+            self._bridge(kind, event, handler)
+            self._unroute_connection(lib.pn_event_connection(event))
+            return
+        self._bridge(kind, event, handler)
+
+    def _unroute_connection(self, connection: Any) -> None:
+        """The engine frees every link of `connection` next: forget their routes first."""
+        gone = [pointer for pointer in self.typed
+                if lib.pn_session_connection(lib.pn_link_session(pointer)) == connection]
+        for pointer in gone:
+            del self.typed[pointer]
+
+    def _bridge(self, kind: int, event: Any, handler: Any) -> None:
         if self._refused:
             pointer = lib.pn_event_link(event)
             if pointer != NULL and pointer in self._refused:
@@ -211,6 +272,8 @@ class EngineContainer:
             return
         if kind == lib.PN_LINK_REMOTE_OPEN and self._refuse_unreadable_filter(lib.pn_event_link(event)):
             return
+        from proton import Event
+
         wrapped = Event.wrap(event)
         if wrapped is None:
             return
@@ -261,6 +324,7 @@ class EngineContainer:
         try:
             loop.run()
             self._proton.clear()  # stopped: as with the Container, handlers hear nothing more
+            self.typed.clear()
             for _ in range(20):  # but the close frames of what was closed on the way out leave
                 if not any(channel.conn.ptr is not None for channel in loop.channels):
                     break

@@ -38,14 +38,20 @@ and "" -> [the pass that moved it, time].  The search stops by knowing, not by a
 * a pass ends when a copy it moved comes round (everything ahead of that copy has been offered);
 * a pass starts when the set of filters changes (a new filter attaches), when the feed pulls a
   message not yet offered to every filter it knows, when `poke` says a client published to the
-  queue through the proxy, and when a mark shows a filter another daemon serves on the queue;
+  queue through the proxy, when a mark shows a filter another daemon serves on the queue, and when
+  the queue's ready count shows what the feed did not put there (`tick`);
 * once the pass is over, a message already offered to every filter is held, never moved again.
 
 So each non-matching message is moved at most once per pass, a selective outlet finds a match at
 any depth, and a queue nobody matches is not cycled.  Other daemons' filters count while their
 marks are younger than `foreign_ttl` (first-offer times: moving a message again is no sign of
 life), so two daemons in front of one queue pass each other's messages on and then go quiet.
-A message some outlet selects is never moved: it waits for that outlet's credit.
+A message some outlet selects waits for that outlet's credit, within a bound: messages held for
+outlets that select them but have no credit take at most `reserve` (half the window); while
+searching, the ones past it are moved like non-matching ones (a link that never takes its messages
+cannot fill the window and starve the others or new arrivals), and when an outlet whose messages
+were moved gets credit, one more pass starts, which brings them round to it.  They are never
+given to an outlet that does not select them.
 
 Stopping (`stop`): no move starts, nothing more is pulled or sent; moves in flight finish (the I/O
 layer waits for `moving` to reach 0, bounded by its grace) and their originals are accepted; then
@@ -113,6 +119,12 @@ class FeedIO(Protocol):
 
     def flow_upstream(self, n: int) -> None: ...
 
+    # Optional: `probe(answer) -> bool | None`: ask the upstream how many messages the queue has
+    # ready (a drain without credit, which RabbitMQ 4 answers with `available`); False if it cannot
+    # be asked now (credit outstanding), None if this upstream is never asked.  answer(n) later:
+    # n >= 0 the count, -1 the question was withdrawn (ask again), None the upstream did not answer
+    # (see `Feed.tick`).
+
     def recycle(self, delivery: Any, data: bytes, done: Callable[[bool], None]) -> bool:
         """Publish `data` (the delivery's bytes with the offered mark) to the tail of the queue.
         False if that cannot start now (the feed keeps the message and the I/O layer calls `pump`
@@ -164,7 +176,8 @@ class Custody:
     the decoded sections, the filters it was offered to (`mark`, from a moved copy's annotation),
     outlets it must not go to again, and its redelivery state."""
 
-    __slots__ = ("delivery", "message", "reads", "excluded", "mark", "redelivered", "failed", "refused")
+    __slots__ = ("delivery", "message", "reads", "excluded", "mark", "redelivered", "failed", "refused",
+                 "kept")
 
     def __init__(self, delivery: Any, message: Any, reads: frozenset, mark: dict | None = None):
         self.delivery = delivery
@@ -175,6 +188,7 @@ class Custody:
         self.redelivered = False  # a client had it: first-acquirer false from now on
         self.failed = 0  # failed attempts in the proxy (added to the header's delivery-count)
         self.refused = 0  # the pass in which the broker refused its copy (not moved again in it)
+        self.kept = False  # held for links that select it and have no credit (see `Feed.reserve`)
 
     def data(self) -> bytes:
         if not self.redelivered:
@@ -223,6 +237,12 @@ class Feed:
         self.stopping = False
         self.stats = FeedStats()
         self._rr = 0
+        # Messages held for links that select them but have no credit take at most `reserve` of the
+        # window; while searching, the rest are moved like non-matching ones (see `_keep`), and a link
+        # whose messages were moved (`_deferred`, by filter identity) starts a pass when it has credit.
+        self.reserve = max(1, window // 2)
+        self._kept = 0  # held messages with `kept` set
+        self._deferred: set[str] = set()
         self._reads: frozenset = frozenset()
         self._identities: frozenset = frozenset()
         self._clock = clock
@@ -240,6 +260,20 @@ class Feed:
         self.look_again_max = look_again_max
         self._next_look: float | None = None
         self._look_delay = look_again
+        # Knowing instead of looking again (see `tick`): copies of the last pass the broker accepted
+        # and copies of it pulled back (their difference is what the queue holds of them); all
+        # copies accepted and all messages pulled, and the highest and lowest count of the queue net
+        # of them (what others put in or took out); whether another consumer of the queue was seen;
+        # a count asked for; counts never answered.
+        self._pass_moved = 0
+        self._pass_back = 0
+        self._moved_total = 0
+        self._pulled_total = 0
+        self._others_high: int | None = None
+        self._others_low = 0
+        self._others = False
+        self._probing = False
+        self._unanswered = 0
         self._log = log
 
     # ------------------------------------------------------------------ outlets
@@ -273,7 +307,14 @@ class Feed:
         self.pump()
 
     def set_credit(self, outlet: Outlet, credit: int) -> None:
+        had = outlet.credit
         outlet.credit = max(0, credit)
+        if had <= 0 < outlet.credit and outlet.identity in self._deferred and not self.stopping:
+            # Messages this filter selects were moved while its links had no credit: go round once
+            # more for them.
+            self._deferred.discard(outlet.identity)
+            if not self.pass_open:
+                self._open_pass()
         self.pump()
 
     def poke(self) -> None:
@@ -292,6 +333,7 @@ class Feed:
     # ------------------------------------------------------------------ upstream events
     def on_upstream_delivery(self, delivery: Any) -> None:
         self.upstream_credit = max(0, self.upstream_credit - 1)
+        self._pulled_total += 1
         before = self.pass_no
         c = self._custody(delivery)
         if self.subscription:
@@ -358,6 +400,7 @@ class Feed:
             out.extend(c.delivery for c in o.in_flight.values())
             o.in_flight.clear()
         self.held.clear()
+        self._kept = 0
         self.outlets.clear()
         self.stopping = True
         self._count_held()
@@ -377,6 +420,7 @@ class Feed:
                 if not self._offer(c, c.excluded):
                     keep.append(c)
             self.held = keep
+            self._kept = sum(1 for c in keep if c.kept)
             self._count_held()
         if self.held and self._searching():
             self._move_held()
@@ -433,18 +477,39 @@ class Feed:
     def _open_pass(self) -> None:
         self.pass_no += 1
         self.pass_open = True
+        self._pass_moved = self._pass_back = 0
         self._next_look = None
         self._look_delay = self.look_again
 
     def tick(self) -> None:
         """Called by the I/O layer now and then (about once a second).  A pass that is over while
-        links still wait: look again after a while (10 s, then twice as long each time, at most
-        10 minutes; any other reason for a pass starts the delays over).  That is how a daemon finds
-        a daemon it has not seen yet on the same queue (the other one's messages may be behind what
-        this one holds) and a match published directly behind a finished pass."""
+        links still wait, and nothing in flight: ask the upstream how many messages the queue has
+        ready (`probe`, answered in `on_available`).  What the queue should hold is known: the copies
+        of the last pass not yet pulled back.  More than that is a message this feed never saw
+        (published directly behind the finished pass): one more pass.  The count net of everything
+        this feed pulled and moved is what others put in or took out: when it first falls, another
+        consumer takes messages (another daemon, which may wait for what this one holds, and whose
+        copies carry its filters): one more pass.  While the counts stay put nothing is moved.
+
+        Once another consumer was seen (a fall, or a copy another daemon moved), its own moves
+        make copies this feed did not move, so from then on only a net count higher than ever
+        starts a pass, and looking again after a while remains (10 s, then twice as long each time,
+        at most 10 minutes; any other reason for a pass starts the delays over): the counts cannot
+        tell a message published while the other consumer takes one.  So does an upstream that
+        cannot be asked (no `probe`) or did not answer twice."""
         if not self.recycle or self.pass_open or self.stopping or not any(o.credit > 0 for o in self.outlets):
             self._next_look = None
             return
+        probe = getattr(self.io, "probe", None)
+        if probe is not None and self._unanswered < 2:
+            if not self._probing and self.moving == 0:
+                asked = probe(self.on_available)
+                if asked is None:
+                    self._unanswered = 2  # never asked: look again instead, from now on
+                self._probing = bool(asked)
+            if not self._others:  # no other consumer seen: the counts tell everything
+                self._next_look = None
+                return
         now = self._clock()
         if self._next_look is None:
             self._next_look = now + self._look_delay
@@ -452,6 +517,28 @@ class Feed:
             delay = min(self._look_delay * 2, self.look_again_max)
             self._open_pass()
             self._look_delay = delay
+            self.pump()
+
+    def on_available(self, n: int | None) -> None:
+        """The upstream's count of messages ready in the queue (see `tick`)."""
+        self._probing = False
+        if n is None:
+            self._unanswered += 1
+            return
+        self._unanswered = 0
+        if n < 0 or self.stopping or self.pass_open or self.moving:
+            return
+        net = n - self._moved_total + self._pulled_total  # the queue as others left it
+        if self._others_high is None:
+            self._others_high = self._others_low = net
+        grew = net > self._others_high
+        met = net < self._others_low and not self._others
+        self._others_high = max(self._others_high, net)
+        self._others_low = min(self._others_low, net)
+        if met:
+            self._others = True
+        if met or (grew if self._others else n > self._pass_moved - self._pass_back):
+            self._open_pass()
             self.pump()
 
     def _pass_tag(self) -> str:
@@ -472,7 +559,7 @@ class Feed:
         elif not self._identities.issubset(c.mark) and any(o.credit > 0 for o in self.outlets):
             self._open_pass()  # not yet offered to a filter here: there may be more behind it
         wanted = not self._nobody and self._wanted(c)
-        if not self._searching() or wanted or not self._movable(c) or not self._move(c):
+        if not self._searching() or (wanted and self._keep(c)) or not self._movable(c) or not self._move(c, wanted):
             self._hold(c)  # (an outlet that selects it takes it with its next credit)
 
     def _movable(self, c: Custody) -> bool:
@@ -483,16 +570,31 @@ class Feed:
     def _wanted(self, c: Custody) -> bool:
         return any(o.name not in c.excluded and self._selects(o, c) for o in self.outlets)
 
+    def _keep(self, c: Custody) -> bool:
+        """A message some outlet selects (none with credit has taken it): held while such messages
+        take less than `reserve` of the window, the oldest first; past it, it may be moved like a
+        non-matching one (it comes round to its links, and a pass starts when one gets credit)."""
+        if c.redelivered or self._kept < self.reserve:
+            if not c.redelivered:
+                c.kept = True
+                self._kept += 1
+            return True
+        return False
+
     def _move_held(self) -> None:
-        """While searching: move the held messages no outlet here selects (see `_movable`)."""
+        """While searching: move the held messages no outlet here selects (see `_movable`), and
+        those kept past the reserve."""
         keep: deque[Custody] = deque()
+        self._kept = 0
         for c in self.held:
-            if not self._searching() or self._wanted(c) or not self._movable(c) or not self._move(c):
+            c.kept = False
+            wanted = self._wanted(c)
+            if not self._searching() or (wanted and self._keep(c)) or not self._movable(c) or not self._move(c, wanted):
                 keep.append(c)
         self.held = keep
         self._count_held()
 
-    def _move(self, c: Custody) -> bool:
+    def _move(self, c: Custody, wanted: bool = False) -> bool:
         ms = int(self._wall()) * 1000  # whole seconds: most copies of a pass share one mark
         stamp = [self.token, ms]
         mark = dict(c.mark)
@@ -512,11 +614,16 @@ class Feed:
             c.message = _BAD  # cannot carry a mark: never moved
             return False
         c.mark = mark
+        c.kept = False
+        moved_in = self.pass_no
 
         def done(ok: bool) -> None:
             self.moving -= 1
             self.stats.moving = self.moving
             if ok:
+                if moved_in == self.pass_no:
+                    self._pass_moved += 1
+                self._moved_total += 1
                 self.stats.recycled += 1
                 self.io.settle_upstream(c.delivery, ACCEPTED)
             else:
@@ -532,6 +639,9 @@ class Feed:
             self.moving -= 1
             self.stats.moving = self.moving
             return False
+        if wanted:  # moved away from links without credit that select it
+            self._deferred.update(o.identity for o in self.outlets
+                                  if o.name not in c.excluded and self._selects(o, c))
         return True
 
     def _hold(self, c: Custody) -> None:
@@ -595,10 +705,15 @@ class Feed:
                     if isinstance(v, list) and len(v) == 2 and isinstance(v[1], int):
                         mark[str(k)] = [str(v[0]), int(v[1])]
                 self._learn(mark)
+                if mark.get("", [None])[0] == self._pass_tag():
+                    self._pass_back += 1  # a copy of this (or the last) pass came back
         return Custody(delivery, message, reads, mark)
 
     # ------------------------------------------------------------------ marks
     def _learn(self, mark: dict) -> None:
+        last = mark.get("")
+        if last is not None and not last[0].startswith(self.token + "#"):
+            self._others = True  # moved by another daemon on this queue
         for identity, (token, ms) in mark.items():
             if identity and token != self.token and identity not in self._identities:
                 seen = ms / 1000.0

@@ -108,6 +108,8 @@ class PassThrough:
         self._tenants: dict[tuple[str, str], _Tenant] = {}
         self._numbers = itertools.count(1)
         self._stopped = False
+        self._quiesced = False
+        self._closing: list = []  # upstreams stopped by `stop`, until their close is answered
 
     # every event of a client connection
 
@@ -154,6 +156,8 @@ class PassThrough:
 
     def _open_tenant(self, key: tuple[str, str], user: str, password: str) -> _Tenant:
         server, upstream = self._make_server(user, password, next(self._numbers))
+        if self._quiesced:
+            server.quiesce()
         tenant = _Tenant(key, user, server, upstream)
         self._tenants[key] = tenant
         log.info("pass-through: opening an upstream connection", extra={"fields": {"user": user}})
@@ -213,6 +217,8 @@ class PassThrough:
     def _retire(self, tenant: _Tenant) -> None:
         if self._tenants.get(tenant.key) is tenant:
             del self._tenants[tenant.key]
+        if self._stopped:
+            self._closing.append(tenant.upstream)
         try:
             tenant.upstream.stop()
         except Exception:  # noqa: BLE001 - stopping one tenant must not affect the others
@@ -223,6 +229,23 @@ class PassThrough:
     @property
     def servers(self) -> list:
         return [self.default] + [t.server for t in self._tenants.values()]
+
+    def quiesce(self) -> None:
+        """Shutdown begins: every tenant's queue feeds stop starting moves, pulling and sending, as
+        the default server's do (`ProxyServer.quiesce`); tenants opened from now on too."""
+        self._quiesced = True
+        for tenant in list(self._tenants.values()):
+            tenant.server.quiesce()
+
+    def moves_in_flight(self) -> int:
+        """Moves to a queue's tail not yet confirmed, over every tenant (the shutdown waits for them)."""
+        return sum(t.server.moves_in_flight() for t in list(self._tenants.values()))
+
+    def closing(self) -> bool:
+        """A tenant upstream stopped by `stop` still closes: its last outcomes (a move's accepted
+        original) are on their way to the broker."""
+        self._closing = [u for u in self._closing if getattr(u, "closing", lambda: False)()]
+        return bool(self._closing)
 
     def stop(self) -> None:
         """Stop every tenant's upstream connection (the default upstream is the app's to stop)."""

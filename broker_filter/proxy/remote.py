@@ -45,18 +45,21 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import OrderedDict
 import logging
 import re
 import time
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
-from proton import Disposition, Endpoint, Handler, Terminus, Transport
+from proton import Endpoint, Handler, Terminus, Transport
 from proton import symbol as psymbol
 
 from ..amqp import types as t
 from ..security import redact_url
-from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
+from ..engine._cproton import lib
+from ..engine.container import Typed
+from .wire import data_value, put_value, receive, remote_outcome, send, settle_with
 from .sharing import address_form_routing
 from .upstream import (
     ConsumerHandler,
@@ -66,6 +69,7 @@ from .upstream import (
     Loop,
     Outcome,
     PublisherHandler,
+    RELEASED,
     UpstreamDelivery,
     UpstreamListener,
     FILTEX_KINDS,
@@ -77,6 +81,10 @@ log = logging.getLogger("broker_filter.proxy.upstream")
 BEGIN_HOLD = 2.0  # longest wait of a new session for ended ones to be answered (see the module docstring)
 SESSION_IDLE = 30.0  # RabbitMQ 4: how long a session whose link detached waits for another link before it ends
 END_SETTLE = 0.25  # RabbitMQ 4: how long after an end is answered its channel is still taken to be busy
+# Ordered settlement (`RemoteConsumer.settle_in_order`): at most this many decided outcomes wait
+# behind an undecided delivery; past it they are settled at once, out of order.
+ORDER_LIMIT = 1000
+_UNDECIDED = object()
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
 # An attach reply in proton's frame trace: the link name, and the attach's own offered-capabilities
@@ -84,6 +92,10 @@ _TRACED_ATTACH = re.compile(r'<- @attach\(18\) \[name="((?:[^"\\]|\\.)*)"')
 _TRACED_OFFERED = re.compile(r'offered-capabilities=(@<symbol>\[[^\]]*\]|:"[^"]*"|:[^\s,\]]+)')
 _TRACED_SYMBOL = re.compile(r':"([^"]*)"|:([^\s,\]"]+)')
 _TRACED_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
+# The answer to a drain without credit: a flow carrying the queue's ready count (RabbitMQ 3.10, 4)
+_TRACED_AVAILABLE = re.compile(r"<- @flow\(19\) \[[^\]]*available=(0x[0-9a-fA-F]+|\d+)[^\]]*drain=true")
+PROBE_TIMEOUT = 5.0  # seconds a count may take before it counts as unanswered
+STOP_ENDS = 1.0  # seconds a stop waits for ended sessions to be answered before closing the connection
 
 
 def _caps(data) -> tuple[str, ...]:
@@ -171,10 +183,19 @@ class _RemoteLink:
 
 
 class RemoteConsumer(_RemoteLink):
+    """An upstream receiving link.  Its deliveries are settled as the feed decides, or, once
+    `settle_in_order()` was called (subscription feeds, where every delivery is decided within the
+    feed's window), in delivery-id order: proton-c then sends one disposition frame for a run of
+    consecutive deliveries instead of one per message.  A decided outcome waits behind undecided
+    ones at most until ORDER_LIMIT of them wait, and never past `close()`."""
+
     def __init__(self, upstream: "RemoteUpstream", spec: ConsumerSpec, handler: ConsumerHandler):
         super().__init__(upstream, handler)
         self.spec = spec
         self.offer_pending = False  # its attach offers filters and the reply is not in yet
+        # ordered settlement: delivery -> its outcome (_UNDECIDED), in arrival order; None: off
+        self.order: OrderedDict | None = None
+        self.waiting = 0  # decided outcomes in `order`
 
     @property
     def credit(self) -> int:
@@ -182,19 +203,79 @@ class RemoteConsumer(_RemoteLink):
 
     def flow(self, n: int) -> None:
         if n > 0 and not self.closed and self.link is not None:
+            if self.upstream.probing is self:
+                self.upstream.probe_answered(-1)  # credit withdraws the question (no drain with it)
             self.link.flow(n)
 
+    def settle_in_order(self) -> None:
+        if self.order is None:
+            self.order = OrderedDict()
+
+    def probe(self, answer: Callable[[int | None], None]) -> bool | None:
+        """Ask how many messages the queue has ready: a drain without credit, which RabbitMQ 4
+        answers with a flow carrying `available` (read from the frame trace, like an attach reply's
+        capabilities; one question per connection at a time).  answer(n) comes later: the count,
+        -1 if credit withdrew the question, None without an answer in PROBE_TIMEOUT seconds.
+        False: not now (credit outstanding, another question open); None: this upstream is never
+        asked (not RabbitMQ 4)."""
+        up = self.upstream
+        if not up.counts_queue:
+            return None
+        if self.closed or self.link is None or self.link.credit or up.probing is not None or up.connection is None:
+            return False
+        up.probing, up.probe_answer = self, answer
+        up.probe_timer = up.loop.call_later(PROBE_TIMEOUT, lambda: up.probe_answered(None))
+        up._trace_attaches(+1)
+        self.link.drain(0)
+        return True
+
     def settle(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
+        if outcome.kind == "modified" and not self.upstream.modified_ok:
+            outcome = RELEASED
+        order = self.order
+        if order is None or order.get(delivery, outcome) is not _UNDECIDED:
+            self._apply(delivery, outcome)
+            return
+        order[delivery] = outcome
+        self.waiting += 1
+        while order:  # settle the decided run at the head
+            head = next(iter(order))
+            decided = order[head]
+            if decided is _UNDECIDED:
+                break
+            del order[head]
+            self.waiting -= 1
+            self._apply(head, decided)
+        if self.waiting > ORDER_LIMIT:
+            self._settle_decided()
+
+    def _settle_decided(self) -> None:
+        """Settle every decided outcome now, out of order."""
+        order = self.order
+        if not order or not self.waiting:
+            return
+        decided = [(d, o) for d, o in order.items() if o is not _UNDECIDED]
+        for d, o in decided:
+            del order[d]
+            self._apply(d, o)
+        self.waiting = 0
+
+    def _apply(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
         dlv = delivery.ref
         delivery.ref = None
         if dlv is None or self.closed:
             return  # the link is gone: the broker has already taken the message back
-        if outcome.kind == "modified" and not self.upstream.modified_ok:
-            outcome = Outcome("released")
-        apply_outcome(dlv, outcome)
+        settle_with(dlv, outcome)
+
+    def _discard(self) -> None:
+        if self.order is not None:
+            self.order.clear()
+            self.waiting = 0
 
     def close(self, closed: bool | None = None) -> None:
         # `closed` does not matter here: the remote link is private to the proxy (see open_consumer).
+        if not self.closed:
+            self._settle_decided()  # what the feed decided reaches the broker before the detach
         if self._finish():
             self._end()
 
@@ -207,20 +288,17 @@ class RemotePublisher(_RemoteLink):
         super().__init__(upstream, handler)
         self.address = address
         self._tags = itertools.count(1)
-        self.pending: dict[str, Callable[[Outcome], None]] = {}
+        self.pending: dict[Any, Callable[[Outcome], None]] = {}
 
     @property
     def credit(self) -> int:
-        return self.link.credit if self.link is not None and self.ready and not self.closed else 0
+        return lib.pn_link_credit(self.link._impl) if self.link is not None and self.ready and not self.closed else 0
 
     def send(self, data: bytes, on_settled: Callable[[Outcome], None]) -> None:
         if self.closed or self.link is None:
             return
-        tag = str(next(self._tags))  # proton hands tags back as str
-        self.link.delivery(tag)
-        self.link.send(data)
-        self.link.advance()
-        self.pending[tag] = on_settled
+        # keyed by the delivery's pointer: valid until settled in `RemoteUpstream._published`
+        self.pending[send(self.link._impl, b"%x" % next(self._tags), data)] = on_settled
 
     def close(self) -> None:
         if self._finish():
@@ -285,6 +363,7 @@ class RemoteUpstream(Handler):
         self.version: str | None = None
         self.binds_exchange_keys = False
         self.modified_ok = True
+        self.counts_queue = False
         self.recycles_sessions = False  # RabbitMQ 4: sessions outlive their links (see the module docstring)
         self._idle: list[Any] = []  # recycled sessions with no link, oldest first
         self._idle_timer = None
@@ -292,11 +371,15 @@ class RemoteUpstream(Handler):
         self._ended: set[Any] = set()  # sessions the proxy ended, until the broker's end arrives
         self._waiting: list[Any] = []  # sessions to begin once _ended is empty
         self._hold_timer = None
+        self._stop_timer = None
         self._names = itertools.count(1)
         self._backoff = 0.1
         self._reconnect_timer = None
         self.connects = 0
         self._awaiting_offers = 0  # consumer attaches offering filters whose reply is not in yet
+        self.probing: RemoteConsumer | None = None  # the consumer whose queue count was asked for
+        self.probe_answer: Callable[[int | None], None] | None = None
+        self.probe_timer: Any = None
         self._traced: dict[str, frozenset[str]] = {}  # link name -> its attach reply's offered-capabilities
 
     # ------------------------------------------------------------------ Upstream
@@ -306,12 +389,27 @@ class RemoteUpstream(Handler):
         self._connect()
 
     def stop(self) -> None:
+        """Close every link and the connection.  The connection's close waits (at most
+        STOP_ENDS seconds) for the broker to answer the sessions ended here: RabbitMQ 3.10 drops
+        dispositions its session processes have not handled when the connection closes, so the
+        accept of a move's original sent just before would be lost and the message redelivered
+        beside its copy.  A session's `end` is answered after its earlier frames."""
         self.stopped = True
         if self._reconnect_timer is not None:
             self._reconnect_timer.cancel()
         for ep in list(self._endpoints.values()):
             ep.close()
         if self.connection is not None:
+            if self._ended:
+                self._stop_timer = self.loop.call_later(STOP_ENDS, self._close_connection)
+            else:
+                self._close_connection()
+
+    def _close_connection(self) -> None:
+        if self._stop_timer is not None:
+            self._stop_timer.cancel()
+            self._stop_timer = None
+        if self.connection is not None and not (self.connection.state & Endpoint.LOCAL_CLOSED):
             self.connection.close()
 
     def closing(self) -> bool:
@@ -400,6 +498,11 @@ class RemoteUpstream(Handler):
         self._ended.add(session)
 
     def _ended_answered(self, session: Any) -> None:
+        if self.stopped:
+            self._ended.discard(session)
+            if not self._ended and self._stop_timer is not None:
+                self._close_connection()
+            return
         if self.recycles_sessions and session in self._ended:
             # The broker forgets the channel only after it answered: keep it busy a moment longer.
             self.loop.call_later(END_SETTLE, functools.partial(self._channel_free, session, self.connection))
@@ -474,6 +577,14 @@ class RemoteUpstream(Handler):
         link.bf_endpoint = endpoint
         endpoint.link = link
         self._endpoints[name] = endpoint
+        route = getattr(getattr(self.loop, "container", None), "route", None)
+        if route is not None:  # its deliveries and flow without proton's event wrappers
+            failed = functools.partial(self._typed_failed, endpoint)
+            if isinstance(endpoint, RemoteConsumer):
+                route(link, Typed(functools.partial(self._received, endpoint, link._impl), None, failed))
+            else:
+                route(link, Typed(functools.partial(self._published, endpoint),
+                                  functools.partial(self._publisher_credit, endpoint, link._impl), failed))
         if endpoint.session not in self._waiting:
             link.open()
 
@@ -501,12 +612,32 @@ class RemoteUpstream(Handler):
         else:
             transport.trace(Transport.TRACE_OFF)
 
+    def probe_answered(self, n: int | None) -> None:
+        """The count asked for by `RemoteConsumer.probe` (see there)."""
+        consumer, answer = self.probing, self.probe_answer
+        if consumer is None:
+            return
+        self.probing = self.probe_answer = None
+        if self.probe_timer is not None:
+            self.probe_timer.cancel()
+            self.probe_timer = None
+        self._trace_attaches(-1)
+        if consumer.link is not None and not consumer.closed:
+            consumer.link.drain_mode = False
+        answer(n)
+
     def _offer_answered(self, consumer: "RemoteConsumer") -> None:
         consumer.offer_pending = False
         self._trace_attaches(-1)
 
     def _on_trace(self, transport: Any, message: str) -> None:
         try:
+            if self.probing is not None:
+                m = _TRACED_AVAILABLE.search(message)
+                if m is not None:
+                    n = int(m.group(1), 0)
+                    self.loop.call_later(0, lambda: self.probe_answered(n))  # not inside proton's I/O
+                    return
             m = _TRACED_ATTACH.search(message)
             if m is None:
                 return
@@ -574,6 +705,8 @@ class RemoteUpstream(Handler):
         conn, self.connection = self.connection, None
         self._awaiting_offers = 0
         self._traced.clear()
+        if self.probing is not None:
+            self.probe_answered(None)
         desc = f"upstream {self.name} connection lost"
         if condition is not None and getattr(condition, "description", None):
             desc += f": {condition.description}"
@@ -611,6 +744,10 @@ class RemoteUpstream(Handler):
         self.binds_exchange_keys = is_rabbit
         self.modified_ok = not is_rabbit or _major(self.version) >= 4
         self.recycles_sessions = is_rabbit and _major(self.version) >= 4
+        # A drain without credit is answered with the queue's ready count by RabbitMQ 4; RabbitMQ
+        # 3.10 answers it too, but its classic queue then fails the channel (function_clause on
+        # send_drained), so it is never asked (see RemoteConsumer.probe).
+        self.counts_queue = is_rabbit and _major(self.version) >= 4
         self.connected = True
         self._backoff = 0.1
         self._attempt = 0
@@ -721,44 +858,58 @@ class RemoteUpstream(Handler):
         link.bf_endpoint = None
         link.free()
 
+    # (a link routed by the container gets its flow and deliveries in the methods below directly)
     @_guarded
     def on_link_flow(self, event) -> None:
         link = event.link
         if link.is_sender:
-            ep = _endpoint(link)
-            if ep is not None and ep.ready and not ep.closed and link.credit > 0:
-                ep.handler.on_publisher_credit(ep)
+            self._publisher_credit(_endpoint(link), link._impl)
 
     @_guarded
     def on_delivery(self, event) -> None:
         dlv = event.delivery
         link = dlv.link
-        ep = _endpoint(link)
         if link.is_receiver:
-            if not dlv.readable or dlv.partial:
-                return
-            data = link.recv(dlv.pending)
-            link.advance()
-            if ep is None or ep.closed:
-                dlv.update(Disposition.RELEASED)
-                dlv.settle()
-                return
-            if dlv.aborted:
-                dlv.settle()
-                return
-            ud = UpstreamDelivery(data, dlv)
-            ep.handler.on_delivery(ep, ud)
+            self._received(_endpoint(link), link._impl, dlv._impl)
         else:
-            if ep is None:
-                dlv.settle()
-                return
-            outcome = outcome_of_delivery(dlv)
-            if outcome is None and not dlv.settled:
-                return
-            cb = ep.pending.pop(dlv.tag, None)
-            dlv.settle()
-            if cb is not None and not ep.closed:
-                cb(outcome if outcome is not None else Outcome("accepted"))
+            self._published(_endpoint(link), dlv._impl)
+
+    def _publisher_credit(self, ep: Any, link: Any) -> None:
+        if ep is not None and ep.ready and not ep.closed and lib.pn_link_credit(link) > 0:
+            ep.handler.on_publisher_credit(ep)
+
+    def _received(self, ep: Any, link: Any, dlv: Any) -> None:
+        """A transfer (pointers) on a consumer's link."""
+        data = receive(link, dlv)
+        if data is None:
+            return
+        if ep is None or ep.closed:
+            settle_with(dlv, RELEASED)
+            return
+        if lib.pn_delivery_aborted(dlv):
+            lib.pn_delivery_settle(dlv)
+            return
+        ud = UpstreamDelivery(data, dlv)
+        if ep.order is not None:
+            ep.order[ud] = _UNDECIDED
+        ep.handler.on_delivery(ep, ud)
+
+    def _published(self, ep: Any, dlv: Any) -> None:
+        """The broker's disposition of a delivery (a pointer) a publisher sent."""
+        if ep is None:
+            lib.pn_delivery_settle(dlv)
+            return
+        outcome = remote_outcome(dlv)
+        if outcome is None and not lib.pn_delivery_settled(dlv):
+            return
+        cb = ep.pending.pop(dlv, None)
+        lib.pn_delivery_settle(dlv)
+        if cb is not None and not ep.closed:
+            cb(outcome if outcome is not None else Outcome("accepted"))
+
+    def _typed_failed(self, ep: Any) -> None:
+        if not ep.closed:
+            ep._closed_by_upstream(ErrorInfo("amqp:internal-error", "proxy failure on the upstream link"))
 
 
 def _put_routing_capabilities(terminus: Any, capabilities: Any) -> None:

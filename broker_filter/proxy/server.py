@@ -4,8 +4,10 @@ Theory of operation
 -------------------
 Every client receiving link becomes an `Outlet` on a `Feed` (see `broker_filter.proxy.forwarding`), and
 every feed is one upstream consumer.  Which links share a feed is one rule, in
-`broker_filter.proxy.sharing`: subscription sources get a feed of their own (a named shared
-subscription one per name); links on the same queue (and the same pushed-down filters) share one.
+`broker_filter.proxy.sharing`: the plain subscription links of one address share one upstream
+subscription (`broker_filter.proxy.fanout`), durable and dynamic ones get a feed of their own (a
+named shared subscription one per name); links on the same queue (and the same pushed-down filters)
+share one.
 The attach reply is sent only once the upstream consumer is attached, so an upstream refusal
 reaches the client as an attach refusal.
 
@@ -34,17 +36,20 @@ import logging
 import re
 from typing import Any, Callable
 
-from proton import Condition, Disposition, Endpoint, Link, Terminus
+from proton import Condition, Endpoint, Link, Terminus
 from proton import symbol as psymbol
 from proton import Handler
 
 from ..amqp import types as t
 from ..amqp import CodecError, set_message_annotation
+from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
-from .forwarding import Feed, FeedStats, Outcome, Outlet, filter_identity
-from . import sharing
+from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
+from . import fanout, sharing
 from .routing import Routing
-from .wire import apply_outcome, data_value, outcome_of_delivery, put_value
+from ..engine._cproton import lib
+from ..engine.container import Typed
+from .wire import data_value, discard, put_value, receive, remote_outcome, send, settle_with
 from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
 
 log = logging.getLogger("broker_filter.proxy")
@@ -130,10 +135,17 @@ class FeedBinding:
         self.server = server
         self.key = key
         self.spec = spec
-        self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
-                         recycle=server.recycle and not subscription, token=server.feed_token(),
-                         custody=not getattr(server.upstream, "redelivers_in_place", False),
-                         log=log.warning)
+        if key[0] == "fanout":  # the address's shared upstream subscription (proxy/fanout.py)
+            limits = getattr(server.config, "limits", None)
+            self.feed = fanout.FanoutFeed(self, window=server.window, buffer=server.window, log=log.warning,
+                                          indexed=getattr(limits, "subscription_index", True),
+                                          cache_size=getattr(limits, "index_cache_size", 1024),
+                                          counters=server.metrics.shared(spec.address) if server.metrics else None)
+        else:
+            self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
+                             recycle=server.recycle and not subscription, token=server.feed_token(),
+                             custody=not getattr(server.upstream, "redelivers_in_place", False),
+                             log=log.warning)
         self.pending: list[Outlet] = []  # attached by clients, waiting for the upstream consumer
         self.ready = False
         self.closed = False
@@ -148,16 +160,10 @@ class FeedBinding:
 
     # FeedIO -------------------------------------------------------------
     def send(self, outlet: Outlet, delivery: UpstreamDelivery, data: bytes) -> Any:
+        """The client delivery's pointer is its tag in the feed (valid until settled in `_client_outcome`)."""
         if self.counters is not None:
             self.counters.forwarded.inc()
-        link = outlet.io_ref
-        tag = self.server.next_tag()
-        dlv = link.delivery(tag)
-        link.send(data)
-        if outlet.presettled:
-            dlv.settle()
-        link.advance()
-        return tag
+        return send(outlet.io_ref._impl, self.server.next_tag(), data, outlet.presettled)
 
     def settle_upstream(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
         if self.consumer is not None:
@@ -167,6 +173,13 @@ class FeedBinding:
         if self.consumer is not None:
             self.consumer.flow(n)
 
+    def probe(self, answer: Callable[[int | None], None]) -> bool | None:
+        """The queue's ready count, if the upstream consumer can be asked (see forwarding.Feed.tick)."""
+        probe = getattr(self.consumer, "probe", None)
+        if probe is None:
+            return None if self.consumer is not None else False
+        return False if self.closed else probe(answer)
+
     def recycle(self, delivery: UpstreamDelivery, data: bytes, done: Callable[[bool], None]) -> bool:
         def moved(ok: bool) -> None:
             if not self.closed:
@@ -175,6 +188,16 @@ class FeedBinding:
                     self.server.finish_feed(self)
 
         return self.server.recycle_message(self, data, moved)
+
+    def open_own(self, outlet: Outlet, handler: Any) -> Any:
+        """FanoutIO: an upstream subscription for one slow link of a shared subscription."""
+        name = f"{self.spec.name}|own-{next(self.server._sub_ids)}"
+        return self.server.upstream.open_consumer(dataclasses.replace(self.spec, name=name), handler)
+
+    def lost_outlet(self, outlet: Outlet, condition: str, description: str) -> None:
+        link = outlet.io_ref
+        link.bf_binding = None
+        close_link(link, condition, description)
 
     # ConsumerHandler ----------------------------------------------------------
     def on_consumer_ready(self, consumer, info: ConsumerInfo) -> None:
@@ -196,6 +219,9 @@ class FeedBinding:
                 pending, self.pending = self.pending, []
             for outlet in pending:
                 self.server.complete_outlet(self, outlet)
+            if self.feed.subscription and hasattr(consumer, "settle_in_order"):
+                # every delivery of a subscription is decided within the feed's window
+                consumer.settle_in_order()
         except Exception:
             log.exception("consumer ready handling failed")
             self.server.fail_feed(self, ErrorInfo("amqp:internal-error", "proxy failure attaching upstream"))
@@ -225,7 +251,8 @@ class FeedBinding:
 class Inlet:
     """A client sending link and its upstream publisher."""
 
-    __slots__ = ("link", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters")
+    __slots__ = ("link", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters", "oversize",
+                 "origin")
 
     def __init__(self, link, address: str, conn: _Conn, counters: Any = None):
         self.counters = counters
@@ -236,6 +263,9 @@ class Inlet:
         self.ready = False
         self.closed = False
         self.unsettled = 0
+        self.oversize: set = set()  # partial deliveries already over the size limit (pointers)
+        # the message-annotations section a message without any gets: the origin annotation alone
+        self.origin = encode_section(MESSAGE_ANNOTATIONS, {ORIGIN_ANNOTATION: conn.id})
 
     # PublisherHandler
     def on_publisher_ready(self, publisher) -> None:
@@ -322,8 +352,22 @@ class ProxyServer(Handler):
         self.upstream_up = False
         self._was_up = False
 
-    def next_tag(self) -> str:
-        return "%x" % next(self._tags)  # proton hands tags back as str
+    def next_tag(self) -> bytes:
+        return b"%x" % next(self._tags)
+
+    def _route_link(self, link, transfer: Callable, credit: Callable | None = None) -> None:
+        """The link's deliveries and flow go to `transfer(link, delivery pointer)` and `credit(link)`
+        without proton's event wrappers, where the container routes them (`engine.container`)."""
+        container = getattr(getattr(self.upstream, "loop", None), "container", None)
+        route = getattr(container, "route", None)
+        if route is not None:
+            route(link, Typed(functools.partial(transfer, link),
+                              functools.partial(credit, link) if credit is not None else None,
+                              functools.partial(self._typed_failed, link)))
+
+    def _typed_failed(self, link) -> None:
+        self._drop_link(link)
+        close_link(link, "amqp:internal-error", "proxy failure on this link; see the proxy log")
 
     def feed_token(self) -> str:
         """Names a feed in the marks on the copies it moves: unique among daemons on one broker."""
@@ -515,29 +559,35 @@ class ProxyServer(Handler):
 
     @boundary
     def on_link_flow(self, event) -> None:
-        link = event.link
-        if link.is_sender:
-            outlet = _attr(link, "bf_outlet")
-            if outlet is None:
-                return
-            binding = _attr(link, "bf_binding")
-            if binding is None or binding.closed or outlet not in binding.feed.outlets:
-                if link.drain_mode and link.credit > 0:
-                    link.drained()
-                return
-            binding.feed.set_credit(outlet, link.credit)
-            if link.drain_mode and link.credit > 0:
-                link.drained()
-                binding.feed.set_credit(outlet, 0)
+        # (a link routed by the container gets its flow in _outlet_credit directly)
+        if event.link.is_sender:
+            self._outlet_credit(event.link)
+
+    def _outlet_credit(self, link) -> None:
+        outlet = _attr(link, "bf_outlet")
+        if outlet is None:
+            return
+        pointer = link._impl
+        credit = lib.pn_link_credit(pointer)
+        binding = _attr(link, "bf_binding")
+        if binding is None or binding.closed or outlet not in binding.feed.outlets:
+            if credit > 0 and lib.pn_link_get_drain(pointer):
+                lib.pn_link_drained(pointer)
+            return
+        binding.feed.set_credit(outlet, credit)
+        if credit > 0 and lib.pn_link_get_drain(pointer):
+            lib.pn_link_drained(pointer)
+            binding.feed.set_credit(outlet, 0)
 
     @boundary
     def on_delivery(self, event) -> None:
+        # (a link routed by the container gets its deliveries in _client_outcome/_client_publish directly)
         dlv = event.delivery
         link = dlv.link
         if link.is_sender:
-            self._client_outcome(link, dlv)
+            self._client_outcome(link, dlv._impl)
         else:
-            self._client_publish(link, dlv)
+            self._client_publish(link, dlv._impl)
 
     def _fail(self, event) -> None:
         """After an unexpected exception: close the link concerned, else the connection."""
@@ -615,6 +665,7 @@ class ProxyServer(Handler):
         outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link)
         link.bf_outlet = outlet
         conn.links.add(link)
+        self._route_link(link, self._client_outcome, self._outlet_credit)
         if outlet_presettled_requested(link):
             link.snd_settle_mode = Link.SND_SETTLED
             outlet.presettled = True
@@ -634,7 +685,8 @@ class ProxyServer(Handler):
         key = sharing.feed_key(decision, address=up_address, pushed=pushed + offered, local=local,
                                serial=next(self._sub_ids), link_name=link.name,
                                container_id=spec.container_id, capabilities=caps,
-                               durable=bool(src.durability) or spec.expiry_policy == "never")
+                               durable=bool(src.durability) or spec.expiry_policy == "never",
+                               dynamic=spec.dynamic)
         binding = self.feeds.get(key)
         if (binding is None or binding.closed) and offered and not decision.subscription:
             # A feed whose upstream turned the offered filters down serves every link of its queue.
@@ -750,22 +802,23 @@ class ProxyServer(Handler):
                 close_link(link, error.condition, error.description, error.info)
 
     def _client_outcome(self, link, dlv) -> None:
+        """A client's disposition of a delivery (a pointer) sent on an outlet."""
         outlet = _attr(link, "bf_outlet")
-        binding = _attr(link, "bf_binding")
         if outlet is None:
-            dlv.settle()
+            lib.pn_delivery_settle(dlv)
             return
-        outcome = outcome_of_delivery(dlv)
+        outcome = remote_outcome(dlv)
         if outcome is None:
-            if not dlv.settled:
+            if not lib.pn_delivery_settled(dlv):
                 return  # not a terminal state yet
             # Settled without an outcome: never treat that as accepted.
             outcome = Outcome("released")
+        binding = _attr(link, "bf_binding")
         if binding is not None and not binding.closed:
-            binding.feed.on_client_outcome(outlet, dlv.tag, outcome)
+            binding.feed.on_client_outcome(outlet, dlv, outcome)
             if binding.counters is not None:
                 binding.counters.outcome(outcome.kind)
-        dlv.settle()
+        lib.pn_delivery_settle(dlv)
 
     # ---------------------------------------------------------------- publishing (inlets)
     def _attach_inlet(self, link, conn: _Conn) -> None:
@@ -789,6 +842,7 @@ class ProxyServer(Handler):
         if self.max_message_size:
             link.max_message_size = self.max_message_size  # advertised in the attach reply
         conn.links.add(link)
+        self._route_link(link, self._client_publish)
         inlet.publisher = self.upstream.open_publisher(address, inlet, caps)
 
     @property
@@ -797,47 +851,47 @@ class ProxyServer(Handler):
         return getattr(limits, "max_message_size", 0) or 0
 
     def _client_publish(self, link, dlv) -> None:
-        if not dlv.readable:
+        """A client's transfer (a delivery pointer) on an inlet."""
+        if not lib.pn_delivery_readable(dlv):
             return
         limit = self.max_message_size
-        if dlv.partial:
-            if limit and dlv.pending > limit:
-                # Too large already: drop what arrived (memory stays bounded), refuse once complete.
-                link.recv(dlv.pending)
-                dlv.bf_oversize = True
-            return
-        size = dlv.pending
-        data = link.recv(dlv.pending)
-        link.advance()
         inlet = _attr(link, "bf_inlet")
-        if dlv.aborted:
-            dlv.settle()
+        if lib.pn_delivery_partial(dlv):
+            if limit and lib.pn_delivery_pending(dlv) > limit:
+                # Too large already: drop what arrived (memory stays bounded), refuse once complete.
+                discard(link._impl)
+                if inlet is not None:
+                    inlet.oversize.add(dlv)
             return
-        if limit and (_attr(dlv, "bf_oversize") or size > limit):
-            dlv.local.condition = Condition(
+        size = lib.pn_delivery_pending(dlv)
+        data = receive(link._impl, dlv)
+        if lib.pn_delivery_aborted(dlv):
+            if inlet is not None:
+                inlet.oversize.discard(dlv)
+            lib.pn_delivery_settle(dlv)
+            return
+        if limit and ((inlet is not None and dlv in inlet.oversize) or size > limit):
+            if inlet is not None:
+                inlet.oversize.discard(dlv)
+            settle_with(dlv, Outcome("rejected", error=(
                 "amqp:resource-limit-exceeded",
-                f"message larger than the {limit} bytes allowed (limits.max_message_size)",
-            )
-            dlv.update(Disposition.REJECTED)
-            dlv.settle()
+                f"message larger than the {limit} bytes allowed (limits.max_message_size)")))
             if inlet is not None:
                 inlet.top_up()
             return
         if inlet is None or inlet.closed or inlet.publisher is None:
-            dlv.update(Disposition.RELEASED)
-            dlv.settle()
+            settle_with(dlv, RELEASED)
             return
         try:
-            data = set_message_annotation(data, ORIGIN_ANNOTATION, inlet.conn.id)
+            data = set_message_annotation(data, ORIGIN_ANNOTATION, inlet.conn.id, inlet.origin)
         except CodecError as e:
-            dlv.local.condition = Condition("amqp:decode-error", f"message not decodable: {e}")
-            dlv.update(Disposition.REJECTED)
-            dlv.settle()
+            settle_with(dlv, Outcome("rejected", error=("amqp:decode-error", f"message not decodable: {e}")))
             inlet.top_up()
             return
         if inlet.counters is not None:
             inlet.counters.published.inc()
-        if dlv.settled:  # sent pre-settled: at most once, nothing to report
+        if lib.pn_delivery_settled(dlv):  # sent pre-settled: at most once, nothing to report
+            lib.pn_delivery_settle(dlv)
             inlet.publisher.send(data, lambda outcome, address=inlet.address: self.poke(address))
         else:
             inlet.unsettled += 1
@@ -846,8 +900,8 @@ class ProxyServer(Handler):
                 inlet.unsettled -= 1
                 if outcome.kind == "accepted":
                     self.poke(inlet.address)
-                if not inlet.closed:
-                    apply_outcome(dlv, outcome)
+                if not inlet.closed:  # (else the link, and the delivery with it, may be gone)
+                    settle_with(dlv, outcome)
                     inlet.top_up()
 
             inlet.publisher.send(data, settled)
@@ -886,6 +940,9 @@ class ProxyServer(Handler):
             self.draining.discard(binding)
         if binding.closed:
             return
+        if binding.feed.moving:
+            log.warning("shutdown grace over with %d moves to %s in flight: their originals go back to the queue "
+                        "beside copies the broker may accept", binding.feed.moving, binding.spec.address)
         binding.closed = True
         binding.feed.close()
         if binding.consumer is not None:

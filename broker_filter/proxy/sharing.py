@@ -10,16 +10,19 @@ address model (AMQ's anycast and multicast; docs/proxy.md has the same table):
   link on the same queue with the same pushed-down filters shares one feed, which offers each message
   to one link that selects it — what a broker does for consumers with selectors.  A message no link
   selects must stay for others: it is never consumed for not matching.
-* **subscription semantics** (multicast): every receiver has a subscription of its own and gets every
-  message its filter selects.  A link never shares a feed with another link, whatever the filters, so
-  each gets its own upstream subscription and its own copy.
+* **subscription semantics** (multicast): every receiver gets every message its filter selects.
+  The daemon's non-durable, unnamed, non-dynamic subscription links on one upstream address (with
+  the same pushed-down filters) share one upstream subscription, which gives each link its own copy
+  of what its filter selects (`broker_filter.proxy.fanout`: one decode and one index match per
+  message, per-link buffers, a slow link moved to a subscription of its own).  Durable and dynamic
+  links get an upstream subscription of their own: their identity lives in the broker.
 * **named subscriptions** (JMS 2.0 shared subscriptions: capability `shared` on a subscription
   source, named by the link name): the links of one subscription share one feed, because the
   subscription is one queue shared by name.
 
 The first of these that speaks decides (`decide`):
 
-| what says so | queue | subscription |
+| what says so | queue (one shared consumer) | subscription (one shared upstream subscription, a copy per link) |
 |---|---|---|
 | an `[[address_rules]]` entry | `routing_type = "anycast"` | `routing_type = "multicast"` |
 | the client's source distribution mode | | `copy` |
@@ -126,19 +129,24 @@ def decide(*, address: str | None, capabilities: Iterable[str] = (), copy: bool 
 
 def feed_key(decision: Decision, *, address: str | None, pushed: Iterable[Any], local: Any, serial: int,
              link_name: str | None = None, container_id: str | None = None,
-             capabilities: Iterable[str] = (), durable: bool = False) -> tuple:
+             capabilities: Iterable[str] = (), durable: bool = False, dynamic: bool = False) -> tuple:
     """The key of the feed a link joins: links with equal keys share one upstream consumer.
 
     Queues: the upstream address and the pushed-down filters (the upstream applies those, so only
     links asking for the same upstream view can share it).  Subscriptions: a key of their own
-    (`serial` is unique per link), except a named shared subscription, whose links share by name
-    (and by their filters: a JMS subscription has one selector)."""
+    (`serial` is unique per link) when durable, dynamic or named (a JMS subscription: its identity
+    lives in the broker), a named shared subscription's links sharing by name (and by their filters:
+    a JMS subscription has one selector); every other subscription link joins the address's shared
+    upstream subscription (`broker_filter.proxy.fanout`), by the upstream address and pushed-down
+    filters."""
     pushed_key = tuple((str(e.key), repr(e.value)) for e in pushed)
     if not decision.subscription:
         return ("queue", address, pushed_key)
     named = subscription_name(link_name, container_id, capabilities, durable)
     if named is not None and named.shared:
         return ("named", address, named.queue_name, pushed_key, _canonical(local))
+    if named is None and not durable and not dynamic:
+        return ("fanout", address, pushed_key)
     return ("subscription", serial)
 
 

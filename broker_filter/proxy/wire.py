@@ -1,24 +1,19 @@
 """Proton-side conversions shared by both sides of the proxy: terminus data (filter-sets,
 capabilities) <-> typed values of `broker_filter.amqp.types` (through `broker_filter.amqp`, so a
-value keeps its AMQP type both ways), and delivery dispositions <-> `Outcome`."""
+value keeps its AMQP type both ways), and the per-message path on proton-c pointers: receiving and
+sending a message's bytes, delivery dispositions <-> `Outcome`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from proton import Condition, Delivery, Disposition
-from proton import symbol as psymbol
-
 from ..amqp import decode, encode
+from ..amqp import types as t
+from ..engine._cproton import ffi, lib
+from ..engine.endpoints import _condition as condition_of
+from ..engine.endpoints import _set_condition as set_condition
+from ..engine.endpoints import read_data, write_data
 from .forwarding import ACCEPTED, RELEASED, Outcome
-
-_OUTCOME_KINDS = {
-    Disposition.ACCEPTED: "accepted",
-    Disposition.REJECTED: "rejected",
-    Disposition.RELEASED: "released",
-    Disposition.MODIFIED: "modified",
-}
-_DISPOSITIONS = {v: k for k, v in _OUTCOME_KINDS.items()}
 
 
 def data_value(data) -> Any:
@@ -37,49 +32,92 @@ def put_value(data, value: Any) -> None:
         data.decode(encode(value))
 
 
-def outcome_of_delivery(delivery: Delivery) -> Outcome | None:
-    """The Outcome of a delivery's remote state, or None if it is not a terminal state."""
-    state = delivery.remote_state
-    if state == Disposition.ACCEPTED:
+# --------------------------------------------------------------------------------------------------
+# The per-message path on raw proton-c pointers (`engine.container.Typed` routes): no wrapper built.
+# A delivery pointer is valid until it is settled here or its link goes (see engine/endpoints.py).
+
+_ACCEPTED_STATE, _REJECTED_STATE, _RELEASED_STATE, _MODIFIED_STATE = (
+    lib.PN_ACCEPTED, lib.PN_REJECTED, lib.PN_RELEASED, lib.PN_MODIFIED)
+_STATES = {"accepted": _ACCEPTED_STATE, "rejected": _REJECTED_STATE, "released": _RELEASED_STATE,
+           "modified": _MODIFIED_STATE}
+
+
+class _Buffer:
+    """The buffer `receive` reads messages into (grown for a larger one)."""
+
+    def __init__(self, size: int):
+        self.data = bytearray(size)
+        self.c = ffi.from_buffer(self.data)
+
+    def fit(self, size: int) -> None:
+        if size > len(self.data):
+            self.__init__(max(size, 2 * len(self.data)))  # type: ignore[misc]
+
+
+_RECEIVED = _Buffer(64 * 1024)
+
+
+def receive(link: Any, delivery: Any) -> bytes | None:
+    """The complete message of `delivery` on receiving `link` (pointers), the link advanced; None
+    while it is partial."""
+    if not lib.pn_delivery_readable(delivery) or lib.pn_delivery_partial(delivery):
+        return None
+    size = lib.pn_delivery_pending(delivery)
+    buffer = _RECEIVED
+    buffer.fit(size)
+    received = lib.pn_link_recv(link, buffer.c, size)
+    lib.pn_link_advance(link)
+    return ffi.unpack(buffer.c, received) if received > 0 else b""
+
+
+def discard(link: Any) -> None:
+    """Read and drop what has arrived of the current delivery on receiving `link` (a pointer)."""
+    buffer = _RECEIVED
+    while lib.pn_link_recv(link, buffer.c, len(buffer.data)) > 0:
+        pass
+
+
+def send(link: Any, tag: bytes, data: bytes, settled: bool = False) -> Any:
+    """Send one encoded message on sending `link` (a pointer): the new delivery's pointer (settled
+    at once when `settled`: then no longer to be used)."""
+    delivery = lib.pn_delivery(link, (len(tag), ffi.from_buffer(tag)))
+    lib.pn_link_send(link, data, len(data))
+    if settled:
+        lib.pn_delivery_settle(delivery)
+    lib.pn_link_advance(link)
+    return delivery
+
+
+def remote_outcome(delivery: Any) -> Outcome | None:
+    """The Outcome of a delivery's remote state (a pointer), or None if it is not a terminal state."""
+    state = lib.pn_delivery_remote_state(delivery)
+    if state == _ACCEPTED_STATE:
         return ACCEPTED
-    if state == Disposition.RELEASED:
+    if state == _RELEASED_STATE:
         return RELEASED
-    if state in _OUTCOME_KINDS:
-        return outcome_of(delivery.remote)
+    if state == _REJECTED_STATE:
+        condition = condition_of(lib.pn_disposition_condition(lib.pn_delivery_remote(delivery)))
+        return Outcome("rejected", error=(condition.name, condition.description or None) if condition else None)
+    if state == _MODIFIED_STATE:
+        remote = lib.pn_delivery_remote(delivery)
+        annotations, _ = read_data(lib.pn_disposition_annotations(remote))
+        return Outcome("modified", delivery_failed=bool(lib.pn_disposition_is_failed(remote)),
+                       undeliverable_here=bool(lib.pn_disposition_is_undeliverable(remote)),
+                       annotations=dict(annotations) if isinstance(annotations, dict) and annotations else None)
     return None
 
 
-def outcome_of(disposition) -> Outcome | None:
-    """The Outcome a remote disposition carries, or None if it is not a terminal state."""
-    kind = _OUTCOME_KINDS.get(disposition.type)
-    if kind is None:
-        return None
-    if kind == "rejected":
-        c = disposition.condition
-        return Outcome("rejected", error=(c.name, c.description) if c is not None else None)
-    if kind == "modified":
-        return Outcome(
-            "modified",
-            delivery_failed=bool(disposition.failed),
-            undeliverable_here=bool(disposition.undeliverable),
-            annotations=dict(disposition.annotations) if disposition.annotations else None,
-        )
-    return Outcome(kind)
-
-
-def apply_outcome(delivery: Delivery, outcome: Outcome) -> None:
-    """Set the outcome as the delivery's local state and settle it."""
-    if outcome is ACCEPTED or outcome is RELEASED:  # the common cases: no fields to set
-        delivery.update(_DISPOSITIONS[outcome.kind])
-        delivery.settle()
-        return
-    local = delivery.local
-    if outcome.kind == "rejected" and outcome.error is not None:
-        local.condition = Condition(outcome.error[0], outcome.error[1])
-    elif outcome.kind == "modified":
-        local.failed = outcome.delivery_failed
-        local.undeliverable = outcome.undeliverable_here
-        if outcome.annotations:
-            local.annotations = {psymbol(str(k)) if isinstance(k, str) else k: v for k, v in outcome.annotations.items()}
-    delivery.update(_DISPOSITIONS[outcome.kind])
-    delivery.settle()
+def settle_with(delivery: Any, outcome: Outcome) -> None:
+    """Set `outcome` as the delivery's local state (a pointer) and settle it."""
+    if outcome is not ACCEPTED and outcome is not RELEASED:
+        local = lib.pn_delivery_local(delivery)
+        if outcome.kind == "rejected" and outcome.error is not None:
+            set_condition(lib.pn_disposition_condition(local), outcome.error)
+        elif outcome.kind == "modified":
+            lib.pn_disposition_set_failed(local, outcome.delivery_failed)
+            lib.pn_disposition_set_undeliverable(local, outcome.undeliverable_here)
+            if outcome.annotations:
+                write_data(lib.pn_disposition_annotations(local),
+                           {t.symbol(k) if isinstance(k, str) else k: v for k, v in outcome.annotations.items()})
+    lib.pn_delivery_update(delivery, _STATES[outcome.kind])
+    lib.pn_delivery_settle(delivery)

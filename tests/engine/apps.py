@@ -138,3 +138,20 @@ class Recorder(Handler):
 
     def on_disconnected(self, connection: Connection, error: Any) -> None:
         self.disconnected.append(error)
+
+
+def settle_proxy(container: Any, loop: Any, pairs: list, rounds: int = 50) -> None:
+    """Pump each (a, b) connection pair of `container`'s engine, run the proxy's call_soon work
+    (`loop`: its ProtonLoop) and due timers, until nothing happens."""
+    from broker_filter.engine.memory import pump
+
+    engine = container.loop
+    for _ in range(rounds):
+        moved = sum(pump(engine, a, b) for a, b in pairs)
+        engine.dirty.clear()  # pump moved every byte there was
+        before = loop.rounds
+        container._quiesced()
+        ran = engine.run_timers()
+        if not moved and loop.rounds == before and not ran:
+            return
+    raise RuntimeError("the proxy did not settle")

@@ -12,13 +12,12 @@ from broker_filter.amqp.sections import encode_section
 from broker_filter.config import Config
 from broker_filter.engine import ACCEPTED, Terminus
 from broker_filter.engine.container import EngineContainer
-from broker_filter.engine.memory import pump
 from broker_filter.proxy.lifecycle import ConnectionRegistry
 from broker_filter.proxy.embedded import EmbeddedUpstream
 from broker_filter.proxy.loop import ProtonLoop
 from broker_filter.proxy.server import ProxyServer
 
-from .apps import Recorder
+from .apps import Recorder, settle_proxy
 
 SELECTOR = t.ulong(0x0000468C00000004)
 
@@ -43,17 +42,8 @@ class Proxied:
         self.session.open()
         self.settle()
 
-    def settle(self, rounds: int = 50) -> None:
-        """Pump, run the proxy's call_soon work and due timers, until nothing happens."""
-        for _ in range(rounds):
-            moved = pump(self.engine, self.client_conn, self.server_conn)
-            self.engine.dirty.clear()  # pump moved every byte there was
-            before = self.loop.rounds
-            self.container._quiesced()
-            ran = self.engine.run_timers()
-            if not moved and self.loop.rounds == before and not ran:
-                return
-        raise RuntimeError("the proxy did not settle")
+    def settle(self) -> None:
+        settle_proxy(self.container, self.loop, [(self.client_conn, self.server_conn)])
 
     def close(self) -> None:
         self.upstream.stop()

@@ -195,9 +195,11 @@ class SimQueue:
 
     def step(self) -> bool:
         if self.wall is not None:
+            second = int(self.wall[0])
             self.wall[0] += 0.001
-            for c in self.consumers:
-                c.feed.tick()
+            if int(self.wall[0]) != second:  # the daemons tick once a second
+                for c in self.consumers:
+                    c.feed.tick()
         if self.pending and not self.lazy:
             self.pending.popleft()()
             return True
@@ -288,6 +290,32 @@ def test_a_match_behind_any_depth_is_found_and_each_non_match_moves_once_per_fil
     assert len(sim.ready) + len(c.feed.held) == n  # and none lost
 
 
+def test_a_link_without_credit_takes_at_most_its_share_of_the_window_and_gets_its_messages_later():
+    # 300 messages only 'red' selects, then 5 for 'blue'; red is attached but never gives credit.
+    n = 300
+    sim = SimQueue([msg("red", i) for i in range(n)] + [msg("blue", n + i) for i in range(5)])
+    c = SimConsumer(sim, window=20, token="d1")
+    red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
+    c.feed.add_outlet(red)
+    c.feed.add_outlet(blue)
+    c.feed.set_credit(blue, 5)
+    sim.run()
+    assert c.received == {"blue": [f"m{n + i}" for i in range(5)]}  # not starved by red's messages
+    kept = [h for h in c.feed.held if h.kept]
+    assert 0 < len(kept) <= c.feed.reserve == 10  # red's messages hold at most the reserve
+    assert all(decode_message(h.delivery.data).application_properties["color"] == "red" for h in kept)
+    assert len(sim.ready) + len(c.feed.held) == n and len(set(sim.ready)) == len(sim.ready)  # none lost or doubled
+    moves = sim.moves
+    assert n - 20 <= moves <= 2 * n  # red's messages past the reserve moved, once per pass
+    sim.run()
+    assert sim.moves == moves  # the search is over: nothing cycles while red has no credit
+    # red gives credit: its held messages at once, the moved ones by one more pass
+    c.feed.set_credit(red, 10)
+    sim.run()
+    assert sorted(c.received["red"]) == sorted(f"m{i}" for i in range(n))  # each once, none to blue
+    assert len(c.received["blue"]) == 5 and not sim.ready and not c.feed.held
+
+
 def test_moves_are_pipelined_within_the_window():
     sim = SimQueue([msg("blue", i) for i in range(1000)], lazy=True)
     c = SimConsumer(sim, window=50, token="d1")
@@ -303,12 +331,16 @@ def test_moves_are_pipelined_within_the_window():
     assert peak > 10  # many moves in flight at once, not one at a time
 
 
+def three_colors(n):
+    """Red, blue and colourless messages in turn."""
+    colors = ["red", "blue", None]
+    return [msg(colors[i % 3], i) for i in range(n)]
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_two_daemons_on_one_queue_each_get_their_matches(seed):
     wall = [1_000_000.0]
-    colors = ["red", "blue", None]
-    ms = [msg(colors[i % 3], i) for i in range(900)]
-    sim = SimQueue(ms, seed=seed, wall=wall)
+    sim = SimQueue(three_colors(900), seed=seed, wall=wall)
     one = SimConsumer(sim, window=20, token="one", wall=lambda: wall[0], clock=lambda: wall[0])
     two = SimConsumer(sim, window=20, token="two", wall=lambda: wall[0], clock=lambda: wall[0])
     red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
@@ -323,6 +355,69 @@ def test_two_daemons_on_one_queue_each_get_their_matches(seed):
     assert left == 300  # the colourless ones, each once, and the queue went quiet
     # once neither daemon offers anything new, each forgets the other and stops moving
     assert not one.feed._searching() and not two.feed._searching()
+
+
+class CountingConsumer(SimConsumer):
+    """A SimConsumer whose upstream reports the queue's ready count, as RabbitMQ answers a drain."""
+
+    probes = 0
+
+    def probe(self, answer):
+        if self.credit:
+            return False  # credit outstanding: a drain would take messages
+        self.probes += 1
+        self.sim.pending.append(lambda: answer(len(self.sim.ready)))
+        return True
+
+
+def test_a_match_published_directly_behind_a_finished_pass_is_found_by_counting_not_by_a_timer():
+    n = 2000
+    sim = SimQueue([msg("blue", i) for i in range(n)])
+    c = CountingConsumer(sim, window=50, token="d1", look_again=1e9)  # no look again, ever
+    red = Outlet("red", sel("color = 'red'"))
+    c.feed.add_outlet(red)
+    c.feed.set_credit(red, 5)
+    sim.run()
+    assert c.feed.stats.passes == 1 and sim.moves == n and not c.feed.pass_open
+    for _ in range(20):  # the counts show nothing new: nothing moves
+        c.feed.tick()
+        sim.run()
+    assert sim.moves == n and c.probes >= 10 and c.feed.stats.passes == 1
+    sim.ready.append(msg("red", n).data)  # published straight to the broker, behind everything
+    for _ in range(5):
+        c.feed.tick()
+        sim.run()
+    assert c.received == {"red": [f"m{n}"]}
+    assert c.feed.stats.passes == 2 and n < sim.moves <= 2 * n  # exactly one more pass
+    assert len(sim.ready) + len(c.feed.held) == n and len(set(sim.ready)) == len(sim.ready)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_two_daemons_meet_by_counting_without_a_timer(seed):
+    wall = [1_000_000.0]
+    sim = SimQueue(three_colors(900), seed=seed, wall=wall)
+    kw = dict(window=20, wall=lambda: wall[0], clock=lambda: wall[0], look_again=1e9)  # no timer
+    one, two = CountingConsumer(sim, token="one", **kw), CountingConsumer(sim, token="two", **kw)
+    red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
+
+    def seconds(k):  # k simulated seconds (1 ms a step; each daemon ticks once a second)
+        for _ in range(k * 1000):
+            sim.step()
+
+    one.feed.add_outlet(red)
+    one.feed.set_credit(red, 5)
+    seconds(5)  # the first daemon alone: one pass, then quiet, holding what it pulled last
+    assert one.feed.stats.passes == 1 and not one.feed.pass_open
+    assert not two.feed.outlets and one.received["red"]
+    two.feed.add_outlet(blue)
+    two.feed.set_credit(blue, 5)
+    seconds(100)
+    assert sorted(one.received["red"]) == sorted(f"m{i}" for i in range(0, 900, 3))
+    assert sorted(two.received["blue"]) == sorted(f"m{i}" for i in range(1, 900, 3))
+    assert len(sim.ready) + len(one.feed.held) + len(two.feed.held) == 300
+    moves = sim.moves
+    seconds(30)  # both quiet: the counts stay put and nothing moves
+    assert sim.moves == moves
 
 
 def test_stop_lets_moves_in_flight_finish_and_starts_none():

@@ -49,12 +49,19 @@ def test_precedence_rule_then_copy_then_capabilities_then_address():
     assert decide(address="/topic/t", capabilities=("queue", "topic"), upstream=r).semantics == SUBSCRIPTION
 
 
-def test_keys_subscriptions_never_share_queues_share_named_subscriptions_share_by_name():
+def test_keys_private_subscriptions_share_one_upstream_subscription_queues_share_named_by_name():
     none = compile_filter_set({})
     sub = decide(address="/topic/t", upstream=Remote())
     queue = decide(address="/queue/q", upstream=Remote())
+    # non-durable, unnamed subscription links: one shared upstream subscription per address
+    assert feed_key(sub, address="/topic/t", pushed=(), local=none, serial=1) == \
+        feed_key(sub, address="/topic/t", pushed=(), local=none, serial=2) == ("fanout", "/topic/t", ())
     assert feed_key(sub, address="/topic/t", pushed=(), local=none, serial=1) != \
-        feed_key(sub, address="/topic/t", pushed=(), local=none, serial=2)
+        feed_key(sub, address="/topic/u", pushed=(), local=none, serial=2)
+    # durable or dynamic: a subscription of their own
+    assert feed_key(sub, address="/topic/t", pushed=(), local=none, serial=1, link_name="d", durable=True) != \
+        feed_key(sub, address="/topic/t", pushed=(), local=none, serial=2, link_name="d", durable=True)
+    assert feed_key(sub, address="/topic/t", pushed=(), local=none, serial=1, dynamic=True)[0] == "subscription"
     assert feed_key(queue, address="/queue/q", pushed=(), local=none, serial=1) == \
         feed_key(queue, address="/queue/q", pushed=(), local=none, serial=2)
     shared = dict(address="/topic/t", pushed=(), local=none, container_id="c1", capabilities=("topic", "shared"))
