@@ -1,10 +1,10 @@
-"""The daemon's memory over rounds of receiver links attached and closed, per I/O path.
+"""The daemon's memory over rounds of receiver links attached and closed.
 
 Each round: 5 connections to `broker-filter serve`, 200 receivers each on one topic with a selector
 (`n = i`), every link closed, then the connection; the daemon's RSS (from /proc) is printed after
 each round.
 
-    python bench/engine_daemon_rounds.py [--io container|engine] [--rounds 4]
+    python bench/engine_daemon_rounds.py [--rounds 4]
 
 Needs RabbitMQ with AMQP 1.0 on 127.0.0.1:5672 (guest/guest).
 """
@@ -29,7 +29,6 @@ def rss_mib(pid: int) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--io", choices=("container", "engine"), default="engine")
     parser.add_argument("--rounds", type=int, default=4)
     options = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests" / "support"))
@@ -38,7 +37,7 @@ def main() -> int:
     from launcher import Daemon
     from rabbitmq_nodes import RABBITMQ3
 
-    proxy = Daemon("--io", options.io, upstream=RABBITMQ3.url)
+    proxy = Daemon(upstream=RABBITMQ3.url)
     try:
         topic = f"/topic/rounds-{uuid.uuid4().hex[:8]}"
         sizes = [rss_mib(proxy.proc.pid)]
@@ -52,7 +51,7 @@ def main() -> int:
                 connection.close()
             time.sleep(1)
             sizes.append(rss_mib(proxy.proc.pid))
-        print(f"--io {options.io}: daemon RSS MiB before and after each round of 1,000 links: {sizes}")
+        print(f"daemon RSS MiB before and after each round of 1,000 links: {sizes}")
     finally:
         proxy.stop()
     return 0

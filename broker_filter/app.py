@@ -2,9 +2,8 @@
 
     App(config).run()   # blocks until SIGINT/SIGTERM; returns the exit status
 
-Parts: the event loop (`io="engine"`, the default: `engine.container.EngineContainer` on an epoll
-loop; `io="container"`: proton's `Container`, which waits in select()), the upstream (remote broker
-or embedded), the client-facing `ProxyServer` on the configured listener, and optionally the metrics
+Parts: the event loop (`engine.container.EngineContainer`, proton-c's engine on an epoll loop; the
+proton `Container` is never imported), the upstream (remote broker or embedded), the client-facing `ProxyServer` on the configured listener, and optionally the metrics
 exporter, which receives a snapshot of the proxy's state once a second.
 """
 
@@ -16,10 +15,10 @@ import random
 import socket
 from typing import Any
 
-from proton.reactor import Container
-
-from .proxy.listener import proton_client_ssl_domain
+from .engine.container import EngineContainer, client_ssl_context
+from .engine.container import listen as engine_listen
 from .proxy.loop import ProtonLoop
+from .workers import worker_index
 from .proxy.remote import RemoteUpstream
 from .proxy.server import ProxyServer
 
@@ -47,7 +46,6 @@ def build_upstream(config: Any) -> Any:
             urls,
             pushdown_kinds=kinds,
             backoff=lambda attempt: rc.delay(attempt, random.random()),
-            ssl_domain=proton_client_ssl_domain(up.tls) if any(u.startswith("amqps:") for u in urls) else None,
             heartbeat=up.heartbeat or None,
         )
     from .proxy.embedded import EmbeddedUpstream
@@ -55,31 +53,20 @@ def build_upstream(config: Any) -> Any:
     return EmbeddedUpstream.from_config(config.embedded)
 
 
-IO_LOOPS = ("engine", "container")
-
-
-def default_io() -> str:
-    """The I/O loop when none is named: `BROKER_FILTER_IO` if set, else the engine."""
-    return os.environ.get("BROKER_FILTER_IO") or IO_LOOPS[0]
+class StartError(Exception):
+    """A socket the configuration names cannot be opened (the message names the setting)."""
 
 
 class App:
-    def __init__(self, config: Any, *, instance: str | None = None, io: str | None = None):
+    def __init__(self, config: Any, *, instance: str | None = None):
         self.config = config
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}"
-        io = io or default_io()
-        if io not in IO_LOOPS:
-            raise ValueError(f"BROKER_FILTER_IO: unknown I/O loop {io!r} (engine or container)")
-        self.io = io
-        if io == "engine":  # the epoll engine loop (broker_filter.engine) under the same handlers
-            from .engine.container import EngineContainer, client_ssl_context
-
-            secure = any(u.startswith("amqps:") for u in config.upstream.urls)
-            self.container = EngineContainer(
-                self.instance, client_tls=client_ssl_context(config.upstream.tls) if secure else None)
-        else:
-            self.container = Container()
-            self.container.container_id = self.instance
+        secure = any(u.startswith("amqps:") for u in config.upstream.urls)
+        self.container = EngineContainer(
+            self.instance, client_tls=client_ssl_context(config.upstream.tls) if secure else None)
+        self.worker = worker_index()
+        if self.worker is not None:  # one of `listener.workers`: the port is shared (broker_filter.workers)
+            self.container.loop.reuse_port = True
         self.loop = ProtonLoop(self.container)
         self.journal = None
         if config.journal.enabled:  # pyarrow (the [journal] extra) is imported only then
@@ -109,11 +96,6 @@ class App:
         """Bind the listener and start connecting upstream (the loop runs in `run`)."""
         from .proxy.lifecycle import ConnectionRegistry
 
-        if self.io == "engine":
-            from .engine.container import listen
-        else:
-            from .proxy.listener import listen  # type: ignore[assignment]
-
         host = self.config.listener.host
         handler, check = self.server, None
         if self.config.upstream.credentials == "pass-through":
@@ -124,23 +106,23 @@ class App:
                                            lambda upstream, listener: upstream.start(self.loop, listener),
                                            self.loop.call_later)
             handler = self.passthrough
-            if self.io == "engine":  # one more connection of the loop
-                from .engine.container import UpstreamLogin
+            from .engine.container import UpstreamLogin  # one more connection of the loop
 
-                check = UpstreamLogin(self.container, self.config.upstream.urls)
-            else:  # a blocking proton connection on the front end's worker thread
-                from .proxy.listener import upstream_login
-
-                check = upstream_login(self.config.upstream.urls, self.config.upstream.tls)
+            check = UpstreamLogin(self.container, self.config.upstream.urls)
         # SASL (PLAIN users, EXTERNAL, the anonymous policy) and TLS as configured in [listener].
         self.registry = ConnectionRegistry(handler)
-        self.acceptor = listen(self.container, self.config.listener, self.registry, passthrough=check,
-                               max_connections=self.config.limits.connections,
-                               handshake_timeout=self.config.limits.handshake_timeout, on_refused=self._refused)
+        try:
+            self.acceptor = engine_listen(self.container, self.config.listener, self.registry, passthrough=check,
+                                          max_connections=self.config.limits.connections,
+                                          handshake_timeout=self.config.limits.handshake_timeout,
+                                          on_refused=self._refused)
+        except OSError as e:
+            raise StartError(f"listener: cannot listen on {host}:{self.config.listener.port}: "
+                             f"{e.strerror or e}") from None
         self.port = self.acceptor.port
         self.upstream.start(self.loop, self.server)
-        log.info("listening on %s:%s, upstream %s, instance %s, io %s", host, self.port, self.upstream.name,
-                 self.instance, self.io)
+        log.info("listening on %s:%s, upstream %s, instance %s", host, self.port, self.upstream.name,
+                 self.instance)
         if self.config.metrics.enabled:
             self._start_metrics()
 
@@ -148,7 +130,14 @@ class App:
         from .metrics import Health, serve_http
 
         self.health = Health(self.metrics)
-        self.exporter = serve_http(self.metrics, self.health, self.config.metrics.host, self.config.metrics.port)
+        port = self.config.metrics.port
+        if port and self.worker is not None:  # one exporter per worker: the configured port + its index
+            port += self.worker
+        try:
+            self.exporter = serve_http(self.metrics, self.health, self.config.metrics.host, port)
+        except OSError as e:
+            raise StartError(f"metrics.listen: cannot listen on {self.config.metrics.host}:{port}: "
+                             f"{e.strerror or e}") from None
         self.loop.call_later(1.0, self._publish_snapshot)
 
     def _publish_snapshot(self) -> None:
@@ -217,7 +206,7 @@ class App:
         self.upstream.stop()
 
     def _refused(self, reason: str, mechanism: str) -> None:
-        """A client the listener's front end turned away (called on its thread; counters are thread-safe)."""
+        """A client the listener turned away (SASL refused, over the limit, handshake too slow)."""
         if self.metrics is None:
             return
         if reason == "unauthorized":

@@ -41,6 +41,12 @@ from .security import PasswordHashError, parse_password_hash, redact_text, redac
 
 ENV_PREFIX = "BROKER_FILTER_"
 CONFIG_ENV = "BROKER_FILTER_CONFIG"
+# Variables the daemon once read and no longer does: set, they stop it with the reason rather than
+# being ignored.
+RETIRED_ENV = {
+    "BROKER_FILTER_IO": "no longer read: the daemon always runs on proton-c's engine (the `--io container` "
+                        "loop is gone); unset it",
+}
 
 
 class ConfigError(ValueError):
@@ -140,6 +146,13 @@ class Listener:
         kind="table",
         secret=True,
         shown_default="{}",
+    )
+    workers: int = setting(
+        1,
+        "worker processes serving this listener on one port (`SO_REUSEPORT`, Linux), each a daemon of its "
+        "own under a supervising parent; more than 1 needs `upstream.urls` and no journal",
+        kind="int",
+        minimum=1,
     )
     tls: ListenerTLS = section(ListenerTLS, "TLS on the client listener")
 
@@ -757,6 +770,11 @@ def _check(config: Config) -> None:
         _check_file(f"upstream.tls.{name}", getattr(upstream.tls, name))
     if upstream.reconnect.max_delay < upstream.reconnect.initial_delay:
         raise ConfigError("upstream.reconnect.max_delay", "must be >= upstream.reconnect.initial_delay")
+    if listener.workers > 1 and not config.upstream.urls:
+        raise ConfigError("listener.workers", "several workers need an upstream broker (upstream.urls): the "
+                          "embedded broker's addresses live in one process")
+    if listener.workers > 1 and config.journal.enabled:
+        raise ConfigError("listener.workers", "several workers cannot share one journal (journal.enabled)")
     if config.journal.enabled and not config.journal.directory:
         raise ConfigError("journal.directory", "is required when journal.enabled = true")
     if config.journal.enabled:
@@ -853,6 +871,9 @@ def read_file(path: str) -> dict:
 
 def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] = os.environ) -> Config:
     """The effective configuration: defaults < TOML file < environment < command-line flags."""
+    for name, reason in RETIRED_ENV.items():
+        if name in environ:
+            raise ConfigError(f"environment variable {name}", reason)
     path = getattr(args, "config", None) or environ.get(CONFIG_ENV) or None
     raw: dict = read_file(path) if path else {}
     leaves = dict(_leaves())
@@ -882,7 +903,8 @@ def _apply_flags(raw: dict, args: argparse.Namespace, leaves: Mapping[str, Any])
     if upstream is not None:
         urls = [u for u in upstream if u]
         _set(raw, "upstream.urls", urls)
-    for flag, key in (("metrics", "metrics.listen"), ("log_format", "logging.format"), ("log_level", "logging.level")):
+    for flag, key in (("metrics", "metrics.listen"), ("log_format", "logging.format"), ("log_level", "logging.level"),
+                      ("workers", "listener.workers")):
         value = getattr(args, flag, None)
         if value is not None:
             _set(raw, key, _Text(value, f"--{flag.replace('_', '-')}"))
@@ -914,6 +936,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="upstream broker amqp[s]://[user:pass@]host[:port]; repeat for failover (default: embedded broker)",
     )
     group.add_argument("--metrics", metavar="HOST:PORT", help="HTTP exporter for /metrics, /healthz, /readyz")
+    group.add_argument("--workers", metavar="N", help="worker processes on the listener's port (listener.workers)")
     group.add_argument("--log-format", choices=("text", "json"), help="log line format (default text)")
     group.add_argument(
         "--log-level", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), help="default INFO"

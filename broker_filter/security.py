@@ -56,6 +56,14 @@ class Identity:
 ANONYMOUS = Identity("anonymous", "ANONYMOUS")
 
 
+def identity_of(connection: Any) -> Identity:
+    """The Identity the listener attached to a proton Connection (ANONYMOUS when it attached none)."""
+    try:
+        return getattr(connection, IDENTITY_ATTRIBUTE)
+    except AttributeError:
+        return ANONYMOUS
+
+
 def server_ssl_context(tls: Any) -> ssl.SSLContext:
     """An `ssl.SSLContext` for `[listener.tls]`."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -15,9 +15,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "from the upstream broker (or the embedded one) and forward only matching messages.",
     )
     add_serve_arguments(p)
-    p.add_argument("--io", choices=("engine", "container"), default=None,
-                   help="the I/O loop: the epoll engine (default; no descriptor ceiling) or proton's Container "
-                   "(select: at most 1,024 descriptors); BROKER_FILTER_IO sets the default")
     p.set_defaults(func=run)
 
 
@@ -25,13 +22,19 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from .. import logs
-    from ..app import IO_LOOPS, App, default_io
+    from ..app import App, StartError
     from ..config import load_for_cli
+    from ..workers import Supervisor, worker_index
 
-    io = args.io or default_io()
-    if io not in IO_LOOPS:
-        print(f"broker-filter: BROKER_FILTER_IO: must be one of {', '.join(IO_LOOPS)}, got {io!r}", file=sys.stderr)
-        return 2
     config = load_for_cli(args)
     logs.configure_from(config)
-    return App(config, io=io).run()
+    if config.listener.workers > 1 and worker_index() is None:
+        return Supervisor(config).run()
+    app = App(config)
+    try:
+        app.start()
+    except StartError as e:
+        print(f"broker-filter: {e}", file=sys.stderr)
+        app.close()
+        return 1
+    return app.run()

@@ -4,7 +4,7 @@
     loop       EventLoop: one epoll loop owning every socket, timers, a thread-safe wake-up
     streams    TLS (ssl memory BIOs) and the server's SASL exchange in front of a transport
     memory     pump(): two connections joined in memory, for tests
-    container  EngineContainer: the daemon's proton handlers on the loop (`serve --io engine`)
+    container  EngineContainer: the daemon's proton handlers on the loop
 
 Needs python-qpid-proton >=0.40,<0.41 (its cffi module `cproton_ffi`), checked at import.
 """

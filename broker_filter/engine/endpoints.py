@@ -1041,7 +1041,8 @@ class Engine:
             connection.ptr = None
             lib.pn_transport_unbind(transport)
             lib.pn_decref(transport)
-            lib.pn_connection_release(pointer)
+            lib.pn_connection_release(pointer)  # the endpoint's own count (its sessions and links go)
+            lib.pn_decref(pointer)  # and the object reference pn_connection() gave: without it, it stays
             if connection.io is not None:
                 connection.io.transport_closed()
 

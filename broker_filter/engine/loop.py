@@ -511,6 +511,7 @@ class EventLoop(Engine):
         self._executor: ThreadPoolExecutor | None = None
         self.thread: threading.Thread | None = None
         self.after_turn: Callable[[], None] | None = None  # runs once the turn's events are handled
+        self.reuse_port = False  # listeners share their port with other processes' (SO_REUSEPORT)
 
     # --------------------------------------------------------------------------------------------
     # thread-safe entry points
@@ -544,7 +545,8 @@ class EventLoop(Engine):
         """Serve AMQP on host:port (0: any free port).  `sasl` None: clients speak AMQP without
         SASL; `tls`: an `ssl.SSLContext` for the server side."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family, backlog=4096, reuse_port=reuse_port)
+        sock = socket.create_server((host, port), family=family, backlog=4096,
+                                    reuse_port=reuse_port or self.reuse_port)
         sock.setblocking(False)
         listener = Listener(self, sock, handler, sasl=sasl, tls=tls, limits=limits, on_refused=on_refused)
         self.selector.register(sock, EVENT_READ, listener.on_ready)

@@ -16,6 +16,7 @@ daemon exits with 128 + the signal number.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -23,7 +24,6 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import logs
-from .listener import WakePipe
 
 log = logging.getLogger("broker_filter.lifecycle")
 
@@ -39,6 +39,37 @@ class Forced(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+class WakePipe:
+    """The pipe a signal handler writes to wake the event loop (any thread may call `wake`)."""
+
+    def __init__(self) -> None:
+        self.read, self.write = os.pipe()
+        os.set_blocking(self.read, False)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def fileno(self) -> int:
+        return self.read
+
+    def wake(self) -> None:
+        with self._lock:
+            if not self._closed:
+                os.write(self.write, b"!")
+
+    def drain(self) -> None:
+        try:
+            os.read(self.read, 4096)
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self.read)
+                os.close(self.write)
 
 
 class ConnectionRegistry:
@@ -98,7 +129,7 @@ def event_ids(event: Any) -> dict[str, Any]:
 
 
 class GracefulShutdown:
-    """Installs the signal handlers and runs the drain on the Container's thread.
+    """Installs the signal handlers and runs the drain on the event loop's thread.
 
     in_flight(): deliveries not yet settled (0 lets the drain finish early).
     stop_accepting(): close the listening socket.  before_stop(): e.g. stop the upstream.
@@ -132,9 +163,7 @@ class GracefulShutdown:
         self.finished = False
         self._deadline = 0.0
         self._phase = "running"
-        selectable = container.selectable(handler=self, delegate=self._pipe)
-        selectable._transport = None  # proton's IOHandler looks at every selectable's transport
-        self._selectable = selectable
+        self._selectable = container.selectable(handler=self, delegate=self._pipe)
 
     # signals (any thread may be interrupted; only the pipe is touched)
 
@@ -160,7 +189,7 @@ class GracefulShutdown:
             self.requested_by = signum
         self._pipe.wake()
 
-    # Container thread
+    # the event loop's thread
 
     def on_selectable_init(self, event: Any) -> None:
         event.context.reading = True
@@ -245,3 +274,4 @@ class GracefulShutdown:
     def _pipe_close(self) -> None:
         self._selectable.terminate()
         self._selectable.update()
+        self._pipe.close()

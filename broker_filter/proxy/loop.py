@@ -1,19 +1,20 @@
-"""The proxy's event loop as upstreams see it (`upstream.Loop`), on top of a proton Container.
+"""The proxy's event loop as upstreams see it (`upstream.Loop`), on top of the engine loop's
+`EngineContainer` (the subset of proton's Container API the daemon uses).
 
 Theory of operation
 -------------------
-`call_soon` work runs when the Container has handled every event it has (its `reactor_quiesced`
-event), just before it would wait in `select` for sockets and timers.  Work queued while events are
-being handled therefore runs at the end of the same turn.  A zero-delay Container timer would
-fire only after the next `select`, so each link of a chain of callbacks (the embedded broker
+`call_soon` work runs when the loop has handled every event it has (its `reactor_quiesced`
+event), just before it would wait in its poll for sockets and timers.  Work queued while events are
+being handled therefore runs at the end of the same turn.  A zero-delay timer would
+fire only after the next poll, so each link of a chain of callbacks (the embedded broker
 settles, publishes and dispatches through `call_soon`) would wait for a round of socket I/O.
 
 What a round of work queues runs in the next round.  Rounds repeat while the work produces no
 engine events; once it does, proton handles those first (frames are built, deliveries processed)
-and the next quiesced event runs the rest.  Proton reads and writes sockets only in `select`, so
+and the next quiesced event runs the rest.  The loop reads and writes sockets only around its poll, so
 after `MAX_ROUNDS` rounds without one the loop stops running work and arms a zero-delay timer: the
-next `select` does not block, and work resumes once that timer fired.  A busy chain of callbacks
-therefore cannot starve the sockets, and queued work never waits for a blocking `select`.
+next poll does not block, and work resumes once that timer fired.  A busy chain of callbacks
+therefore cannot starve the sockets, and queued work never waits for a blocking poll.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class _Nudge:
 
 
 class ProtonLoop(Handler):
-    """call_soon / call_later on a proton Container's thread (see the module docstring)."""
+    """call_soon / call_later on the event loop's thread (see the module docstring)."""
 
     def __init__(self, container):
         super().__init__()

@@ -1,7 +1,7 @@
 """Pass-through credentials: each client identity gets its own upstream connection.
 
 Theory of operation.  With `upstream.credentials = "pass-through"` the listener checks a client's
-PLAIN credentials against the upstream broker (`listener.upstream_login`) before the client is in,
+PLAIN credentials against the upstream broker (`engine.container.UpstreamLogin`) before the client is in,
 and keeps them in the connection's `Identity`.  `PassThrough` is the handler client connections
 are served by.  It routes every event of a client connection to the proxy server of that client's
 identity, creating it -- a `ProxyServer` with its own upstream connection logged in with the
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .listener import identity_of
+from ..security import identity_of
 
 log = logging.getLogger("broker_filter.passthrough")
 

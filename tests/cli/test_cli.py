@@ -116,10 +116,37 @@ def test_check_and_match_take_the_amqp_sql_dialect():
     assert [json.loads(x) for x in r.stdout.splitlines()] == [MESSAGES[0]]
 
 
-def test_serve_with_an_unknown_io_loop_exits_2_naming_the_variable():
+@pytest.mark.parametrize("value", ["container", "engine"])
+def test_serve_with_the_retired_io_variable_exits_2_naming_it(value):
     cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "broker_filter"]
     r = subprocess.run(cmd + ["serve", "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "BROKER_FILTER_IO": "epoll"})
+                       env={**os.environ, "BROKER_FILTER_IO": value})
     assert r.returncode == 2
-    assert r.stderr.strip() == "broker-filter: BROKER_FILTER_IO: must be one of engine, container, got 'epoll'"
+    assert r.stderr.strip() == ("broker-filter: config error: environment variable BROKER_FILTER_IO: no longer read: "
+                                "the daemon always runs on proton-c's engine (the `--io container` loop is gone); "
+                                "unset it")
     assert "listening" not in r.stdout + r.stderr
+
+
+def test_serve_refuses_the_retired_io_option():
+    cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "broker_filter"]
+    r = subprocess.run(cmd + ["serve", "--listen", "127.0.0.1:0", "--io", "container"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2
+    assert "unrecognized arguments: --io container" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_with_its_metrics_port_taken_exits_1_naming_the_setting():
+    import socket
+
+    cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "broker_filter"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run(cmd + ["serve", "--listen", "127.0.0.1:0", "--metrics", f"127.0.0.1:{port}"],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert f"broker-filter: metrics.listen: cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr
+    assert "Traceback" not in r.stderr

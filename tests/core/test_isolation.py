@@ -34,8 +34,9 @@ OURS: dict[str, set[str]] = {
     "engine": {"security", "amqp"},
     "proxy": {"engine", "broker", "filters", "config", "security", "logs", "metrics", "amqp"},
     "spark": {"archive", "filters", "amqp"},
-    "app": {"proxy", "engine", "archive", "broker", "filters", "config", "security", "logs", "metrics", "amqp"},
-    "commands": {"app", "spark", "archive", "filters", "config", "security", "logs", "amqp"},
+    "workers": set(),  # the supervisor of `listener.workers`: processes and signals only
+    "app": {"workers", "proxy", "engine", "archive", "broker", "filters", "config", "security", "logs", "metrics", "amqp"},
+    "commands": {"app", "workers", "spark", "archive", "filters", "config", "security", "logs", "amqp"},
     "cli": set(),  # finds its commands by name (importlib), imports none
     "__main__": {"cli"},
 }

@@ -1,18 +1,23 @@
-"""The proxy's event loop (`ProtonLoop`) on a real proton Container: when `call_soon` work runs."""
+"""The proxy's event loop (`ProtonLoop`) on the daemon's engine loop (`EngineContainer`): when
+`call_soon` work runs."""
 
 from __future__ import annotations
 
+import argparse
+import threading
 import time
 
 from proton import Message
 from proton.handlers import MessagingHandler
-from proton.reactor import Container
+from proton.utils import BlockingConnection
 
+from broker_filter.config import add_serve_arguments, load
+from broker_filter.engine.container import EngineContainer, listen
 from broker_filter.proxy.loop import MAX_ROUNDS, ProtonLoop
 
 
 class _Marker:
-    """A zero-delay Container timer: it fires only after the Container's next `select`."""
+    """A zero-delay timer: it fires only after the loop's next poll for sockets."""
 
     def __init__(self, seen: list):
         self.seen = seen
@@ -22,7 +27,7 @@ class _Marker:
 
 
 def test_a_chain_of_call_soon_work_runs_before_the_next_select():
-    container = Container()
+    container = EngineContainer()
     loop = ProtonLoop(container)
     seen: list = []
 
@@ -44,9 +49,9 @@ def test_a_chain_of_call_soon_work_runs_before_the_next_select():
 
 
 def test_work_queued_from_a_handler_does_not_wait_for_a_blocking_select():
-    """Queued while the Container has nothing else to do: it must run now, not after select's
-    3.14 s idle timeout (or the next timer)."""
-    container = Container()
+    """Queued while the loop has nothing else to do: it must run now, not after the poll's idle
+    timeout (or the next timer)."""
+    container = EngineContainer()
     loop = ProtonLoop(container)
     times: dict = {}
 
@@ -67,34 +72,27 @@ def test_work_queued_from_a_handler_does_not_wait_for_a_blocking_select():
 
 
 def test_endless_call_soon_work_does_not_starve_sockets_or_timers():
-    """Work that always queues more still lets proton move bytes and fire timers."""
-    container = Container()
+    """Work that always queues more still lets the loop move bytes and fire timers."""
+    container = EngineContainer()
     loop = ProtonLoop(container)
     got = {"messages": 0, "rounds": 0, "timer": False}
 
     class Server(MessagingHandler):
+        def on_link_opening(self, event):
+            event.link.target.copy(event.link.remote_target)
+            event.link.open()
+            event.link.flow(100)
+
         def on_message(self, event):
             got["messages"] += 1
             if got["messages"] == 50:
                 event.connection.close()
 
-    class Client(MessagingHandler):
-        def __init__(self, url):
-            super().__init__()
-            self.url = url
-            self.sent = 0
-
-        def on_start(self, event):
-            event.container.create_sender(self.url)
-
-        def on_sendable(self, event):
-            while event.sender.credit and self.sent < 50:
-                event.sender.send(Message(body="x"))
-                self.sent += 1
-
-    acceptor = container.acceptor("127.0.0.1", 0, Server())
-    port = acceptor._selectable._delegate.getsockname()[1]
-    container.handler.add(Client(f"127.0.0.1:{port}"))
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    acceptor = listen(container, load(parser.parse_args(["--listen", "127.0.0.1:0"]), {}).listener, Server())
+    client = threading.Thread(target=send_fifty, args=(f"127.0.0.1:{acceptor.port}",), daemon=True)
+    client.start()
 
     def spin() -> None:
         got["rounds"] += 1
@@ -114,3 +112,16 @@ def test_endless_call_soon_work_does_not_starve_sockets_or_timers():
     guard.cancel()
     assert got["messages"] == 50 and got["timer"], got
     assert got["rounds"] > MAX_ROUNDS  # it kept running while the bytes moved
+    client.join(20)
+
+
+def send_fifty(url: str) -> None:
+    """A client in a thread of its own: 50 messages; the server closes the connection at the 50th."""
+    connection = BlockingConnection(url, timeout=20)
+    sender = connection.create_sender("inbox")
+    try:
+        for _ in range(50):
+            sender.send(Message(body="x"), timeout=20)
+        connection.close()
+    except Exception:  # noqa: BLE001 - the server's close can overtake the last settlement; its count is checked
+        pass

@@ -225,6 +225,38 @@ def test_closing_frees_every_object():
     assert rec.disconnected and echo.disconnected
 
 
+def test_closing_releases_protons_connection_objects():
+    """proton-c frees a connection once nothing refers to it: the engine must give back the reference
+    `pn_connection()` handed it, not only the endpoint's (a connection kept alive keeps proton's copy of
+    its sessions and links).  The test holds one reference of its own to read the count."""
+    import ctypes
+
+    import cproton_ffi
+
+    proton_c = ctypes.CDLL(cproton_ffi.__file__)
+    proton_c.pn_refcount.argtypes = proton_c.pn_incref.argtypes = proton_c.pn_decref.argtypes = [ctypes.c_void_p]
+    proton_c.pn_refcount.restype = ctypes.c_int
+    from broker_filter.engine._cproton import ffi
+
+    engine, client, server, session, rec, echo = connect()
+    session.receiver("r", source=Terminus(address="q")).open()
+    pump(engine, client, server)
+    pointers = [int(ffi.cast("uintptr_t", c.ptr)) for c in (client, server)]
+    for pointer in pointers:
+        proton_c.pn_incref(pointer)
+    try:
+        client.close()
+        pump(engine, client, server)
+        engine.abort(client)
+        engine.abort(server)
+        engine.process()
+        engine.process()  # the collector lets go of the last event it handed out
+        assert [proton_c.pn_refcount(p) for p in pointers] == [1, 1]  # the test's own only
+    finally:
+        for pointer in pointers:
+            proton_c.pn_decref(pointer)
+
+
 def _rss_kib() -> int:
     from pathlib import Path
 

@@ -17,58 +17,7 @@ def hook(condition: bool, what: str, user: str) -> None:
 # -- python-qpid-proton ----------------------------------------------------------------------------
 
 
-def test_proton_iohandler_update():
-    try:
-        from proton._handlers import IOHandler
-    except ImportError:
-        IOHandler = None  # noqa: N806
-    hook(IOHandler is not None and hasattr(IOHandler, "update"), "proton._handlers.IOHandler.update",
-         "broker_filter.proxy.listener.Adopter (registers an adopted socket's transport)")
-    params = list(inspect.signature(IOHandler.update).parameters)
-    hook(params == ["transport", "selectable", "now"], "IOHandler.update(transport, selectable, now)",
-         "broker_filter.proxy.listener.Adopter")
-
-
-def test_proton_connection_acceptor_flag_skips_connecting():
-    from proton._handlers import IOHandler
-
-    source = inspect.getsource(IOHandler.on_connection_bound)
-    hook("c._acceptor" in source, "IOHandler.on_connection_bound's check of connection._acceptor",
-         "broker_filter.proxy.listener.Adopter (marks adopted connections so proton does not dial out)")
-
-
-def test_proton_selectable_and_transport_link_each_other():
-    from proton import Transport
-    from proton._handlers import IOHandler
-    from proton.reactor import Container
-
-    for name in ("on_selectable_readable", "on_selectable_writable", "on_selectable_expired"):
-        hook("s._transport" in inspect.getsource(getattr(IOHandler, name)), f"IOHandler.{name} reading "
-             "selectable._transport", "broker_filter.proxy.listener.Adopter and lifecycle.GracefulShutdown")
-    hook("t._selectable" in inspect.getsource(IOHandler.on_transport), "IOHandler.on_transport reading "
-         "transport._selectable", "broker_filter.proxy.listener.Adopter")
-    container = Container()
-    selectable = container.selectable()
-    transport = Transport(Transport.SERVER)
-    selectable._transport = transport
-    transport._selectable = selectable
-    hook(selectable._transport is transport and transport._selectable is selectable,
-         "settable Selectable._transport / Transport._selectable", "broker_filter.proxy.listener.Adopter")
-    selectable.terminate()
-
-
-def test_proton_acceptor_listening_socket():
-    from proton.reactor import Container
-
-    container = Container()
-    acceptor = container.acceptor("127.0.0.1", 0)
-    try:
-        socket = getattr(getattr(acceptor, "_selectable", None), "_delegate", None)
-        hook(socket is not None and hasattr(socket, "getsockname"), "Acceptor._selectable._delegate (its socket)",
-             "broker_filter.proxy.listener.listen (reports the port bound for port 0)")
-        assert socket.getsockname()[1] > 0
-    finally:
-        acceptor.close()
+# (the frame-trace hook of python-qpid-proton is at the end of this file)
 
 
 # -- lark --------------------------------------------------------------------------------------------

@@ -168,8 +168,7 @@ def _delete(url, name):
 
 @pytest.mark.rabbitmq
 @pytest.mark.rabbitmq_latest
-@pytest.mark.parametrize("io", ["container", "engine"])
-def test_rabbitmq_stream_evaluates_the_filters_its_attach_reply_offers(rabbitmq_latest, io):
+def test_rabbitmq_stream_evaluates_the_filters_its_attach_reply_offers(rabbitmq_latest):
     """RabbitMQ 4.1+ offers AMQP_FILTEX_PROP_V1_0 and AMQP_FILTEX_SQL_V1_0 on a stream's attach reply
     and echoes what it applies (one property filter per section, or SQL alone, and SQL only under the
     key `sql-filter`): those are pushed down, and only their matches cross the upstream connection.
@@ -180,7 +179,7 @@ def test_rabbitmq_stream_evaluates_the_filters_its_attach_reply_offers(rabbitmq_
     declare_queue(url, stream, "stream")
     declare_queue(url, classic, "classic")
     mport = free_port()
-    front = Daemon("--metrics", f"127.0.0.1:{mport}", "--io", io, upstream=url)
+    front = Daemon("--metrics", f"127.0.0.1:{mport}", upstream=url)
     conns = [connect(front.url) for _ in range(4)]
     try:
         on_stream = f"/queues/{stream}"
