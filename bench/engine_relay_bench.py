@@ -320,7 +320,8 @@ class FrameCounter:
 
 
 def start_daemon(io: str, upstream: str, profile: str | None = None) -> tuple[subprocess.Popen, int, Path]:
-    """`broker-filter serve --io IO` in front of RabbitMQ: the process, its port and its log."""
+    """`broker-filter serve` in front of RabbitMQ (`io` names the target, "engine"): the process, its
+    port and its log."""
     import re
     import tempfile
     import time
@@ -328,7 +329,7 @@ def start_daemon(io: str, upstream: str, profile: str | None = None) -> tuple[su
     log = Path(tempfile.mkstemp(prefix=f"broker-filter-bench-{io}-", suffix=".log")[1])
     with open(log, "w") as out:
         profiler = ["-m", "cProfile", "-o", profile] if profile else []
-        proc = subprocess.Popen([sys.executable, *profiler, "-m", "broker_filter", "serve", "--io", io, "--listen",
+        proc = subprocess.Popen([sys.executable, *profiler, "-m", "broker_filter", "serve", "--listen",
                                  "127.0.0.1:0", "--upstream", f"amqp://guest:guest@{upstream}"],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -342,7 +343,7 @@ def start_daemon(io: str, upstream: str, profile: str | None = None) -> tuple[su
             break
         time.sleep(0.1)
     proc.kill()
-    raise RuntimeError(f"broker-filter serve --io {io} did not start:\n{log.read_text()[-2000:]}")
+    raise RuntimeError(f"broker-filter serve did not start:\n{log.read_text()[-2000:]}")
 
 
 def delete_queue(name: str) -> None:

@@ -1,5 +1,5 @@
 """The daemon's proton handlers on the engine loop: a stand-in for the parts of proton's `Container`
-the daemon uses (`broker-filter serve --io engine`).
+the daemon uses (`broker-filter serve`).
 
 Theory of operation.  The daemon's handlers (`proxy.server`, `proxy.remote`, `proxy.lifecycle`) are
 written against proton's Python API: events with `event.connection`, `event.link`, wrappers with
@@ -346,8 +346,8 @@ class UpstreamLogin:
     """The pass-through check on the loop itself: do a client's PLAIN `user` / `password` open an AMQP
     connection to the upstream?  URLs are tried in order (failover): True on the first that opens,
     False as soon as one refuses the credentials (`amqp:unauthorized-access`) or when none answers
-    within `timeout`.  No thread and no select(): the attempt is one more client connection of the
-    loop (`listener.upstream_login` does the same with a blocking proton connection of its own)."""
+    within `timeout`.  No thread and no blocking wait: the attempt is one more client connection of
+    the loop."""
 
     on_loop = True  # `EventLoop` calls it on its thread as check(user, password, done)
 
