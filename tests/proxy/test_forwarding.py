@@ -568,3 +568,43 @@ def test_a_decoder_fault_fails_only_that_message_not_the_feed(monkeypatch):
     feed.on_upstream_delivery(good)
     assert [d for _, d in io.sent] == [good]
     assert (poison, ACCEPTED) in io.settled and feed.stats.undecodable == 1
+
+
+class SlowClientConsumer(SimConsumer):
+    """Clients that settle and give the credit back only `lag` steps after a message arrived, so
+    their links run out of credit while a pass is open."""
+
+    lag = 40
+
+    def send(self, outlet, delivery, data):
+        m = decode_message(data)
+        self.received.setdefault(outlet.name, []).append(m.body)
+        tag = object()
+
+        def later(left):
+            if left:
+                self.sim.pending.append(lambda: later(left - 1))
+                return
+            self.feed.on_client_outcome(outlet, tag, ACCEPTED)
+            self.feed.set_credit(outlet, outlet.credit + 1)
+
+        self.sim.pending.append(lambda: later(self.lag))
+        return tag
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_messages_moved_while_their_link_had_no_credit_reach_it_when_the_credit_returns_mid_pass(seed):
+    # Red, blue and colourless in turn; both links take 2 at a time and settle late, so their
+    # messages past the reserve are moved while a pass is open, and their credit comes back while
+    # it still is.  Each must still get every message it selects.
+    sim = SimQueue(three_colors(300), seed=seed)
+    c = SlowClientConsumer(sim, window=20, token="d1")
+    red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
+    c.feed.add_outlet(red)
+    c.feed.add_outlet(blue)
+    c.feed.set_credit(red, 2)
+    c.feed.set_credit(blue, 2)
+    sim.run()
+    assert sorted(c.received["red"]) == sorted(f"m{i}" for i in range(0, 300, 3))
+    assert sorted(c.received["blue"]) == sorted(f"m{i}" for i in range(1, 300, 3))
+    assert len(sim.ready) + len(c.feed.held) == 100  # the colourless ones, none lost or doubled
