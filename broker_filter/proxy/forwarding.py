@@ -76,6 +76,11 @@ from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 OFFERED_ANNOTATION = symbol("x-opt-broker-filter-offered")
 
 
+# Where the upstream answers the count (`FeedIO.probe`) and no other consumer was seen, a finished
+# pass is looked at again only after this many times `look_again` (see `Feed.tick`).
+COUNTED_LOOK = 6
+
+
 @dataclass(frozen=True)
 class Outcome:
     """An AMQP 1.0 terminal delivery state.
@@ -489,7 +494,9 @@ class Feed:
         (published directly behind the finished pass): one more pass.  The count net of everything
         this feed pulled and moved is what others put in or took out: when it first falls, another
         consumer takes messages (another daemon, which may wait for what this one holds, and whose
-        copies carry its filters): one more pass.  While the counts stay put nothing is moved.
+        copies carry its filters): one more pass.  While the counts stay put nothing is moved but
+        for a rare look again (`COUNTED_LOOK` × `look_again`, then doubling): another consumer that
+        took its messages before this feed's first count never makes the count fall.
 
         Once another consumer was seen (a fall, or a copy another daemon moved), its own moves
         make copies this feed did not move, so from then on only a net count higher than ever
@@ -507,9 +514,11 @@ class Feed:
                 if asked is None:
                     self._unanswered = 2  # never asked: look again instead, from now on
                 self._probing = bool(asked)
-            if not self._others:  # no other consumer seen: the counts tell everything
-                self._next_look = None
-                return
+            if not self._others and self._unanswered < 2:
+                # No other consumer seen: the counts tell nearly everything, so look again only
+                # rarely (COUNTED_LOOK times later): a consumer that had already taken its messages
+                # before the first count never makes the count fall.
+                self._look_delay = max(self._look_delay, self.look_again * COUNTED_LOOK)
         now = self._clock()
         if self._next_look is None:
             self._next_look = now + self._look_delay
