@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,26 @@ from rabbitmq_nodes import amqp10_ready, rabbitmqctl
 pytestmark = pytest.mark.rabbitmq
 
 HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def proxy(proxy):
+    """The shared daemon, once it is connected upstream again: a restart test earlier in this module
+    restarts the RabbitMQ node under it, and it reconnects with backoff (it refuses links with
+    `retry later` until then, which is its promise, not what these tests are about)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            c = connect(proxy.url)
+            try:
+                c.create_sender(f"/queue/reconnected-{uuid.uuid4().hex[:8]}")
+            finally:
+                c.close()
+            return proxy
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def test_killed_client_loses_nothing(proxy, address):
