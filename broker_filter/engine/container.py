@@ -71,13 +71,14 @@ class Typed:
     (the raw `pn_delivery_t` pointer), `credit()` for its PN_LINK_FLOW events (None: not wanted),
     `failed()` when either raised (after the exception was logged)."""
 
-    __slots__ = ("transfer", "credit", "failed")
+    __slots__ = ("transfer", "credit", "failed", "connection")
 
     def __init__(self, transfer: Callable[[Any], None], credit: Callable[[], None] | None = None,
                  failed: Callable[[], None] | None = None):
         self.transfer = transfer
         self.credit = credit
         self.failed = failed
+        self.connection: Any = None  # the link's `pn_connection_t` (set by `route`)
 
 
 def link_pointer(link: Any) -> Any:
@@ -171,6 +172,7 @@ class EngineContainer:
         self._proton: dict[Any, Any] = {}  # connection pointer -> its proton handler
         self._refused: set[Any] = set()  # links refused before their handler saw them
         self.typed: dict[Any, Typed] = {}  # link pointer -> its per-message handlers (`route`)
+        self._routed: dict[Any, set] = {}  # connection pointer -> its routed links' pointers
         self.loop.observers = self._proton
         self.loop.observe = self._dispatch
 
@@ -223,10 +225,22 @@ class EngineContainer:
 
     def route(self, link: Any, typed: Typed) -> None:
         """Hand `link`'s per-message events (PN_DELIVERY, PN_LINK_FLOW) to `typed`, unwrapped."""
-        self.typed[link_pointer(link)] = typed
+        pointer = link_pointer(link)
+        typed.connection = lib.pn_session_connection(lib.pn_link_session(pointer))
+        self.typed[pointer] = typed
+        self._routed.setdefault(typed.connection, set()).add(pointer)
 
     def unroute(self, link: Any) -> None:
-        self.typed.pop(link_pointer(link), None)
+        self._forget_route(link_pointer(link))
+
+    def _forget_route(self, pointer: Any) -> None:
+        typed = self.typed.pop(pointer, None)
+        if typed is not None:
+            links = self._routed.get(typed.connection)
+            if links is not None:
+                links.discard(pointer)
+                if not links:
+                    del self._routed[typed.connection]
 
     def _dispatch(self, event: Any, handler: Any) -> None:
         kind = lib.pn_event_type(event)
@@ -247,7 +261,7 @@ class EngineContainer:
                 return
         elif kind == lib.PN_LINK_FINAL:
             if self.typed:
-                self.typed.pop(lib.pn_event_link(event), None)
+                self._forget_route(lib.pn_event_link(event))
         elif kind == lib.PN_TRANSPORT_CLOSED and self.typed:
             self._bridge(kind, event, handler)
             self._unroute_connection(lib.pn_event_connection(event))
@@ -256,10 +270,8 @@ class EngineContainer:
 
     def _unroute_connection(self, connection: Any) -> None:
         """The engine frees every link of `connection` next: forget their routes first."""
-        gone = [pointer for pointer in self.typed
-                if lib.pn_session_connection(lib.pn_link_session(pointer)) == connection]
-        for pointer in gone:
-            del self.typed[pointer]
+        for pointer in self._routed.pop(connection, ()):
+            self.typed.pop(pointer, None)
 
     def _bridge(self, kind: int, event: Any, handler: Any) -> None:
         if self._refused:
@@ -325,6 +337,7 @@ class EngineContainer:
             loop.run()
             self._proton.clear()  # stopped: as with the Container, handlers hear nothing more
             self.typed.clear()
+            self._routed.clear()
             for _ in range(20):  # but the close frames of what was closed on the way out leave
                 if not any(channel.conn.ptr is not None for channel in loop.channels):
                     break
