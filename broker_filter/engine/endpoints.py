@@ -116,20 +116,36 @@ def _text(pointer: Any) -> str | None:
     return None if pointer == NULL else ffi.string(pointer).decode("utf-8", "replace")
 
 
-def _condition(pointer: Any) -> Condition | None:
+def condition_of(pointer: Any) -> Condition | None:
     if pointer == NULL or not lib.pn_condition_is_set(pointer):
         return None
     return Condition(_text(lib.pn_condition_get_name(pointer)) or "",
                      _text(lib.pn_condition_get_description(pointer)) or "")
 
 
-def _set_condition(pointer: Any, condition: Condition | tuple | None) -> None:
+def set_condition(pointer: Any, condition: Condition | tuple | None) -> None:
     if condition is None:
         return
     name, description = (tuple(condition) + ("",))[:2]
     lib.pn_condition_set_name(pointer, name.encode())
     if description:
         lib.pn_condition_set_description(pointer, description.encode())
+
+
+def set_disposition(delivery: Any, state: int, *, condition: Condition | tuple | None = None,
+                    failed: bool = False, undeliverable: bool = False, annotations: dict | None = None) -> None:
+    """Set the local state of `delivery` (a `pn_delivery_t`): REJECTED with `condition`, MODIFIED with
+    its flags and annotations, or any other state as it is.  Settling is the caller's."""
+    if state == REJECTED:
+        if condition is not None:
+            set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(delivery)), condition)
+    elif state == MODIFIED:
+        local = lib.pn_delivery_local(delivery)
+        lib.pn_disposition_set_failed(local, failed)
+        lib.pn_disposition_set_undeliverable(local, undeliverable)
+        if annotations:
+            write_data(lib.pn_disposition_annotations(local), annotations)
+    lib.pn_delivery_update(delivery, state)
 
 
 def _symbols(value: Any) -> tuple[str, ...]:
@@ -280,7 +296,7 @@ class _Endpoint:
         """Close (with an error condition: a name such as amqp:not-found and a description)."""
         if self.ptr is None or self.local_state == LOCAL_CLOSED:
             return
-        _set_condition(self._condition_of(self.ptr), condition)
+        set_condition(self._condition_of(self.ptr), condition)
         self._close_of(self.ptr)
 
 
@@ -351,7 +367,7 @@ class Connection(_Endpoint):
 
     @property
     def remote_condition(self) -> Condition | None:
-        return _condition(lib.pn_connection_remote_condition(self.ptr)) if self.ptr is not None else None
+        return condition_of(lib.pn_connection_remote_condition(self.ptr)) if self.ptr is not None else None
 
     @property
     def remote_idle_timeout(self) -> float:
@@ -434,7 +450,7 @@ class Link(_Endpoint):
 
     @property
     def remote_condition(self) -> Condition | None:
-        return _condition(lib.pn_link_remote_condition(self.ptr)) if self.ptr is not None else None
+        return condition_of(lib.pn_link_remote_condition(self.ptr)) if self.ptr is not None else None
 
     @property
     def remote_settled_mode(self) -> bool:
@@ -450,7 +466,7 @@ class Link(_Endpoint):
     def detach(self, condition: Condition | tuple | None = None) -> None:
         if self.ptr is None or self.local_state == LOCAL_CLOSED:
             return
-        _set_condition(lib.pn_link_condition(self.ptr), condition)
+        set_condition(lib.pn_link_condition(self.ptr), condition)
         lib.pn_link_detach(self.ptr)
 
     @property
@@ -550,7 +566,7 @@ class Delivery:
 
     @property
     def remote_condition(self) -> Condition | None:
-        return _condition(lib.pn_disposition_condition(lib.pn_delivery_remote(self.ptr))) \
+        return condition_of(lib.pn_disposition_condition(lib.pn_delivery_remote(self.ptr))) \
             if self.ptr is not None else None
 
     @property
@@ -574,19 +590,17 @@ class Delivery:
         self.update(RELEASED, settle)
 
     def reject(self, condition: Condition | tuple | None = None, settle: bool = True) -> None:
-        if self.ptr is not None and condition is not None:
-            _set_condition(lib.pn_disposition_condition(lib.pn_delivery_local(self.ptr)), condition)
-        self.update(REJECTED, settle)
+        if self.ptr is not None:
+            set_disposition(self.ptr, REJECTED, condition=condition)
+            if settle:
+                self.settle()
 
     def modify(self, *, failed: bool = True, undeliverable: bool = False, annotations: dict | None = None,
                settle: bool = True) -> None:
         if self.ptr is not None:
-            local = lib.pn_delivery_local(self.ptr)
-            lib.pn_disposition_set_failed(local, failed)
-            lib.pn_disposition_set_undeliverable(local, undeliverable)
-            if annotations:
-                write_data(lib.pn_disposition_annotations(local), annotations)
-        self.update(MODIFIED, settle)
+            set_disposition(self.ptr, MODIFIED, failed=failed, undeliverable=undeliverable, annotations=annotations)
+            if settle:
+                self.settle()
 
     def update(self, state: int, settle: bool = True) -> None:
         if self.ptr is None:
@@ -754,7 +768,7 @@ class Engine:
             connection.error = error
             # on the transport too, where proton's own handlers look (proton then reports a
             # transport error, as for a failure it detects itself)
-            _set_condition(lib.pn_transport_condition(connection.transport), error)
+            set_condition(lib.pn_transport_condition(connection.transport), error)
         lib.pn_transport_close_tail(connection.transport)
         lib.pn_transport_close_head(connection.transport)
         self.dirty.add(connection)
@@ -976,7 +990,7 @@ class Engine:
     def _on_transport_error(self, event: Any) -> None:
         connection = self.connections.get(lib.pn_event_connection(event))
         if connection is not None and connection.error is None:
-            connection.error = _condition(lib.pn_transport_condition(connection.transport))
+            connection.error = condition_of(lib.pn_transport_condition(connection.transport))
 
     def _on_transport_closed(self, event: Any) -> None:
         connection = self.connections.get(lib.pn_event_connection(event))
@@ -1023,7 +1037,7 @@ class Engine:
         if connection._tick_timer is not None:
             connection._tick_timer.cancel()
         if connection.error is None:
-            connection.error = _condition(lib.pn_transport_condition(connection.transport))
+            connection.error = condition_of(lib.pn_transport_condition(connection.transport))
         connection.closed = True
         try:
             connection.handler.on_disconnected(connection, connection.error)

@@ -10,9 +10,7 @@ from typing import Any
 from ..amqp import decode, encode
 from ..amqp import types as t
 from ..engine._cproton import ffi, lib
-from ..engine.endpoints import _condition as condition_of
-from ..engine.endpoints import _set_condition as set_condition
-from ..engine.endpoints import read_data, write_data
+from ..engine.endpoints import condition_of, read_data, set_disposition
 from .forwarding import ACCEPTED, RELEASED, Outcome
 
 
@@ -109,15 +107,11 @@ def remote_outcome(delivery: Any) -> Outcome | None:
 
 def settle_with(delivery: Any, outcome: Outcome) -> None:
     """Set `outcome` as the delivery's local state (a pointer) and settle it."""
-    if outcome is not ACCEPTED and outcome is not RELEASED:
-        local = lib.pn_delivery_local(delivery)
-        if outcome.kind == "rejected" and outcome.error is not None:
-            set_condition(lib.pn_disposition_condition(local), outcome.error)
-        elif outcome.kind == "modified":
-            lib.pn_disposition_set_failed(local, outcome.delivery_failed)
-            lib.pn_disposition_set_undeliverable(local, outcome.undeliverable_here)
-            if outcome.annotations:
-                write_data(lib.pn_disposition_annotations(local),
-                           {t.symbol(k) if isinstance(k, str) else k: v for k, v in outcome.annotations.items()})
-    lib.pn_delivery_update(delivery, _STATES[outcome.kind])
+    if outcome is ACCEPTED or outcome is RELEASED:
+        lib.pn_delivery_update(delivery, _STATES[outcome.kind])
+    else:
+        set_disposition(delivery, _STATES[outcome.kind], condition=outcome.error,
+                        failed=outcome.delivery_failed, undeliverable=outcome.undeliverable_here,
+                        annotations={t.symbol(k) if isinstance(k, str) else k: v
+                                     for k, v in outcome.annotations.items()} if outcome.annotations else None)
     lib.pn_delivery_settle(delivery)
