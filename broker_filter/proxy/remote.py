@@ -225,7 +225,7 @@ class RemoteConsumer(_RemoteLink):
             return False
         up.probing, up.probe_answer = self, answer
         up.probe_timer = up.loop.call_later(PROBE_TIMEOUT, lambda: up.probe_answered(None))
-        up._trace_attaches(+1)
+        up._trace_frames(+1)
         self.link.drain(0)
         return True
 
@@ -376,7 +376,7 @@ class RemoteUpstream(Handler):
         self._backoff = 0.1
         self._reconnect_timer = None
         self.connects = 0
-        self._awaiting_offers = 0  # consumer attaches offering filters whose reply is not in yet
+        self._awaiting_trace = 0  # consumer attaches offering filters whose reply is not in yet
         self.probing: RemoteConsumer | None = None  # the consumer whose queue count was asked for
         self.probe_answer: Callable[[int | None], None] | None = None
         self.probe_timer: Any = None
@@ -445,7 +445,7 @@ class RemoteUpstream(Handler):
             put_value(link.source.filter, {_key(e.key): e.value for e in spec.filters + spec.offered})
         if spec.offered:
             consumer.offer_pending = True
-            self._trace_attaches(+1)
+            self._trace_frames(+1)
         _put_routing_capabilities(link.source, spec.capabilities)
         if spec.distribution_mode == "copy":
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
@@ -595,18 +595,19 @@ class RemoteUpstream(Handler):
         if getattr(endpoint, "offer_pending", False):
             self._offer_answered(endpoint)
 
-    # ------------------------------------------------------------------ attach replies in the frame trace
-    def _trace_attaches(self, delta: int) -> None:
-        """Trace frames while a consumer attach that offers filters awaits its reply (proton has no
-        accessor for a link's remote offered-capabilities; see the module docstring)."""
-        before = self._awaiting_offers
-        self._awaiting_offers = max(0, before + delta)
-        if self.connection is None or (before > 0) == (self._awaiting_offers > 0):
+    # ------------------------------------------------------------------ answers read from the frame trace
+    def _trace_frames(self, delta: int) -> None:
+        """Trace frames while an answer proton has no accessor for is awaited: a consumer attach's
+        reply that offers filters (a link's remote offered-capabilities; see the module docstring), or
+        the flow answering a queue count (`RemoteConsumer.probe`)."""
+        before = self._awaiting_trace
+        self._awaiting_trace = max(0, before + delta)
+        if self.connection is None or (before > 0) == (self._awaiting_trace > 0):
             return
         transport = self.connection.transport
         if transport is None:
             return
-        if self._awaiting_offers:
+        if self._awaiting_trace:
             transport.tracer = self._on_trace
             transport.trace(Transport.TRACE_FRM)
         else:
@@ -621,14 +622,14 @@ class RemoteUpstream(Handler):
         if self.probe_timer is not None:
             self.probe_timer.cancel()
             self.probe_timer = None
-        self._trace_attaches(-1)
+        self._trace_frames(-1)
         if consumer.link is not None and not consumer.closed:
             consumer.link.drain_mode = False
         answer(n)
 
     def _offer_answered(self, consumer: "RemoteConsumer") -> None:
         consumer.offer_pending = False
-        self._trace_attaches(-1)
+        self._trace_frames(-1)
 
     def _on_trace(self, transport: Any, message: str) -> None:
         try:
@@ -703,7 +704,7 @@ class RemoteUpstream(Handler):
                 timer.cancel()
         self._hold_timer = self._idle_timer = None
         conn, self.connection = self.connection, None
-        self._awaiting_offers = 0
+        self._awaiting_trace = 0
         self._traced.clear()
         if self.probing is not None:
             self.probe_answered(None)
