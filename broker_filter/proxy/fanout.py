@@ -51,11 +51,9 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from ..amqp import decode_message, redelivery_bytes
+from ..amqp import redelivery_bytes
 from ..filters.index import SubscriptionIndex
-from .forwarding import ACCEPTED, FeedStats, Outcome, Outlet
-
-_BAD = object()  # a message that could not be decoded
+from .forwarding import ACCEPTED, UNDECODABLE as _BAD, FeedStats, Outcome, Outlet, decode_reads
 
 
 class FanoutIO(Protocol):
@@ -497,16 +495,7 @@ class FanoutFeed:
             self.io.flow_upstream(room)
 
     def _decode(self, delivery: Any, reads: frozenset | None = None) -> Any:
-        reads = self._reads if reads is None else reads
-        if not reads:
-            return None
-        try:
-            return decode_message(delivery.data, reads)
-        except Exception as e:  # one message never fails the feed: no filter that reads it selects it
-            self.stats.undecodable += 1
-            if self._log is not None:
-                self._log(f"upstream message not decodable, no filter selects it: {e}")
-            return _BAD
+        return decode_reads(delivery.data, self._reads if reads is None else reads, self.stats, self._log)
 
     # ------------------------------------------------------------------ counters
     def index_stats(self) -> dict[str, float]:

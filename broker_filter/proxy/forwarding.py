@@ -201,7 +201,24 @@ class Custody:
         return redelivery_bytes(self.delivery.data, failed=self.failed)
 
 
-_BAD = object()  # a message that could not be decoded
+UNDECODABLE = object()  # what `decode_reads` gives for a message that could not be decoded
+_BAD = UNDECODABLE
+
+
+def decode_reads(data: bytes, reads: frozenset, stats: FeedStats, log: Callable[[str], None] | None) -> Any:
+    """The sections of an upstream message that `reads` names (None when no filter reads any), or
+    UNDECODABLE, counted and logged: one message never fails a feed, and no filter that reads a
+    section selects it."""
+    if not reads:
+        return None
+    try:
+        return decode_message(data, reads)
+    except Exception as e:  # CodecError, or any decoder fault
+        stats.undecodable += 1
+        if log is not None:
+            kind = "" if isinstance(e, CodecError) else f" ({type(e).__name__})"
+            log(f"upstream message not decodable{kind}, no filter selects it: {e}")
+        return UNDECODABLE
 _MARK_READS = frozenset({"message_annotations"})
 
 
@@ -750,13 +767,4 @@ class Feed:
         return all(i in mark for i in self._live_foreign())
 
     def _decode(self, delivery: Any, reads: frozenset) -> Any:
-        if not reads:
-            return None
-        try:
-            return decode_message(delivery.data, reads)
-        except Exception as e:  # CodecError, or any decoder fault: one message never fails the feed
-            self.stats.undecodable += 1
-            if self._log is not None:
-                kind = "" if isinstance(e, CodecError) else f" ({type(e).__name__})"
-                self._log(f"upstream message not decodable{kind}, no filter selects it: {e}")
-            return _BAD
+        return decode_reads(delivery.data, reads, self.stats, self._log)
