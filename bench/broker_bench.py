@@ -157,12 +157,12 @@ def stop_daemon(proc: subprocess.Popen) -> None:
 
 def daemon_figures(messages: int, repeat: int, latency_messages: int, rate: float) -> dict:
     """Produce -> consume through the daemon with separate producer and consumer processes (the
-    python-qpid-proton clients of bench/proxy_bench.py: the producer waits for each message to be
+    python-qpid-proton clients of bench/python_clients.py: the producer waits for each message to be
     accepted, the consumer takes credit 1000 and accepts): best stream rate of `repeat` runs, the
     daemon's CPU use while streaming, and latency at a fixed rate.  Both loops run side by side,
     interleaved, so they see the same machine load."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from proxy_bench import cpu_seconds, run_once
+    from python_clients import cpu_seconds, run_once
 
     daemons = {loop: start_daemon(loop) for loop in ("quiesced", "timer")}
     out: dict = {loop: {"runs": [], "cpu": 0.0, "elapsed": 0.0} for loop in daemons}

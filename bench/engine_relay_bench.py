@@ -229,7 +229,10 @@ def node(*args: str) -> subprocess.Popen:
 
 
 def one_round(port: int, address: str, count: int, through_relay: bool, relay_pid: int | None,
-              produce_through: bool = False) -> dict:
+              produce_through: bool = False, rate: float | None = None) -> dict:
+    """One rhea consumer and one rhea producer of `count` messages (at most `rate` a second if
+    given): the rate of the stream, the relay's CPU per message, and the latency of the selected
+    messages (p50_ms, p99_ms: receive time - send time)."""
     if through_relay:
         consumer = node("consume", str(port), address, str(count // 2), "half = 1", "0", "1000", "-", "-")
     else:
@@ -237,10 +240,11 @@ def one_round(port: int, address: str, count: int, through_relay: bool, relay_pi
     ready = json.loads(consumer.stdout.readline())
     assert ready.get("ready"), ready
     cpu0 = cpu_seconds(relay_pid) if relay_pid else 0.0
+    paced = [str(rate)] if rate else []
     if produce_through:
-        producer = node("produce", str(port), address, str(count), "-", "-")
+        producer = node("produce", str(port), address, str(count), "-", "-", *paced)
     else:
-        producer = node("produce", "5672", address, str(count), "guest", "guest")
+        producer = node("produce", "5672", address, str(count), "guest", "guest", *paced)
     produced = json.loads(producer.stdout.readline())
     consumed = json.loads(consumer.stdout.readline())
     cpu1 = cpu_seconds(relay_pid) if relay_pid else 0.0
@@ -248,7 +252,8 @@ def one_round(port: int, address: str, count: int, through_relay: bool, relay_pi
     consumer.wait(30)
     seconds = (consumed["last"] - produced["t0"]) / 1000
     return {"rate": count / seconds, "cpu_us_per_msg": (cpu1 - cpu0) * 1e6 / count if relay_pid else None,
-            "selected": consumed["selected"], "received": consumed["received"]}
+            "selected": consumed["selected"], "received": consumed["received"],
+            "p50_ms": consumed.get("p50_ms"), "p99_ms": consumed.get("p99_ms")}
 
 
 class FrameCounter:
@@ -319,9 +324,10 @@ class FrameCounter:
         return data[pos:]
 
 
-def start_daemon(io: str, upstream: str, profile: str | None = None) -> tuple[subprocess.Popen, int, Path]:
-    """`broker-filter serve` in front of RabbitMQ (`io` names the target, "engine"): the process, its
-    port and its log."""
+def start_daemon(io: str, upstream: str, profile: str | None = None,
+                 settings: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int, Path]:
+    """`broker-filter serve` in front of RabbitMQ (`io` names the target, "engine"; `settings`:
+    `--set` arguments, e.g. "limits.upstream_window=1000"): the process, its port and its log."""
     import re
     import tempfile
     import time
@@ -330,7 +336,8 @@ def start_daemon(io: str, upstream: str, profile: str | None = None) -> tuple[su
     with open(log, "w") as out:
         profiler = ["-m", "cProfile", "-o", profile] if profile else []
         proc = subprocess.Popen([sys.executable, *profiler, "-m", "broker_filter", "serve", "--listen",
-                                 "127.0.0.1:0", "--upstream", f"amqp://guest:guest@{upstream}"],
+                                 "127.0.0.1:0", "--upstream", f"amqp://guest:guest@{upstream}",
+                                 *(a for kv in settings for a in ("--set", kv))],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 30

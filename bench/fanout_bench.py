@@ -36,7 +36,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_bench import ROOT, cpu_seconds, start_proxy  # noqa: E402
+from python_clients import ROOT, cpu_seconds, start_proxy  # noqa: E402
 
 TOPIC_BINDING = "apache.org:legacy-amqp-topic-binding:string"
 

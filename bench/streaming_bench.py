@@ -2,15 +2,15 @@
 source into Parquet, against the daemon's own forwarding rate, in the same run.
 
 A producer process publishes N messages (64-byte body, application property `half` = 0/1) to
-`/topic/<name>` on RabbitMQ, as in bench/proxy_bench.py, while one of these consumes the stream with
+`/topic/<name>` on RabbitMQ, as bench/python_clients.py does, while one of these consumes the stream with
 the selector `half = 1`:
   * daemon:        a proton consumer through `broker-filter serve --upstream RabbitMQ` (the daemon
-                   filters and forwards; bench/proxy_bench.py's consumer);
+                   filters and forwards; bench/python_clients.py's consumer);
   * spark-direct:  `broker-filter ingest`'s query (broker_filter.spark.ingest) from RabbitMQ into a
                    Parquet archive, the selector evaluated in the source;
   * spark-daemon:  the same query through the daemon (the selector pushed down to it).
 Rate = N / (first send .. last selected message delivered, or ingested and committed), i.e. messages
-per second of the stream being filtered, like proxy_bench.  Spark runs on one local session
+per second of the stream being filtered, like python_clients.run_once.  Spark runs on one local session
 (`local[2]`); its start-up is outside the measured time (the query is attached before sending).
 
     python bench/streaming_bench.py [--upstream amqp://guest:guest@127.0.0.1:5672] [--messages 20000]
@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_bench import producer, run_once, start_proxy  # noqa: E402
+from python_clients import producer, run_once, start_proxy  # noqa: E402
 
 SELECTOR = "half = 1"
 

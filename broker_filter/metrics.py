@@ -205,7 +205,8 @@ class Metrics:
         )
         for attr, name, doc in (
             ("shared_messages", "broker_filter_shared_messages",
-             "Upstream messages of shared subscriptions matched once against their subscription index, by address"),
+             "Upstream messages of shared subscriptions matched once against their subscription index, by "
+             "address (this and the four below are added once a second)"),
             ("shared_candidates", "broker_filter_shared_candidates",
              "Links the subscription index offered as candidates (divide by shared_messages: candidates per "
              "message), by address"),

@@ -57,7 +57,7 @@ def client_ssl_context(tls: Any) -> ssl.SSLContext:
 # links) would be wrapped as proton's Event and dispatched to no method at all: wrapping is most of
 # this bridge's cost, so they are not handed on.  tests/engine/test_bridge.py checks that no daemon
 # handler defines a method for an event left out here.
-_DELIVERY, _FLOW, _TRANSPORT = lib.PN_DELIVERY, lib.PN_LINK_FLOW, lib.PN_TRANSPORT
+_DELIVERY, _FLOW = lib.PN_DELIVERY, lib.PN_LINK_FLOW
 HANDED_ON = frozenset({
     lib.PN_CONNECTION_REMOTE_OPEN, lib.PN_CONNECTION_REMOTE_CLOSE, lib.PN_CONNECTION_FINAL,
     lib.PN_SESSION_REMOTE_OPEN, lib.PN_SESSION_REMOTE_CLOSE,
@@ -242,10 +242,7 @@ class EngineContainer:
                 if not links:
                     del self._routed[typed.connection]
 
-    def _dispatch(self, event: Any, handler: Any) -> None:
-        kind = lib.pn_event_type(event)
-        if kind == _TRANSPORT:
-            return  # (after every change of a transport: the engine's business alone)
+    def _dispatch(self, event: Any, handler: Any, kind: int) -> None:
         if kind == _DELIVERY or kind == _FLOW:
             typed = self.typed.get(lib.pn_event_link(event)) if self.typed else None
             if typed is not None:

@@ -63,6 +63,7 @@ _DISTRIBUTION_CODES = {name: code for code, name in DISTRIBUTION_MODES.items()}
 
 
 # What the engine itself needs to see of a connection whose events an observer handles.
+_TRANSPORT = lib.PN_TRANSPORT
 _CONNECTION_LEVEL = frozenset({
     lib.PN_CONNECTION_REMOTE_OPEN, lib.PN_CONNECTION_LOCAL_OPEN, lib.PN_CONNECTION_REMOTE_CLOSE,
     lib.PN_TRANSPORT, lib.PN_TRANSPORT_ERROR, lib.PN_TRANSPORT_CLOSED,
@@ -666,10 +667,11 @@ class Engine:
         self._timers: list[Timer] = []
         self._to_free: list[Any] = []
         # connection pointer -> a handler that gets every raw event of that connection
-        # (`observe(event, handler)`); the engine then keeps only the connection-level ones (ticks,
-        # output, closing) and leaves sessions, links and deliveries to it; see `container.py`
+        # (`observe(event, handler, event type)`; not PN_TRANSPORT, which `process` answers itself);
+        # the engine then keeps only the connection-level ones (ticks, output, closing) and leaves
+        # sessions, links and deliveries to it; see `container.py`
         self.observers: dict[Any, Any] = {}
-        self.observe: Callable[[Any, Any], None] | None = None
+        self.observe: Callable[[Any, Any, int], None] | None = None
         self._buffer = bytearray(64 * 1024)
         self._cbuffer = ffi.from_buffer(self._buffer)
         self._view = memoryview(self._buffer)
@@ -692,7 +694,6 @@ class Engine:
             lib.PN_LINK_LOCAL_DETACH: self._on_link_local_close,
             lib.PN_LINK_FLOW: self._on_link_flow,
             lib.PN_DELIVERY: self._on_delivery,
-            lib.PN_TRANSPORT: self._on_transport,
             lib.PN_TRANSPORT_ERROR: self._on_transport_error,
             lib.PN_TRANSPORT_CLOSED: self._on_transport_closed,
         }
@@ -827,7 +828,9 @@ class Engine:
         collector = self.collector
         dispatch = self._dispatch
         peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        event_connection = lib.pn_event_connection
         observers = self.observers
+        connections, dirty = self.connections, self.dirty
         count = 0
         while True:
             event = peek(collector)
@@ -835,10 +838,16 @@ class Engine:
                 break
             count += 1
             kind = event_type(event)
+            if kind == _TRANSPORT:  # (several a message: the engine's alone, handled here)
+                connection = connections.get(event_connection(event))
+                if connection is not None:
+                    dirty.add(connection)
+                pop(collector)
+                continue
             if observers:
-                observer = observers.get(lib.pn_event_connection(event))
+                observer = observers.get(event_connection(event))
                 if observer is not None:
-                    self.observe(event, observer)  # type: ignore[misc]
+                    self.observe(event, observer, kind)  # type: ignore[misc]
                     if kind not in _CONNECTION_LEVEL:
                         pop(collector)
                         continue  # its sessions, links and deliveries are the observer's alone
@@ -866,11 +875,6 @@ class Engine:
         connection = self.connections.get(lib.pn_event_connection(event))
         if connection is not None:
             connection.close(condition)
-
-    def _on_transport(self, event: Any) -> None:
-        connection = self.connections.get(lib.pn_event_connection(event))
-        if connection is not None:
-            self.dirty.add(connection)
 
     def _on_connection_remote_open(self, event: Any) -> None:
         connection = self.connections.get(lib.pn_event_connection(event))

@@ -13,9 +13,11 @@ queued to each member that selects it.  A message no member selects is accepted 
 gets the messages that arrive from then on; the upstream subscription ends with the last link.
 
 Per-member queues.  Each member has a queue of copies not yet sent, emptied as its client gives
-credit.  The group pulls from upstream (at most `window` outstanding) while some member in the
-group has credit, so the fastest member sets the pace and the upstream queue buffers when every
-member is slow.
+credit.  The group pulls from upstream while some member in the group has credit, so the fastest
+member sets the pace and the upstream queue buffers when every member is slow.  It keeps at most
+`window` plus the smallest credit a member of the group last gave (at most `max_credit`)
+outstanding: a member selected by every message then queues at most `window` while its client's
+credit is out, and a group whose clients give large credit is not held to a small pipeline.
 
 Settlement.  An upstream message is shared by the members it was queued to (a reference count).
 It is settled upstream once every one of them is done with its copy: accepted, unless every copy
@@ -114,7 +116,7 @@ class _Copy:
 
 
 class _Member:
-    __slots__ = ("outlet", "queue", "own", "attached", "marker", "held_own", "switched", "own_credit")
+    __slots__ = ("outlet", "queue", "own", "attached", "marker", "held_own", "switched", "own_credit", "granted")
 
     def __init__(self, outlet: Outlet):
         self.outlet = outlet
@@ -125,6 +127,7 @@ class _Member:
         self.held_own: deque[_Copy] = deque()  # its own subscription's copies, until the switch
         self.switched = False  # out of the group: served by its own subscription only
         self.own_credit = 0  # credit outstanding on its own subscription
+        self.granted = 0  # the credit its client last gave (at most the feed's max_credit)
 
 
 class OwnHandler:
@@ -155,14 +158,19 @@ class FanoutFeed:
     moving = 0
     pass_open = False
 
-    def __init__(self, io: FanoutIO, *, window: int = 100, buffer: int = 100, indexed: bool = True,
-                 cache_size: int = 1024, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, io: FanoutIO, *, window: int = 100, buffer: int = 100, max_credit: int = 1000,
+                 indexed: bool = True, cache_size: int = 1024, clock: Callable[[], float] = time.monotonic,
                  log: Callable[[str], None] | None = None, counters: Any = None):
-        if window < 1 or buffer < 1:
-            raise ValueError("window and buffer are at least 1")
+        if window < 1 or buffer < 1 or max_credit < 0:
+            raise ValueError("window and buffer are at least 1, max_credit at least 0")
         self.io = io
         self.window = window
         self.buffer = buffer
+        self.max_credit = max_credit
+        # the credit last given by each member in the group: value -> members (its smallest value,
+        # cached in _extra, None when to be found again, is what the group pulls beyond `window`)
+        self._granted: Counter = Counter()
+        self._extra: int | None = 0
         self.index = SubscriptionIndex(indexed=indexed, cache_size=cache_size)
         self.members: dict[Outlet, _Member] = {}
         self.upstream_credit = 0
@@ -176,6 +184,7 @@ class FanoutFeed:
         self._clock = clock
         self._log = log
         self.counters = counters  # broker_filter.metrics.SharedCounters, or None
+        self._counted = (0, 0, 0, 0, 0)  # the counts last added to them (see `publish_counts`)
 
     @property
     def outlets(self) -> dict[Outlet, _Member]:
@@ -209,6 +218,7 @@ class FanoutFeed:
         if outlet in self.members:
             return
         self.members[outlet] = _Member(outlet)
+        self._grant(None, 0)
         self._count(outlet)
         self.index.register(outlet, outlet.filter, outlet.receiver)
         self._count_reads(outlet, +1)
@@ -222,6 +232,8 @@ class FanoutFeed:
         if m is None:
             return
         self._switching.discard(m)
+        if not m.switched:
+            self._grant(m.granted, None)
         if self.counters is not None and not m.switched:
             self.counters.subscribers.dec()
         self.index.unregister(outlet)
@@ -246,15 +258,50 @@ class FanoutFeed:
         m = self.members.get(outlet)
         if m is None or self.stopping:
             return
+        if not m.switched:
+            granted = min(outlet.credit, self.max_credit)
+            if granted != m.granted:
+                self._grant(m.granted, granted)
+                m.granted = granted
         self._drain(m)
         self._top_up_own(m)
         self._top_up()
+
+    def _grant(self, old: int | None, new: int | None) -> None:
+        """A member of the group's last credit changes from `old` to `new` (None: it joins, leaves)."""
+        counts = self._granted
+        if old is not None:
+            counts[old] -= 1
+            if counts[old] <= 0:
+                del counts[old]
+                if old == self._extra:
+                    self._extra = None
+        if new is not None:
+            counts[new] += 1
+            if self._extra is not None and (new < self._extra or len(counts) == 1):
+                self._extra = new
 
     def poke(self) -> None:
         pass
 
     def tick(self) -> None:
-        pass
+        """Called by the I/O layer about once a second: the index's counts go to the metrics."""
+        self.publish_counts()
+
+    def publish_counts(self) -> None:
+        """Add what the index counted since the last call to the metrics (once a second, not per
+        message: five metric updates a message would cost more than matching it)."""
+        c = self.counters
+        if c is None:
+            return
+        index = self.index
+        now = (self.fanout.messages, index.candidates_total, index.evaluations_total, index.cache_lookups,
+               index.cache_hits)
+        for counter, value, last in zip((c.messages, c.candidates, c.evaluations, c.cache_lookups, c.cache_hits),
+                                        now, self._counted):
+            if value > last:
+                counter.inc(value - last)
+        self._counted = now
 
     def stop(self) -> None:
         self.stopping = True
@@ -264,6 +311,7 @@ class FanoutFeed:
         the upstream consumer returns them).  Members' own subscriptions are closed."""
         if self.counters is not None:
             self.counters.subscribers.dec(self.grouped)
+            self.publish_counts()
         out: list[Any] = []
         seen: set[int] = set()
         for m in self.members.values():
@@ -295,21 +343,11 @@ class FanoutFeed:
         shared = _Shared(delivery, self._decode(delivery))
         self.fanout.messages += 1
         index = self.index
-        before = (index.candidates_total, index.evaluations_total, index.cache_lookups, index.cache_hits)
         if shared.message is _BAD:
             selected = [o for o in self.outlets if not o.filter.reads]
             index.messages += 1
         else:
             selected = index.match(shared.message)
-        if self.counters is not None:
-            c = self.counters
-            c.messages.inc()
-            c.candidates.inc(index.candidates_total - before[0])
-            c.evaluations.inc(index.evaluations_total - before[1])
-            if index.cache_lookups != before[2]:
-                c.cache_lookups.inc()
-                if index.cache_hits != before[3]:
-                    c.cache_hits.inc()
         targets = [self.members[o] for o in selected]
         if not targets:
             self.stats.filtered += 1
@@ -352,6 +390,7 @@ class FanoutFeed:
         its own subscription only."""
         self._switching.discard(m)
         m.switched = True
+        self._grant(m.granted, None)
         self.index.unregister(m.outlet)
         self._eager.discard(m.outlet)
         if self.counters is not None:
@@ -482,15 +521,20 @@ class FanoutFeed:
             self._eager.discard(o)
 
     def _top_up(self) -> None:
-        """Pull while a member in the group has credit, keeping at most `window` outstanding; once
+        """Pull while a member in the group has credit, keeping at most `window` plus the smallest
+        credit a member of the group last gave outstanding; once
         every member has a subscription of its own, pull to consume what nobody here takes any more
         (the shared subscription lives until its last link leaves)."""
         if self.stopping:
             return
         if not self._eager and (len(self.index) or not self.members):
             return
-        room = self.window - self.upstream_credit
-        if room > 0 and (self.upstream_credit == 0 or room * 4 >= self.window):
+        extra = self._extra
+        if extra is None:
+            extra = self._extra = min(self._granted) if self._granted else 0
+        target = self.window + extra
+        room = target - self.upstream_credit
+        if room > 0 and (self.upstream_credit == 0 or room * 4 >= target):
             self.upstream_credit += room
             self.io.flow_upstream(room)
 

@@ -137,7 +137,8 @@ class FeedBinding:
         self.spec = spec
         if key[0] == "fanout":  # the address's shared upstream subscription (proxy/fanout.py)
             limits = getattr(server.config, "limits", None)
-            self.feed = fanout.FanoutFeed(self, window=server.window, buffer=server.window, log=log.warning,
+            self.feed = fanout.FanoutFeed(self, window=server.window, buffer=server.window, max_credit=server.max_credit,
+                                          log=log.warning,
                                           indexed=getattr(limits, "subscription_index", True),
                                           cache_size=getattr(limits, "index_cache_size", 1024),
                                           counters=server.metrics.shared(spec.address) if server.metrics else None)
@@ -251,12 +252,13 @@ class FeedBinding:
 class Inlet:
     """A client sending link and its upstream publisher."""
 
-    __slots__ = ("link", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters", "oversize",
-                 "origin")
+    __slots__ = ("link", "ptr", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters",
+                 "oversize", "origin")
 
     def __init__(self, link, address: str, conn: _Conn, counters: Any = None):
         self.counters = counters
         self.link = link
+        self.ptr = link._impl  # its pn_link_t (per message: no wrapper property)
         self.address = address
         self.conn = conn
         self.publisher = None
@@ -294,10 +296,11 @@ class Inlet:
         if self.closed or not self.ready or self.publisher is None:
             return
         limit = min(self.publisher.credit, 1000)
-        want = limit - self.link.credit - self.unsettled
+        credit = lib.pn_link_credit(self.ptr)
+        want = limit - credit - self.unsettled
         # In batches (a flow frame per message would cost an event on both sides per message).
-        if want > 0 and (want * 4 >= limit or self.link.credit == 0):
-            self.link.flow(want)
+        if want > 0 and (want * 4 >= limit or credit == 0):
+            lib.pn_link_flow(self.ptr, want)
 
 
 def close_link(link, condition: str, description: str | None, info: dict | None = None) -> None:
@@ -335,6 +338,7 @@ class ProxyServer(Handler):
         self.max_credit = max_credit
         self.recycle = recycle
         self.feeds: dict[Any, FeedBinding] = {}
+        self._at_address: dict[str | None, set[FeedBinding]] = {}  # the feeds in `feeds` by address
         # queue feeds whose upstream turned their offered filter expressions down, under the key of
         # the same feed without them: any link of the queue may join (its filters stay local)
         self.feed_aliases: dict[Any, FeedBinding] = {}
@@ -351,6 +355,8 @@ class ProxyServer(Handler):
         self.refused = 0
         self.upstream_up = False
         self._was_up = False
+        limits = getattr(config, "limits", None)
+        self._max_message_size = getattr(limits, "max_message_size", 0) or 0
 
     def next_tag(self) -> bytes:
         return b"%x" % next(self._tags)
@@ -382,10 +388,11 @@ class ProxyServer(Handler):
             b.feed.stop()
 
     def _tick(self) -> None:
-        """Once a second: queue feeds whose search is over look again after a while (forwarding)."""
+        """Once a second: queue feeds whose search is over look again after a while (forwarding),
+        shared subscriptions publish their index counts (fanout)."""
         try:
             for b in list(self.feeds.values()):
-                if not b.closed and b.feed.recycle:
+                if not b.closed:
                     b.feed.tick()
         except Exception:
             log.exception("search tick failed")
@@ -665,7 +672,7 @@ class ProxyServer(Handler):
         outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link)
         link.bf_outlet = outlet
         conn.links.add(link)
-        self._route_link(link, self._client_outcome, self._outlet_credit)
+        self._route_link(link, functools.partial(self._outcome, outlet), self._outlet_credit)
         if outlet_presettled_requested(link):
             link.snd_settle_mode = Link.SND_SETTLED
             outlet.presettled = True
@@ -705,16 +712,25 @@ class ProxyServer(Handler):
         binding = FeedBinding(self, key, spec, subscription)
         if self.stopping:
             binding.feed.stop()
-        self.feeds[key] = binding
+        self._register(binding)
         binding.pending.append(outlet)
         outlet.io_ref.bf_binding = binding
         binding.consumer = self.upstream.open_consumer(spec, binding)
         return binding
 
+    def _register(self, binding: FeedBinding) -> None:
+        self.feeds[binding.key] = binding
+        self._at_address.setdefault(binding.spec.address, set()).add(binding)
+
     def _unregister(self, binding: FeedBinding) -> None:
         """No link may join `binding` any more."""
         if self.feeds.get(binding.key) is binding:
             del self.feeds[binding.key]
+            same = self._at_address.get(binding.spec.address)
+            if same is not None:
+                same.discard(binding)
+                if not same:
+                    del self._at_address[binding.spec.address]
         for key in binding.aliases:
             if self.feed_aliases.get(key) is binding:
                 del self.feed_aliases[key]
@@ -746,7 +762,7 @@ class ProxyServer(Handler):
         link may join it any more, and the links that were waiting for it get feeds of their own."""
         self._unregister(binding)
         binding.key = ("subscription", next(self._sub_ids))
-        self.feeds[binding.key] = binding
+        self._register(binding)
         binding.feed.subscription = True
         binding.feed.recycle = False
         binding.feed.custody = False
@@ -802,8 +818,13 @@ class ProxyServer(Handler):
                 close_link(link, error.condition, error.description, error.info)
 
     def _client_outcome(self, link, dlv) -> None:
-        """A client's disposition of a delivery (a pointer) sent on an outlet."""
-        outlet = _attr(link, "bf_outlet")
+        """A client's disposition of a delivery (a pointer) sent on an outlet, not routed (see
+        `_route_link`)."""
+        self._outcome(_attr(link, "bf_outlet"), link, dlv)
+
+    def _outcome(self, outlet: Outlet | None, link, dlv) -> None:
+        """A client's disposition of a delivery (a pointer) sent on `outlet`'s link (its binding
+        is None once the link was dropped)."""
         if outlet is None:
             lib.pn_delivery_settle(dlv)
             return
@@ -842,20 +863,22 @@ class ProxyServer(Handler):
         if self.max_message_size:
             link.max_message_size = self.max_message_size  # advertised in the attach reply
         conn.links.add(link)
-        self._route_link(link, self._client_publish)
+        self._route_link(link, functools.partial(self._publish, inlet))
         inlet.publisher = self.upstream.open_publisher(address, inlet, caps)
 
     @property
     def max_message_size(self) -> int:
-        limits = getattr(self.config, "limits", None)
-        return getattr(limits, "max_message_size", 0) or 0
+        return self._max_message_size
 
     def _client_publish(self, link, dlv) -> None:
-        """A client's transfer (a delivery pointer) on an inlet."""
+        """A client's transfer (a delivery pointer) on an inlet, not routed (see `_route_link`)."""
+        self._publish(_attr(link, "bf_inlet"), link, dlv)
+
+    def _publish(self, inlet: Inlet | None, link, dlv) -> None:
+        """A client's transfer (a delivery pointer) on `inlet`'s link."""
         if not lib.pn_delivery_readable(dlv):
             return
-        limit = self.max_message_size
-        inlet = _attr(link, "bf_inlet")
+        limit = self._max_message_size
         if lib.pn_delivery_partial(dlv):
             if limit and lib.pn_delivery_pending(dlv) > limit:
                 # Too large already: drop what arrived (memory stays bounded), refuse once complete.
@@ -929,8 +952,8 @@ class ProxyServer(Handler):
 
     def poke(self, address: str) -> None:
         """A client published to `address` through the proxy: its queue feeds search once more."""
-        for b in list(self.feeds.values()):
-            if b.spec.address == address and not b.closed:
+        for b in list(self._at_address.get(address, ())):
+            if not b.closed:
                 b.feed.poke()
 
     def finish_feed(self, binding: FeedBinding) -> None:
@@ -951,7 +974,7 @@ class ProxyServer(Handler):
 
     def _forget_recycler(self, address: str | None) -> None:
         """Close the recycling publisher of an address no feed uses any more."""
-        if any(b.spec.address == address for b in self.feeds.values()):
+        if self._at_address.get(address):
             return
         if any(b.spec.address == address for b in self.draining):
             return

@@ -254,12 +254,12 @@ def test_a_client_publish_goes_upstream_with_its_origin_and_gets_the_upstream_ou
 
 
 def test_a_failure_in_a_typed_handler_closes_that_link_only(relayed, caplog):
-    def broken(link, delivery):
+    def broken(outlet, link, delivery):
         raise RuntimeError("broken outcome handling")
 
-    relayed.server._client_outcome = broken  # what the route of the next outlet calls
+    relayed.server._outcome = broken  # what the route of the next outlet calls
     relayed.receiver("/topic/broken", credit=5, durable=True)  # own upstream subscriptions, as above
-    relayed.server._client_outcome = type(relayed.server)._client_outcome.__get__(relayed.server)
+    del relayed.server._outcome  # (the class's again)
     healthy = relayed.receiver("/topic/healthy", credit=5, durable=True)
     relayed.broker.senders[0].send(encode_section(0x77, "to the broken link"))
     relayed.broker.senders[1].send(encode_section(0x77, "to the healthy link"))
