@@ -1,8 +1,8 @@
 """The daemon in front of RabbitMQ against RabbitMQ direct, fast clients, one run.
 
 rhea clients (tests/js/rhea_bench.js, fast enough not to bound the direct rate): a consumer, then a
-producer of N messages (64-byte body, application properties `half` = i % 2, `i`, `ts` = send time)
-to a fresh `/topic/<name>` on RabbitMQ 127.0.0.1:5672 each round:
+producer of N messages (64-byte body, application properties `half` = i % 2 and `i`; in the
+latency runs also `ts`, the send time) to a fresh `/topic/<name>` on RabbitMQ 127.0.0.1:5672 each round:
   * direct:   producer and consumer at RabbitMQ; the consumer receives every message and keeps
               half = 1 itself (what a client does where the broker cannot filter);
   * consumer: the consumer through `broker-filter serve` with the selector `half = 1` (the daemon
