@@ -170,7 +170,7 @@ class FanoutFeed:
         # the credit last given by each member in the group: value -> members (its smallest value,
         # cached in _extra, None when to be found again, is what the group pulls beyond `window`)
         self._granted: Counter = Counter()
-        self._extra: int | None = 0
+        self._extra: int | None = None
         self.index = SubscriptionIndex(indexed=indexed, cache_size=cache_size)
         self.members: dict[Outlet, _Member] = {}
         self.upstream_credit = 0
@@ -278,7 +278,7 @@ class FanoutFeed:
                     self._extra = None
         if new is not None:
             counts[new] += 1
-            if self._extra is not None and (new < self._extra or len(counts) == 1):
+            if self._extra is not None and new < self._extra:
                 self._extra = new
 
     def poke(self) -> None:

@@ -718,6 +718,10 @@ class ProxyServer(Handler):
         binding.consumer = self.upstream.open_consumer(spec, binding)
         return binding
 
+    def feeds_at(self, address: str | None) -> list[FeedBinding]:
+        """The registered feeds of `address` (a copy: what is done with them may change them)."""
+        return list(self._at_address.get(address, ()))
+
     def _register(self, binding: FeedBinding) -> None:
         self.feeds[binding.key] = binding
         self._at_address.setdefault(binding.spec.address, set()).add(binding)
@@ -952,7 +956,7 @@ class ProxyServer(Handler):
 
     def poke(self, address: str) -> None:
         """A client published to `address` through the proxy: its queue feeds search once more."""
-        for b in list(self._at_address.get(address, ())):
+        for b in self.feeds_at(address):
             if not b.closed:
                 b.feed.poke()
 
@@ -1045,8 +1049,8 @@ class _Recycler:
         self.ready = True
 
     def on_publisher_credit(self, publisher) -> None:
-        for b in list(self.server.feeds.values()):
-            if b.spec.address == self.address and not b.closed and b.feed.held:
+        for b in self.server.feeds_at(self.address):
+            if not b.closed and b.feed.held:
                 b.feed.pump()
 
     def on_publisher_closed(self, publisher, error) -> None:
