@@ -347,6 +347,56 @@ def _d_map32(b, p, d=0):
     return _pairs(_items(b, p + 8, end, count, d + 1)), end
 
 
+def decode_map(buf: bytes, pos: int) -> tuple[dict, int]:
+    """`decode` for a map at pos (the common section case), in one loop: string keys and small
+    scalars are read in place rather than through a decoder call each.  Anything unusual (and
+    every fault) goes through `decode`, so values and errors are exactly the same."""
+    try:
+        code = buf[pos]
+        if code == 0xC1:
+            size, count = _u8u8(buf, pos + 1)
+            p, end = pos + 3, pos + 2 + size
+        elif code == 0xD1:
+            size, count = _u32u32(buf, pos + 1)
+            p, end = pos + 9, pos + 5 + size
+        else:
+            return decode(buf, pos)
+        if count & 1 or end > len(buf):
+            return decode(buf, pos)
+        out = {}
+        decoders = _DECODERS
+        for _ in range(count >> 1):
+            c = buf[p]
+            if c == 0xA1:
+                q = p + 2 + buf[p + 1]
+                k = str(buf[p + 2 : q], "utf-8")
+            else:
+                k, q = decoders[c](buf, p + 1, 1)
+            c = buf[q]
+            if c == 0xA1:
+                p = q + 2 + buf[q + 1]
+                out[k] = str(buf[q + 2 : p], "utf-8")
+            elif c == 0x55:  # smalllong
+                p = q + 2
+                out[k] = _i8(buf, q + 1)[0]
+            elif c == 0x54:  # smallint
+                p = q + 2
+                out[k] = _new_int(t.int32, _i8(buf, q + 1)[0])
+            elif c == 0x81:  # long
+                p = q + 9
+                out[k] = _i64(buf, q + 1)[0]
+            elif c == 0x71:  # int
+                p = q + 5
+                out[k] = _new_int(t.int32, _i32(buf, q + 1)[0])
+            else:
+                out[k], p = decoders[c](buf, q + 1, 1)
+        if p != end:
+            return decode(buf, pos)
+        return out, end
+    except Exception:
+        return decode(buf, pos)
+
+
 def _array(b, p, end, count, d):
     code = b[p]
     p += 1

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from . import types as t
 from .message import HEADER_FIELDS, PROPERTIES_FIELDS, Header, Message, Properties
-from .encoding import CodecError, decode, encode, skip
+from .encoding import CodecError, decode, decode_map, encode, skip
 
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES, APPLICATION_PROPERTIES = 0x70, 0x71, 0x72, 0x73, 0x74
 DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x75, 0x76, 0x77, 0x78
@@ -81,33 +81,49 @@ def scan(data: bytes) -> list[tuple[int, int, int, int]]:
     return out
 
 
+_CODES: dict = {}  # reads -> the descriptor codes holding those sections
+
+
+def _codes(reads: Iterable[str] | None) -> frozenset:
+    want = ALL_SECTIONS if reads is None else frozenset(reads)
+    codes = frozenset(c for name in want for c in _SECTION_CODES.get(name, ()))
+    if len(_CODES) < 256 and isinstance(reads, (frozenset, tuple, type(None))):
+        _CODES[reads] = codes
+    return codes
+
+
 def decode_message(data: bytes, reads: Iterable[str] | None = None) -> Message:
     """The Message in `data`, decoding only the sections named in `reads` (all when None).
 
     Sections not read stay None.  Raises CodecError for malformed bytes.
     """
-    want = ALL_SECTIONS if reads is None else frozenset(reads)
+    try:
+        codes = _CODES[reads]
+    except (KeyError, TypeError):  # a list or set of names is no key: computed each time
+        codes = _codes(reads)
     m = Message()
     m.encoded_size = len(data)
-    if not want:
+    if not codes:
         return m
-    codes = set()
-    for name in want:
-        codes.update(_SECTION_CODES.get(name, ()))
     body_parts: list | None = None
     body_kind = None
     pos = 0
     n = len(data)
     try:
         while pos < n:
-            code, vpos = _descriptor(data, pos)
+            if data[pos] == 0x00 and data[pos + 1] == 0x53:  # the usual small-ulong descriptor
+                code, vpos = data[pos + 2], pos + 3
+            else:
+                code, vpos = _descriptor(data, pos)
             if code not in codes:
                 pos = skip(data, vpos)
                 continue
-            value, pos = decode(data, vpos)
             if code == APPLICATION_PROPERTIES:
+                value, pos = decode_map(data, vpos)
                 m.application_properties = _map(value, "application-properties")
-            elif code == PROPERTIES:
+                continue
+            value, pos = decode(data, vpos)
+            if code == PROPERTIES:
                 m.properties = _properties(value)
             elif code == MESSAGE_ANNOTATIONS:
                 m.message_annotations = _map(value, "message-annotations")

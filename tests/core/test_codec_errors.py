@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from broker_filter.amqp import types as t
 from broker_filter.amqp import CodecError, decode, encode
 from broker_filter.amqp.encoding import MAX_DEPTH
+from strategies import amqp_values
 
 PYTHON_NAMES = re.compile(r"[A-Z][a-z]+(Error|Exception)|Traceback|bytearray|index out of range")
 SELECTOR = t.Described(t.symbol("apache.org:selector-filter:string"), "a = 1")
@@ -81,3 +82,28 @@ def test_corrupted_values_are_described_without_python_names(tail, cut):
             decode(data)
         except CodecError as e:
             assert " at byte " in str(e) and not PYTHON_NAMES.search(str(e)), str(e)
+
+
+def _outcome(fn, data: bytes):
+    try:
+        value, end = fn(data, 0)
+    except CodecError as e:
+        return "error", str(e)
+    return "value", end, repr(value), [type(v) for v in value.values()] if isinstance(value, dict) else None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.dictionaries(st.one_of(st.text(max_size=12), st.integers(-(2**63), 2**63 - 1)),
+                    st.one_of(amqp_values(), st.text(min_size=200, max_size=300), st.lists(st.integers(0, 9), max_size=3)),
+                    max_size=8),
+    st.binary(max_size=40), st.integers(0, 400),
+)
+def test_the_section_map_decoder_gives_what_the_general_decoder_gives(props, tail, cut):
+    """`decode_map` (the application-properties fast path) agrees with `decode` on every map,
+    value types included, and on every corruption of one: the same value, or the same error."""
+    from broker_filter.amqp.encoding import decode_map
+
+    raw = encode(props)
+    for data in (raw, raw[:cut], raw[:cut] + tail, raw + tail, bytes([raw[0]]) + tail):
+        assert _outcome(decode_map, data) == _outcome(decode, data)
