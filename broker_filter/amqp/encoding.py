@@ -171,8 +171,11 @@ def _d_smallulong(b, p, d=0):
     return _new_int(t.ulong, b[p]), p + 1
 
 
+_SMALLINT = tuple(_new_int(t.int32, i if i < 128 else i - 256) for i in range(256))  # by encoded byte
+
+
 def _d_smallint(b, p, d=0):
-    return _new_int(t.int32, _i8(b, p)[0]), p + 1
+    return _SMALLINT[b[p]], p + 1
 
 
 def _d_smalllong(b, p, d=0):
@@ -381,7 +384,7 @@ def decode_map(buf: bytes, pos: int) -> tuple[dict, int]:
                 out[k] = _i8(buf, q + 1)[0]
             elif c == 0x54:  # smallint
                 p = q + 2
-                out[k] = _new_int(t.int32, _i8(buf, q + 1)[0])
+                out[k] = _SMALLINT[buf[q + 1]]
             elif c == 0x81:  # long
                 p = q + 9
                 out[k] = _i64(buf, q + 1)[0]
