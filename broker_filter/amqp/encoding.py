@@ -163,8 +163,11 @@ def _d_byte(b, p, d=0):
     return _new_int(t.byte, _i8(b, p)[0]), p + 1
 
 
+_SMALLUINT = tuple(_new_int(t.uint, i) for i in range(256))
+
+
 def _d_smalluint(b, p, d=0):
-    return _new_int(t.uint, b[p]), p + 1
+    return _SMALLUINT[b[p]], p + 1
 
 
 def _d_smallulong(b, p, d=0):
@@ -385,6 +388,12 @@ def decode_map(buf: bytes, pos: int) -> tuple[dict, int]:
             elif c == 0x54:  # smallint
                 p = q + 2
                 out[k] = _SMALLINT[buf[q + 1]]
+            elif c == 0x52:  # smalluint
+                p = q + 2
+                out[k] = _SMALLUINT[buf[q + 1]]
+            elif c == 0x70:  # uint
+                p = q + 5
+                out[k] = _new_int(t.uint, _u32(buf, q + 1)[0])
             elif c == 0x81:  # long
                 p = q + 9
                 out[k] = _i64(buf, q + 1)[0]

@@ -146,3 +146,27 @@ def test_char_beyond_unicode_is_a_codec_error():
     # CodecError, not an OverflowError that would escape the proxy's decode error handling.
     with pytest.raises(CodecError):
         decode_message(b"\x00Sp\xc0\x0c\x05AP\x07\x00\x00\x00\x00s\x80\x00\x00\x00")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 120), st.binary(max_size=30))
+def test_the_origin_annotation_is_spliced_into_every_readable_message_and_only_those(cut, tail):
+    """A published message gets the annotation when all its sections can be read (what `scan`
+    accepts); a message that cannot be read is refused with a CodecError, never another error."""
+    from broker_filter.amqp import scan
+
+    raw = Message(body=b"x" * 20, durable=True, properties={"n": 1}, subject="s").encode()
+    for data in (raw, raw[:cut], raw[:cut] + tail, raw + tail):
+        try:
+            scan(data)
+            readable = True
+        except CodecError:
+            readable = False
+        try:
+            out = set_message_annotation(data, symbol("k"), "v")
+        except CodecError:
+            assert not readable
+            continue
+        assert readable or b"\x00\x53\x72" in data  # (an annotations section the bytes happen to hold is replaced)
+        if readable:
+            assert decode_message(out, {"message_annotations"}).message_annotations[symbol("k")] == "v"
