@@ -149,6 +149,7 @@ class App:
         stalled: dict[str, bool] = {}
         moving: dict[str, int] = {}
         passes: dict[str, int] = {}
+        handed_back: dict[str, int] = {}
         waited: dict[str, float] = {}
         for f in snap["feeds"]:
             a = f["address"] or ""
@@ -156,9 +157,11 @@ class App:
             stalled[a] = stalled.get(a, False) or f["starved"] > 0
             moving[a] = moving.get(a, 0) + f.get("moving", 0)
             passes[a] = passes.get(a, 0) + f.get("passes", 0)
+            handed_back[a] = handed_back.get(a, 0) + f.get("handed_back", 0)
             waited[a] = max(waited.get(a, 0.0), f.get("waited", 0.0))
         self.metrics.publish(Snapshot(connections=snap["connections"], links=snap["links"], held=held,
                                       credit=snap["credit"], stalled=stalled, moving=moving, passes=passes,
+                                      handed_back=handed_back,
                                       waited=waited, upstream_connected=snap["upstream_connected"]))
         if self.health is not None:
             self.health.beat()

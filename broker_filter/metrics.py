@@ -104,6 +104,7 @@ class Snapshot:
     stalled: Mapping[str, bool] = field(default_factory=dict)  # address -> pulling stopped (window full)
     moving: Mapping[str, int] = field(default_factory=dict)  # address -> moves to the queue's tail in flight
     passes: Mapping[str, int] = field(default_factory=dict)  # address -> searches completed by its feeds
+    handed_back: Mapping[str, int] = field(default_factory=dict)  # address -> messages its blocked feeds handed back
     waited: Mapping[str, float] = field(default_factory=dict)  # address -> longest wait of a link with credit
     upstream_connected: bool = False
     taken_at: float = field(default_factory=time.time)
@@ -291,6 +292,8 @@ class _SnapshotCollector:
              "not yet accepted), by address", snap.moving),
             ("broker_filter_search_passes", "Searches of the queue completed by the address's current feeds "
              "(a moved copy came round)", snap.passes),
+            ("broker_filter_messages_handed_back", "Held messages the address's current feeds moved to the queue's "
+             "tail for other consumers while blocked", snap.handed_back),
         ):
             family = GaugeMetricFamily(name, doc, labels=["address"])
             for label, n in _merge(values, labels).items():
@@ -516,7 +519,8 @@ def reference_table() -> str:
         counter.inc()
     shared.subscribers.inc()
     metrics.publish(Snapshot(links={"consumer": 1}, held={"a": 1}, credit={"a": 1}, stalled={"a": True},
-                             moving={"a": 1}, passes={"a": 1}, waited={"a": 1.0}))
+                             moving={"a": 1}, passes={"a": 1}, handed_back={"a": 1},
+                             waited={"a": 1.0}))
     lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for family in metrics.registry.collect():
         name = {"counter": f"{family.name}_total", "info": f"{family.name}_info"}.get(family.type, family.name)

@@ -63,6 +63,7 @@ The I/O layer implements `FeedIO` and calls the `on_*` methods; decisions come b
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -71,6 +72,10 @@ from typing import Any, Callable, Protocol
 from ..amqp.types import symbol
 from ..amqp import CodecError, decode_message, redelivery_bytes, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
+
+# A blocked feed hands back what it holds (see `Feed.tick`) first this many seconds after it blocked
+# (aligned to the wall clock), then twice as long each time, at most `look_again_max`.
+HAND_BACK_FIRST = 1.0
 
 # On a moved copy: the identities (see `filter_identity`) of the filters it was offered to.
 OFFERED_ANNOTATION = symbol("x-opt-broker-filter-offered")
@@ -148,6 +153,7 @@ class FeedStats:
     moving: int = 0  # moves in flight right now
     passes: int = 0  # searches of the queue completed (a marked copy came round)
     blocked: int = 0  # times a queue feed stopped pulling with outlets waiting
+    handed_back: int = 0  # held messages a blocked feed moved to the tail for other consumers
     held: int = 0  # messages held right now
     held_peak: int = 0
     starved: int = 0  # outlets with credit waiting on a blocked feed right now
@@ -296,6 +302,9 @@ class Feed:
         self._others = False
         self._probing = False
         self._unanswered = 0
+        # Handing back when blocked (see `tick`): the wall-clock time of the next, and the delay.
+        self._next_hand_back: float | None = None
+        self._hand_back_delay = HAND_BACK_FIRST
         self._log = log
 
     # ------------------------------------------------------------------ outlets
@@ -520,8 +529,26 @@ class Feed:
         starts a pass, and looking again after a while remains (10 s, then twice as long each time,
         at most 10 minutes; any other reason for a pass starts the delays over): the counts cannot
         tell a message published while the other consumer takes one.  So does an upstream that
-        cannot be asked (no `probe`) or did not answer twice."""
-        if not self.recycle or self.pass_open or self.stopping or not any(o.credit > 0 for o in self.outlets):
+        cannot be asked (no `probe`) or did not answer twice.
+
+        A feed *blocked* after its pass (it holds its window of messages every filter it knows was
+        offered, links wait) hides what it holds from every other consumer of the queue, and sees
+        nothing new itself: another daemon blocked the same way may hold this one's messages while
+        this one holds its, and neither pulls the copy that would tell it of the other.  Neither a
+        count (what others hold unsettled is not in it) nor a rare look again ends that soon.  So a
+        blocked feed hands back what it holds that no link here selects (`_hand_back`): it moves
+        those messages to the tail (no pass: each is moved once) and pulls as many, first
+        `HAND_BACK_FIRST` second after it blocked, then twice as long each time up to
+        `look_again_max`, at whole multiples of the delay on the wall clock, so that daemons
+        blocked alike hand back at the same moment and each pulls the other's copies (their marks
+        name the other's filters: from then on the search serves both).  Alone, it costs a window
+        of moves now and then."""
+        if not self.recycle or self.stopping or not any(o.credit > 0 for o in self.outlets):
+            self._next_look = None
+            self._next_hand_back = None
+            return
+        self._tick_hand_back()
+        if self.pass_open:
             self._next_look = None
             return
         probe = getattr(self.io, "probe", None)
@@ -544,6 +571,37 @@ class Feed:
             self._open_pass()
             self._look_delay = delay
             self.pump()
+
+    def _tick_hand_back(self) -> None:
+        if self.pass_open or len(self.held) + self.moving < self.window:
+            self._next_hand_back = None
+            self._hand_back_delay = HAND_BACK_FIRST
+            return
+        wall = self._wall()
+        delay = self._hand_back_delay
+        if self._next_hand_back is None:
+            # the first whole multiple of the delay at least half of it away
+            self._next_hand_back = math.ceil((wall + delay / 2) / delay) * delay
+            return
+        if wall < self._next_hand_back or self.moving:
+            return
+        self._hand_back_delay = min(delay * 2, max(self.look_again_max, HAND_BACK_FIRST))
+        self._next_hand_back = None
+        self._hand_back()
+
+    def _hand_back(self) -> None:
+        """Move the held messages no link here selects to the queue's tail (see `tick`)."""
+        keep: deque[Custody] = deque()
+        handed = 0
+        for c in self.held:
+            if c.message is _BAD or c.refused == self.pass_no or c.kept or self._wanted(c) or not self._move(c):
+                keep.append(c)
+            else:
+                handed += 1
+        self.held = keep
+        self._count_held()
+        self.stats.handed_back += handed
+        self._top_up()
 
     def on_available(self, n: int | None) -> None:
         """The upstream's count of messages ready in the queue (see `tick`)."""

@@ -421,6 +421,7 @@ class ProxyServer(Handler):
                 "recycled": s.recycled,
                 "moving": s.moving,
                 "passes": s.passes,
+                "handed_back": s.handed_back,
                 "redelivered": s.redelivered,
                 "waited": b.feed.longest_wait(),
                 "undecodable": s.undecodable,

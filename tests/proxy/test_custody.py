@@ -186,14 +186,8 @@ def test_a_match_published_directly_behind_a_finished_pass_is_found_by_the_queue
     assert "Traceback" not in proxy.log()
 
 
-@pytest.mark.timeout(480)
-def test_two_daemons_on_one_queue_serve_each_others_links(upstream, rabbitmq_broker, request):
-    if rabbitmq_broker.major >= 4:
-        # Known (docs/proxy.md, "Known limit"): the two daemons can block at the start, each holding
-        # a window of the other's messages, before either pulled a copy the other moved; they meet
-        # only when their looks again overlap, the first after 60 s on RabbitMQ 4 (2 of 16 starts
-        # traced; 19 blue messages held by the red daemon until its link left).
-        request.applymarker(pytest.mark.xfail(strict=False, reason="two daemons on RabbitMQ 4 may not converge"))
+@pytest.mark.timeout(240)
+def test_two_daemons_on_one_queue_serve_each_others_links(upstream, rabbitmq_broker):
     q = fresh_queue()
     colors = ["red", "blue", None]
     n = 600
@@ -205,17 +199,20 @@ def test_two_daemons_on_one_queue_serve_each_others_links(upstream, rabbitmq_bro
         red = a.create_receiver(q, credit=20, options=Selector("color = 'red'"))
         blue = b.create_receiver(q, credit=20, options=Selector("color = 'blue'"))
         reds, blues = [], []
-        # On RabbitMQ 4 a daemon meets the other by the queue's ready count (forwarding.tick); on 3.10,
-        # which is not asked, it looks again after 10 s, 20 s, 40 s ...: on a loaded machine the
-        # fifth look (310 s) may be the one that converges.
-        deadline = time.monotonic() + 400
+        # Each meets the other by the marks on the copies the other moved; two daemons that block
+        # at the start, each holding the other's messages, hand them back within seconds
+        # (forwarding.tick), at the same wall-clock moments.
+        start = time.monotonic()
+        deadline = start + 120
         while (len(reds) < n // 3 or len(blues) < n // 3) and time.monotonic() < deadline:
             reds += [m.body for m in receive_until_quiet(red, idle=0.2, limit=2)]
             blues += [m.body for m in receive_until_quiet(blue, idle=0.2, limit=2)]
+        took = time.monotonic() - start
         reds += [m.body for m in receive_until_quiet(red, idle=0.5)]
         blues += [m.body for m in receive_until_quiet(blue, idle=0.5)]
         assert sorted(reds) == list(range(0, n, 3))  # each red once, only at the red link
         assert sorted(blues) == list(range(1, n, 3))
+        assert took < 60, f"the two daemons took {took:.0f} s to serve each other's links"
         a.close()
         b.close()
     finally:

@@ -181,12 +181,16 @@ def test_released_in_flight_when_a_link_goes_and_undeliverable_here_skips_that_l
 # its consumers, moved copies appended to the tail, callbacks deferred as a real broker does.
 
 class SimQueue:
-    def __init__(self, messages, lazy=False, seed=None, wall=None):
+    def __init__(self, messages, lazy=False, seed=None, wall=None, burst=1):
         self.wall = wall  # [seconds]: advanced 1 ms a step
         self.lazy = lazy  # deliver before confirming anything (a slow broker confirm)
         # seed: which consumer with credit gets the next message varies (as with a real broker,
         # where credit arrives with network timing); None: strict round robin
         self.rnd = random.Random(seed) if seed is not None else None
+        # a consumer chosen gets runs of up to `burst` messages while it has credit (as a broker
+        # sends what credit allows to one link, then the next)
+        self.burst = burst
+        self._run = 0
         self.ready = deque(m.data for m in messages)
         self.consumers = []
         self.pending = deque()
@@ -204,12 +208,23 @@ class SimQueue:
             self.pending.popleft()()
             return True
         n = len(self.consumers)
+        if self._run and self.ready:
+            c = self.consumers[(self._rr - 1) % n]
+            if c.credit > 0:
+                self._run -= 1
+                c.credit -= 1
+                d = UpstreamDelivery(self.ready.popleft())
+                c.unsettled.add(id(d))
+                c.feed.on_upstream_delivery(d)
+                return True
+            self._run = 0
         if self.rnd is not None:
             self._rr = self.rnd.randrange(n)
         for i in range(n):
             c = self.consumers[(self._rr + i) % n]
             if c.credit > 0 and self.ready:
                 self._rr = (self._rr + i + 1) % n
+                self._run = self.burst - 1
                 c.credit -= 1
                 d = UpstreamDelivery(self.ready.popleft())
                 c.unsettled.add(id(d))
@@ -415,9 +430,15 @@ def test_two_daemons_meet_by_counting_without_a_timer(seed):
     assert sorted(one.received["red"]) == sorted(f"m{i}" for i in range(0, 900, 3))
     assert sorted(two.received["blue"]) == sorted(f"m{i}" for i in range(1, 900, 3))
     assert len(sim.ready) + len(one.feed.held) + len(two.feed.held) == 300
+    seconds(70)  # each forgets the other (foreign_ttl 60 s)
+    passes = (one.feed.stats.passes, two.feed.stats.passes)
     moves = sim.moves
-    seconds(30)  # both quiet: the counts stay put and nothing moves
-    assert sim.moves == moves
+    handed = one.feed.stats.handed_back + two.feed.stats.handed_back
+    seconds(30)  # both quiet: the counts stay put and no pass starts
+    # only a blocked feed's hand-backs move anything: its window (20) at 1, 2, 4, 8, 16 s at most
+    assert sim.moves - moves == one.feed.stats.handed_back + two.feed.stats.handed_back - handed
+    assert sim.moves - moves <= 2 * 20 * 5
+    assert one.feed.stats.passes == passes[0] and two.feed.stats.passes == passes[1]
 
 
 def test_stop_lets_moves_in_flight_finish_and_starts_none():
@@ -608,3 +629,55 @@ def test_messages_moved_while_their_link_had_no_credit_reach_it_when_the_credit_
     assert sorted(c.received["red"]) == sorted(f"m{i}" for i in range(0, 300, 3))
     assert sorted(c.received["blue"]) == sorted(f"m{i}" for i in range(1, 300, 3))
     assert len(sim.ready) + len(c.feed.held) == 100  # the colourless ones, none lost or doubled
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_two_daemons_blocked_at_the_start_hand_back_and_meet_within_seconds(seed):
+    """Both start together; the broker sends runs of messages to one link at a time, so each daemon
+    can end its first pass on its own copies and block holding the other's messages before it
+    pulled a copy the other moved.  No count, no look again: the hand-back of a blocked feed,
+    at the same wall-clock moments in both, is what makes them meet."""
+
+    def run():
+        wall = [1_000_000.0]
+        sim = SimQueue(three_colors(900), seed=seed, wall=wall, burst=50)
+        kw = dict(window=20, wall=lambda: wall[0], clock=lambda: wall[0], look_again=1e9)
+        one, two = SimConsumer(sim, token="one", **kw), SimConsumer(sim, token="two", **kw)
+        red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
+        one.feed.add_outlet(red)
+        two.feed.add_outlet(blue)
+        one.feed.set_credit(red, 20)
+        two.feed.set_credit(blue, 20)
+        for second in range(1, 31):
+            for _ in range(1000):
+                sim.step()
+            if len(one.received.get("red", [])) == 300 and len(two.received.get("blue", [])) == 300:
+                break
+        return second, one, two, sim
+
+    second, one, two, sim = run()
+    assert sorted(one.received["red"]) == sorted(f"m{i}" for i in range(0, 900, 3))
+    assert sorted(two.received["blue"]) == sorted(f"m{i}" for i in range(1, 900, 3))
+    assert second <= 15
+    assert len(sim.ready) + len(one.feed.held) + len(two.feed.held) + one.feed.moving + two.feed.moving == 300
+
+
+def test_without_the_hand_back_daemons_blocked_at_the_start_can_stall():
+    """The control for the test above: the same start without hand-backs stalls for some seeds."""
+    stalled = 0
+    for seed in range(12):
+        wall = [1_000_000.0]
+        sim = SimQueue(three_colors(900), seed=seed, wall=wall, burst=50)
+        kw = dict(window=20, wall=lambda: wall[0], clock=lambda: wall[0], look_again=1e9)
+        one, two = SimConsumer(sim, token="one", **kw), SimConsumer(sim, token="two", **kw)
+        for c in (one, two):
+            c.feed._hand_back = lambda: None
+        red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
+        one.feed.add_outlet(red)
+        two.feed.add_outlet(blue)
+        one.feed.set_credit(red, 20)
+        two.feed.set_credit(blue, 20)
+        for _ in range(30_000):
+            sim.step()
+        stalled += len(one.received.get("red", [])) < 300 or len(two.received.get("blue", [])) < 300
+    assert stalled >= 1
