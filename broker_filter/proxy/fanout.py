@@ -363,6 +363,12 @@ class FanoutFeed:
                 self._depart(m)
         self._top_up()
 
+    def on_upstream_credit(self, credit: int) -> None:
+        """As `forwarding.Feed.on_upstream_credit`: the broker's word on the shared link's credit."""
+        if credit < self.upstream_credit:
+            self.upstream_credit = max(0, credit)
+            self._top_up()
+
     def _depart(self, m: _Member) -> None:
         """A slow member leaves: its own subscription is opened; it stays in the group until the
         shared subscription delivers the first message its own one delivered (`_switch`)."""

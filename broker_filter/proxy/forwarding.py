@@ -73,7 +73,7 @@ from ..amqp.types import symbol
 from ..amqp import CodecError, decode_message, redelivery_bytes, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 
-# A blocked feed hands back what it holds (see `Feed.tick`) first this many seconds after it blocked
+# A feed holding messages hands back what it holds (see `Feed.tick`) first this many seconds after it began
 # (aligned to the wall clock), then twice as long each time, at most `look_again_max`.
 HAND_BACK_FIRST = 1.0
 
@@ -531,18 +531,18 @@ class Feed:
         tell a message published while the other consumer takes one.  So does an upstream that
         cannot be asked (no `probe`) or did not answer twice.
 
-        A feed *blocked* after its pass (it holds its window of messages every filter it knows was
-        offered, links wait) hides what it holds from every other consumer of the queue, and sees
-        nothing new itself: another daemon blocked the same way may hold this one's messages while
-        this one holds its, and neither pulls the copy that would tell it of the other.  Neither a
-        count (what others hold unsettled is not in it) nor a rare look again ends that soon.  So a
-        blocked feed hands back what it holds that no link here selects (`_hand_back`): it moves
-        those messages to the tail (no pass: each is moved once) and pulls as many, first
-        `HAND_BACK_FIRST` second after it blocked, then twice as long each time up to
+        A feed that holds messages after its pass while its links wait hides them from every other
+        consumer of the queue, and when it is blocked (its window full of messages every filter it
+        knows was offered) it sees nothing new either: another daemon may hold this one's messages
+        while this one holds its, and neither pulls the copy that would tell it of the other.
+        Neither a count (what others hold unsettled is not in it) nor a rare look again ends that
+        soon.  So such a feed hands back what it holds that no link here selects (`_hand_back`): it
+        moves those messages to the tail (no pass: each is moved once) and pulls as many, first
+        `HAND_BACK_FIRST` second after it began holding, then twice as long each time up to
         `look_again_max`, at whole multiples of the delay on the wall clock, so that daemons
         blocked alike hand back at the same moment and each pulls the other's copies (their marks
-        name the other's filters: from then on the search serves both).  Alone, it costs a window
-        of moves now and then."""
+        name the other's filters: from then on the search serves both).  Alone, it costs at most a
+        window of moves now and then."""
         if not self.recycle or self.stopping or not any(o.credit > 0 for o in self.outlets):
             self._next_look = None
             self._next_hand_back = None
@@ -573,7 +573,7 @@ class Feed:
             self.pump()
 
     def _tick_hand_back(self) -> None:
-        if self.pass_open or len(self.held) + self.moving < self.window:
+        if self.pass_open or not self.held:
             self._next_hand_back = None
             self._hand_back_delay = HAND_BACK_FIRST
             return
@@ -771,6 +771,14 @@ class Feed:
         if room > 0 and (self.upstream_credit == 0 or room * 4 >= target):
             self.upstream_credit += room
             self.io.flow_upstream(room)
+
+    def on_upstream_credit(self, credit: int) -> None:
+        """The upstream link's credit as a flow from the broker left it: credit the broker used up
+        without delivering (a drain, or its own accounting) is no longer counted as outstanding,
+        or the feed would wait for messages that never come."""
+        if credit < self.upstream_credit:
+            self.upstream_credit = max(0, credit)
+            self._top_up()
 
     def longest_wait(self) -> float:
         """Seconds the longest-waiting outlet has had credit without receiving anything."""

@@ -581,7 +581,8 @@ class RemoteUpstream(Handler):
         if route is not None:  # its deliveries and flow without proton's event wrappers
             failed = functools.partial(self._typed_failed, endpoint)
             if isinstance(endpoint, RemoteConsumer):
-                route(link, Typed(functools.partial(self._received, endpoint, link._impl), None, failed))
+                route(link, Typed(functools.partial(self._received, endpoint, link._impl),
+                                  functools.partial(self._consumer_credit, endpoint, link._impl), failed))
             else:
                 route(link, Typed(functools.partial(self._published, endpoint),
                                   functools.partial(self._publisher_credit, endpoint, link._impl), failed))
@@ -865,6 +866,8 @@ class RemoteUpstream(Handler):
         link = event.link
         if link.is_sender:
             self._publisher_credit(_endpoint(link), link._impl)
+        else:
+            self._consumer_credit(_endpoint(link), link._impl)
 
     @_guarded
     def on_delivery(self, event) -> None:
@@ -878,6 +881,17 @@ class RemoteUpstream(Handler):
     def _publisher_credit(self, ep: Any, link: Any) -> None:
         if ep is not None and ep.ready and not ep.closed and lib.pn_link_credit(link) > 0:
             ep.handler.on_publisher_credit(ep)
+
+    def _consumer_credit(self, ep: Any, link: Any) -> None:
+        """A flow on a consumer's link: the credit the broker left it.  RabbitMQ 3.x accounts for
+        credit its own way (it may send more than granted, rabbitmq-server#2597, and use credit up
+        without sending), so the feed takes the link's word over its own count."""
+        if ep is None or not ep.ready or ep.closed:
+            return
+        credit = getattr(ep.handler, "on_consumer_credit", None)
+        if credit is not None:
+            # (deliveries that arrived and were not handled yet still count as credit to the feed)
+            credit(ep, lib.pn_link_credit(link) + lib.pn_link_queued(link))
 
     def _received(self, ep: Any, link: Any, dlv: Any) -> None:
         """A transfer (pointers) on a consumer's link."""

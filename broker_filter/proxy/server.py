@@ -242,6 +242,10 @@ class FeedBinding:
             log.exception("forwarding a delivery failed")
             self.server.fail_feed(self, ErrorInfo("amqp:internal-error", "proxy failure forwarding a message"))
 
+    def on_consumer_credit(self, consumer, credit: int) -> None:
+        if consumer is self.consumer:
+            self.feed.on_upstream_credit(credit)
+
     def on_consumer_closed(self, consumer, error: ErrorInfo | None) -> None:
         try:
             self.server.fail_feed(self, error or ErrorInfo("amqp:link:detach-forced", "upstream detached"))

@@ -185,6 +185,9 @@ class ConsumerHandler(Protocol):
 
     def on_consumer_closed(self, consumer: "Consumer", error: ErrorInfo | None) -> None: ...
 
+    # Optional: `on_consumer_credit(consumer, credit)`, the link's credit as a flow from the broker
+    # left it (lower than granted when the broker used credit up without delivering).
+
 
 class PublisherHandler(Protocol):
     def on_publisher_ready(self, publisher: "Publisher") -> None: ...

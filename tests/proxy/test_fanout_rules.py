@@ -339,3 +339,20 @@ def test_metrics_subscribers_candidates_evaluations_and_index_hit_rate():
     assert io.got("o3") == [d for _, d, _ in io.sent]
     feed.close()
     assert value("broker_filter_shared_subscribers") == 0
+
+
+def test_a_shared_subscription_grants_again_credit_the_broker_used_up():
+    """As a queue feed does (test_forwarding): a flow leaving the shared link less credit than the
+    group counts makes it pull again."""
+    io = Recorder()
+    feed = FanoutFeed(io, window=10, buffer=10)
+    o = outlet("a", "customer = 'c1'")
+    feed.add_outlet(o)
+    feed.set_credit(o, 5)
+    granted = io.flowed
+    assert feed.upstream_credit == granted > 0
+    feed.on_upstream_credit(granted)
+    assert io.flowed == granted
+    feed.on_upstream_credit(0)
+    assert feed.upstream_credit == io.flowed - granted > 0
+    feed.close()

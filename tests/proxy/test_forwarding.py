@@ -681,3 +681,28 @@ def test_without_the_hand_back_daemons_blocked_at_the_start_can_stall():
             sim.step()
         stalled += len(one.received.get("red", [])) < 300 or len(two.received.get("blue", [])) < 300
     assert stalled >= 1
+
+
+@pytest.mark.parametrize("drained", [True, False])
+def test_credit_the_broker_used_up_without_delivering_is_granted_again(drained):
+    """RabbitMQ 3.x keeps its own count of link credit: a flow from it may leave the link less
+    credit than the feed granted, with nothing delivered (the same can happen after a drain).  The
+    feed takes the link's word and grants again, or it would wait for messages that never come."""
+    io = Recorder()
+    feed = Feed(io, subscription=False, window=10)
+    o = Outlet("red", sel("color = 'red'"))
+    feed.add_outlet(o)
+    feed.set_credit(o, 5)
+    granted = io.flowed
+    assert granted == feed.upstream_credit == 15
+    for i in range(3):
+        feed.on_upstream_delivery(msg("blue", i))  # held
+    assert feed.upstream_credit == 12 and io.flowed == granted
+    feed.on_upstream_credit(0 if drained else 12)  # the broker's flow: credit 0, or what the feed counts
+    if drained:
+        assert feed.upstream_credit > 0 and io.flowed > granted  # granted again
+        assert feed.upstream_credit + len(feed.held) + feed.moving <= 5 + 10  # within the bound
+    else:
+        assert feed.upstream_credit == 12 and io.flowed == granted  # nothing changes
+    feed.on_upstream_credit(-40)  # a broker that sent more than granted: no negative count
+    assert feed.upstream_credit >= 0
