@@ -15,9 +15,13 @@ gets the messages that arrive from then on; the upstream subscription ends with 
 Per-member queues.  Each member has a queue of copies not yet sent, emptied as its client gives
 credit.  The group pulls from upstream while some member in the group has credit, so the fastest
 member sets the pace and the upstream queue buffers when every member is slow.  It keeps at most
-`window` plus the smallest credit a member of the group last gave (at most `max_credit`)
-outstanding: a member selected by every message then queues at most `window` while its client's
-credit is out, and a group whose clients give large credit is not held to a small pipeline.
+`window` plus the upstream messages it takes to fill the smallest credit a member of the group
+last gave (at most `max_credit`) outstanding: that credit times the *spread*, the messages received
+per message some member selected, measured over the last `SPREAD_BLOCK` messages and at most
+`MAX_SPREAD` (a filter that selects half the messages needs two upstream messages per unit of
+client credit; the ones nobody selects are accepted on arrival and kept nowhere).  A member
+selected by every message (spread 1) then queues at most `window` while its client's credit is
+out, and a group whose clients give large credit is not held to a small pipeline.
 
 Settlement.  An upstream message is shared by the members it was queued to (a reference count).
 It is settled upstream once every one of them is done with its copy: accepted, unless every copy
@@ -29,8 +33,9 @@ delivery-count raised by `modified{delivery-failed}` only); it never goes to the
 which have their own copies.  A pre-settled link is done as the copy is sent; a link that leaves
 is done with every copy it had (its subscription ends with it).
 
-Slow members.  A member's queue holds at most `buffer` copies.  A member selected by a message
-while its queue is full leaves the group: the feed asks the I/O layer for an upstream subscription
+Slow members.  A member's queue holds at most `buffer` copies beyond the credit its client last
+gave (what is on its way for that credit may arrive before the client takes it).  A member
+selected by a message while its queue is full leaves the group: the feed asks the I/O layer for an upstream subscription
 of the member's own (`FanoutIO.open_own`).  The member stays in the group (the index) until the
 shared subscription delivers the first message its own subscription delivered (the *marker*,
 compared byte for byte): a message before the marker in the shared stream was published before its
@@ -56,6 +61,9 @@ from typing import Any, Callable, Protocol
 from ..amqp import redelivery_bytes
 from ..filters.index import SubscriptionIndex
 from .forwarding import ACCEPTED, UNDECODABLE as _BAD, FeedStats, Outcome, Outlet, decode_reads
+
+SPREAD_BLOCK = 256  # upstream messages per measure of the spread
+MAX_SPREAD = 8.0  # the most upstream messages pulled per unit of client credit
 
 
 class FanoutIO(Protocol):
@@ -174,6 +182,9 @@ class FanoutFeed:
         self.index = SubscriptionIndex(indexed=indexed, cache_size=cache_size)
         self.members: dict[Outlet, _Member] = {}
         self.upstream_credit = 0
+        self.spread = 1.0  # upstream messages per message some member selects (see the module doc)
+        self._block = 0  # messages, and messages nobody selected, since the spread was last measured
+        self._block_dropped = 0
         self.stopping = False
         self.stats = FeedStats()
         self.fanout = FanoutStats()
@@ -349,6 +360,13 @@ class FanoutFeed:
         else:
             selected = index.match(shared.message)
         targets = [self.members[o] for o in selected]
+        self._block += 1
+        if not targets:
+            self._block_dropped += 1
+        if self._block >= SPREAD_BLOCK:
+            kept = self._block - self._block_dropped
+            self.spread = min(MAX_SPREAD, self._block / kept) if kept else MAX_SPREAD
+            self._block = self._block_dropped = 0
         if not targets:
             self.stats.filtered += 1
             self.io.settle_upstream(delivery, ACCEPTED)
@@ -359,7 +377,7 @@ class FanoutFeed:
         for m in targets:
             m.queue.append(_Copy(shared))
             self._drain(m)
-            if len(m.queue) > self.buffer and m.own is None:
+            if len(m.queue) > self.buffer + m.granted and m.own is None:
                 self._depart(m)
         self._top_up()
 
@@ -538,7 +556,7 @@ class FanoutFeed:
         extra = self._extra
         if extra is None:
             extra = self._extra = min(self._granted) if self._granted else 0
-        target = self.window + extra
+        target = self.window + int(extra * self.spread)
         room = target - self.upstream_credit
         if room > 0 and (self.upstream_credit == 0 or room * 4 >= target):
             self.upstream_credit += room

@@ -356,3 +356,34 @@ def test_a_shared_subscription_grants_again_credit_the_broker_used_up():
     feed.on_upstream_credit(0)
     assert feed.upstream_credit == io.flowed - granted > 0
     feed.close()
+
+
+def test_a_selective_group_pulls_the_upstream_messages_its_credit_needs_and_nobody_departs():
+    """A filter that selects one message in four needs four upstream messages per unit of client
+    credit: once measured, the group keeps window + 4 x credit outstanding.  A client that takes
+    its messages as they come is never more than `buffer` beyond its credit behind, so it never
+    leaves for a subscription of its own; one that stops taking them does, at buffer + its credit."""
+    io = Recorder()
+    feed = FanoutFeed(io, window=10, buffer=10, max_credit=500)
+    fast = outlet("fast", "q = 0")
+    feed.add_outlet(fast)
+    feed.set_credit(fast, 100)
+    assert io.flowed == 10 + 100  # nothing measured yet: spread 1
+    pulled = taken = 0
+    while pulled < 4000 and pulled < io.flowed:  # the broker sends what was granted
+        feed.on_upstream_delivery(msg(pulled, q=pulled % 4))
+        pulled += 1
+        if len(io.got("fast")) - taken >= 25:  # the client takes 25 and gives its credit back
+            taken = len(io.got("fast"))
+            feed.set_credit(fast, 100)
+    assert feed.spread == 4.0
+    assert 10 + 4 * 100 - 100 <= io.flowed - pulled <= 10 + 4 * 100  # outstanding, topped up in quarters
+    assert io.own == [] and len(io.got("fast")) == pulled // 4
+    slow = outlet("slow", "TRUE")
+    feed.add_outlet(slow)
+    feed.set_credit(slow, 5)
+    for _ in range(5 + 10 + 5 + 1):  # its 5, then buffer (10) + its credit (5) queued, then one more
+        feed.on_upstream_delivery(msg(pulled, q=1))
+        pulled += 1
+    assert len(io.got("slow")) == 5 and len(io.own) == 1
+    feed.close()
