@@ -104,7 +104,7 @@ class Snapshot:
     stalled: Mapping[str, bool] = field(default_factory=dict)  # address -> pulling stopped (window full)
     moving: Mapping[str, int] = field(default_factory=dict)  # address -> moves to the queue's tail in flight
     passes: Mapping[str, int] = field(default_factory=dict)  # address -> searches completed by its feeds
-    handed_back: Mapping[str, int] = field(default_factory=dict)  # address -> messages its blocked feeds handed back
+    handed_back: Mapping[str, int] = field(default_factory=dict)  # address -> messages its feeds handed back
     waited: Mapping[str, float] = field(default_factory=dict)  # address -> longest wait of a link with credit
     upstream_connected: bool = False
     taken_at: float = field(default_factory=time.time)
@@ -293,7 +293,7 @@ class _SnapshotCollector:
             ("broker_filter_search_passes", "Searches of the queue completed by the address's current feeds "
              "(a moved copy came round)", snap.passes),
             ("broker_filter_messages_handed_back", "Held messages the address's current feeds moved to the queue's "
-             "tail for other consumers while blocked", snap.handed_back),
+             "tail for other consumers (a feed holding messages its links do not select)", snap.handed_back),
         ):
             family = GaugeMetricFamily(name, doc, labels=["address"])
             for label, n in _merge(values, labels).items():

@@ -65,26 +65,9 @@ def _descriptor(buf: bytes, pos: int) -> tuple[int, int]:
     raise CodecError(f"unknown message section descriptor {d!r}", pos)
 
 
-def _check_sections(data: bytes, pos: int) -> None:
-    """Raise CodecError unless the sections from pos on can be read (what `scan` checks)."""
-    n = len(data)
-    while pos < n:
-        try:
-            if data[pos] == 0x00 and data[pos + 1] == 0x53:
-                vpos = pos + 3
-                if vpos > n:
-                    raise IndexError
-            else:
-                _, vpos = _descriptor(data, pos)
-        except IndexError:
-            raise CodecError("truncated section", pos) from None
-        pos = skip(data, vpos)
-
-
-def scan(data: bytes) -> list[tuple[int, int, int, int]]:
-    """[(section code, start, value start, end)] for every section, in order."""
-    out = []
-    pos = 0
+def _sections(data: bytes, pos: int = 0):
+    """(section code, start, value start, end) for every section from pos on, in order; raises
+    CodecError where one cannot be read."""
     n = len(data)
     while pos < n:
         try:
@@ -92,9 +75,13 @@ def scan(data: bytes) -> list[tuple[int, int, int, int]]:
         except IndexError:
             raise CodecError("truncated section", pos) from None
         end = skip(data, vpos)
-        out.append((code, pos, vpos, end))
+        yield code, pos, vpos, end
         pos = end
-    return out
+
+
+def scan(data: bytes) -> list[tuple[int, int, int, int]]:
+    """[(section code, start, value start, end)] for every section, in order."""
+    return list(_sections(data))
 
 
 _CODES: dict = {}  # reads -> the descriptor codes holding those sections
@@ -248,7 +235,8 @@ def set_message_annotation(data: bytes, key: Any, value: Any, encoded: bytes | N
             if code not in _BEFORE_MA:
                 break
             start = insert_at = skip(data, vpos)
-        _check_sections(data, start)  # the rest stays as it is, and must be readable too
+        for _ in _sections(data, start):  # the rest stays as it is, and must be readable too
+            pass
     except IndexError:
         raise CodecError("truncated section", start) from None
     section = encoded if encoded is not None else encode_section(MESSAGE_ANNOTATIONS, {key: value})

@@ -225,6 +225,14 @@ class _Registration:
         self.terms = terms
 
 
+def _selects(reg: "_Registration", message: Any, receiver: Any) -> bool:
+    """Whether the registration's filter selects `message` (with its own receiver, else `receiver`)."""
+    try:
+        return reg.filter.evaluate(message, reg.receiver if reg.receiver is not None else receiver) is True
+    except Exception:  # a broken filter or message selects nothing, and stops nothing
+        return False
+
+
 class SubscriptionIndex:
     """Key -> compiled filter; `match(message)` returns the keys whose filter selects the message.
 
@@ -317,11 +325,7 @@ class SubscriptionIndex:
             if only.filter is None:
                 return [only.key]
             self.evaluations_total += 1
-            try:
-                ok = only.filter.evaluate(message, only.receiver if only.receiver is not None else receiver) is True
-            except Exception:  # a broken filter or message selects nothing, and stops nothing
-                ok = False
-            return [only.key] if ok else []
+            return [only.key] if _selects(only, message, receiver) else []
         regs = self._candidates(message)
         selected = []
         evaluations = 0
@@ -333,10 +337,7 @@ class SubscriptionIndex:
                 ok = True
             else:
                 evaluations += 1
-                try:
-                    ok = reg.filter.evaluate(message, reg.receiver if reg.receiver is not None else receiver) is True
-                except Exception:  # a broken filter or message selects nothing, and stops nothing
-                    ok = False
+                ok = _selects(reg, message, receiver)
             if ok:
                 selected.append(reg)
         self.evaluations_total += evaluations

@@ -60,7 +60,7 @@ from typing import Any, Callable, Protocol
 
 from ..amqp import redelivery_bytes
 from ..filters.index import SubscriptionIndex
-from .forwarding import ACCEPTED, UNDECODABLE as _BAD, FeedStats, Outcome, Outlet, decode_reads
+from .forwarding import ACCEPTED, UNDECODABLE as _BAD, FeedStats, Outcome, Outlet, UpstreamCredit, decode_reads
 
 SPREAD_BLOCK = 256  # upstream messages per measure of the spread
 MAX_SPREAD = 8.0  # the most upstream messages pulled per unit of client credit
@@ -157,7 +157,7 @@ class OwnHandler:
         self.feed.on_own_closed(self.outlet, consumer, error)
 
 
-class FanoutFeed:
+class FanoutFeed(UpstreamCredit):
     """The shared subscription of a group of outlets (see the module's text)."""
 
     subscription = True
@@ -380,12 +380,6 @@ class FanoutFeed:
             if len(m.queue) > self.buffer + m.granted and m.own is None:
                 self._depart(m)
         self._top_up()
-
-    def on_upstream_credit(self, credit: int) -> None:
-        """As `forwarding.Feed.on_upstream_credit`: the broker's word on the shared link's credit."""
-        if credit < self.upstream_credit:
-            self.upstream_credit = max(0, credit)
-            self._top_up()
 
     def _depart(self, m: _Member) -> None:
         """A slow member leaves: its own subscription is opened; it stays in the group until the

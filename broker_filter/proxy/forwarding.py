@@ -153,7 +153,7 @@ class FeedStats:
     moving: int = 0  # moves in flight right now
     passes: int = 0  # searches of the queue completed (a marked copy came round)
     blocked: int = 0  # times a queue feed stopped pulling with outlets waiting
-    handed_back: int = 0  # held messages a blocked feed moved to the tail for other consumers
+    handed_back: int = 0  # held messages the feed moved to the tail for other consumers (see Feed.tick)
     held: int = 0  # messages held right now
     held_peak: int = 0
     starved: int = 0  # outlets with credit waiting on a blocked feed right now
@@ -228,7 +228,24 @@ def decode_reads(data: bytes, reads: frozenset, stats: FeedStats, log: Callable[
 _MARK_READS = frozenset({"message_annotations"})
 
 
-class Feed:
+class UpstreamCredit:
+    """`on_upstream_credit` for a feed with `upstream_credit` and `_top_up` (this module's `Feed`
+    and the shared subscription's `FanoutFeed`)."""
+
+    upstream_credit: int
+
+    def _top_up(self) -> None: ...
+
+    def on_upstream_credit(self, credit: int) -> None:
+        """The upstream link's credit as a flow from the broker left it: credit the broker used up
+        without delivering (a drain, or its own accounting) is no longer counted as outstanding,
+        or the feed would wait for messages that never come."""
+        if credit < self.upstream_credit:
+            self.upstream_credit = max(0, credit)
+            self._top_up()
+
+
+class Feed(UpstreamCredit):
     def __init__(
         self,
         io: FeedIO,
@@ -302,7 +319,7 @@ class Feed:
         self._others = False
         self._probing = False
         self._unanswered = 0
-        # Handing back when blocked (see `tick`): the wall-clock time of the next, and the delay.
+        # Handing back what it holds (see `tick`): the wall-clock time of the next, and the delay.
         self._next_hand_back: float | None = None
         self._hand_back_delay = HAND_BACK_FIRST
         self._log = log
@@ -771,14 +788,6 @@ class Feed:
         if room > 0 and (self.upstream_credit == 0 or room * 4 >= target):
             self.upstream_credit += room
             self.io.flow_upstream(room)
-
-    def on_upstream_credit(self, credit: int) -> None:
-        """The upstream link's credit as a flow from the broker left it: credit the broker used up
-        without delivering (a drain, or its own accounting) is no longer counted as outstanding,
-        or the feed would wait for messages that never come."""
-        if credit < self.upstream_credit:
-            self.upstream_credit = max(0, credit)
-            self._top_up()
 
     def longest_wait(self) -> float:
         """Seconds the longest-waiting outlet has had credit without receiving anything."""
