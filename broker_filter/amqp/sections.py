@@ -218,20 +218,49 @@ def _trim(fields: list) -> list:
 _BEFORE_MA = (HEADER, DELIVERY_ANNOTATIONS)
 
 
-def set_message_annotation(data: bytes, key: Any, value: Any, encoded: bytes | None = None) -> bytes:
+def annotations_section(data: bytes) -> bytes | None:
+    """The bytes of the message-annotations value in `data` (None when it has none), every section
+    checked to be readable (CodecError where one is not): the key under which a reader of one
+    annotation can cache what it decoded, as most messages in a run carry the same annotations."""
+    found = None
+    try:
+        for code, _, vpos, end in _sections(data):
+            if code == MESSAGE_ANNOTATIONS and found is None:
+                found = bytes(data[vpos:end])
+    except IndexError:
+        raise CodecError("truncated section", 0) from None
+    return found
+
+
+_MERGED_MAX = 256
+
+
+def set_message_annotation(data: bytes, key: Any, value: Any, encoded: bytes | None = None,
+                           merged: dict | None = None) -> bytes:
     """`data` with message annotation key = value (replacing any), every other section unchanged.
     `encoded`: the bytes of a message-annotations section holding just key = value, spliced in as
-    they are when `data` has no message annotations yet (a caller's cache)."""
+    they are when `data` has no message annotations yet (a caller's cache).  `merged` (with
+    `encoded`): a caller's cache of the sections made from message annotations already there, keyed
+    by their bytes, so a run of messages carrying the same ones decodes and encodes them once."""
     insert_at = start = 0
     n = len(data)
     try:
         while start < n:
             code, vpos = _descriptor(data, start)
             if code == MESSAGE_ANNOTATIONS:
-                current, end = decode(data, vpos)
-                annotations = dict(_map(current, "message-annotations"))
-                annotations[key] = value
-                return data[:start] + encode_section(MESSAGE_ANNOTATIONS, annotations) + data[end:]
+                end = skip(data, vpos)
+                cache_key = (bytes(data[start:end]), encoded) if merged is not None and encoded is not None else None
+                section = merged.get(cache_key) if cache_key is not None else None
+                if section is None:
+                    current, end = decode(data, vpos)
+                    annotations = dict(_map(current, "message-annotations"))
+                    annotations[key] = value
+                    section = encode_section(MESSAGE_ANNOTATIONS, annotations)
+                    if cache_key is not None:
+                        if len(merged) >= _MERGED_MAX:
+                            merged.clear()
+                        merged[cache_key] = section
+                return data[:start] + section + data[end:]
             if code not in _BEFORE_MA:
                 break
             start = insert_at = skip(data, vpos)

@@ -70,8 +70,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ..amqp.types import symbol
-from ..amqp import CodecError, decode_message, redelivery_bytes, set_message_annotation
-from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
+from ..amqp import CodecError, decode as _decode_value, decode_message, redelivery_bytes, set_message_annotation
+from ..amqp.sections import MESSAGE_ANNOTATIONS, annotations_section, encode_section
 
 # A feed holding messages hands back what it holds (see `Feed.tick`) first this many seconds after it began
 # (aligned to the wall clock), then twice as long each time, at most `look_again_max`.
@@ -182,6 +182,9 @@ class Outlet:
         return f"<Outlet {self.name} credit={self.credit} in_flight={len(self.in_flight)}>"
 
 
+_NO_MARK: dict = {}  # shared: a mark is never changed in place
+
+
 class Custody:
     """An upstream delivery the feed holds or a client has unsettled, with what the proxy knows of it:
     the decoded sections, the filters it was offered to (`mark`, from a moved copy's annotation),
@@ -194,7 +197,7 @@ class Custody:
         self.delivery = delivery
         self.message = message
         self.reads = reads
-        self.mark: dict = mark or {}  # filter identity -> [feed token, wall-clock ms] of the offer
+        self.mark: dict = _NO_MARK if mark is None else mark  # filter identity -> [feed token, wall-clock ms] of the offer
         self.excluded: frozenset = frozenset()
         self.redelivered = False  # a client had it: first-acquirer false from now on
         self.failed = 0  # failed attempts in the proxy (added to the header's delivery-count)
@@ -225,7 +228,7 @@ def decode_reads(data: bytes, reads: frozenset, stats: FeedStats, log: Callable[
             kind = "" if isinstance(e, CodecError) else f" ({type(e).__name__})"
             log(f"upstream message not decodable{kind}, no filter selects it: {e}")
         return UNDECODABLE
-_MARK_READS = frozenset({"message_annotations"})
+_NO_PASS = (None,)
 
 
 class UpstreamCredit:
@@ -298,6 +301,14 @@ class Feed(UpstreamCredit):
         self._foreign: dict[str, float] = {}
         self._nobody = False  # the last `_offer` found that no outlet selects the message
         self._sections: dict[tuple, bytes] = {}  # mark -> its encoded message-annotations section
+        # Most messages of a pass carry the same annotations (the same mark): what was read of them,
+        # by their bytes, and the mark a move gives a message with a given mark in a given second.
+        self._marks_read: dict[bytes | None, Any] = {}
+        self._marks_moved: dict[tuple, tuple] = {}
+        self._merged: dict = {}  # set_message_annotation's cache of merged annotation sections
+        # The upstream refused a move for want of room (its publisher has no credit): no more tries
+        # until the next pump (its credit pumps the feed), so a backlog is not re-marked per message.
+        self._no_room = False
         self.foreign_ttl = foreign_ttl
         # After a pass that found nothing, with links still waiting: look again after `look_again`
         # seconds, doubling up to `look_again_max` (see `tick`).
@@ -377,6 +388,7 @@ class Feed(UpstreamCredit):
     def _filters_changed(self) -> None:
         self._reads = frozenset().union(*(o.filter.reads for o in self.outlets))
         self._identities = frozenset(o.identity for o in self.outlets)
+        self._marks_moved.clear()
 
     # ------------------------------------------------------------------ upstream events
     def on_upstream_delivery(self, delivery: Any) -> None:
@@ -459,11 +471,12 @@ class Feed(UpstreamCredit):
         """Offer held messages to outlets with credit, move what blocks the search, top up credit."""
         if self.stopping:
             return
+        self._no_room = False
         if self.held and any(o.credit > 0 for o in self.outlets):
             keep: deque[Custody] = deque()
             for c in self.held:
                 if not (self._reads <= c.reads) and c.message is not _BAD:
-                    c.message = self._decode(c.delivery, self._reads | self._mark_reads())
+                    c.message = self._decode(c.delivery, self._reads)
                     c.reads = self._reads
                 if not self._offer(c, c.excluded):
                     keep.append(c)
@@ -473,9 +486,6 @@ class Feed(UpstreamCredit):
         if self.held and self._searching():
             self._move_held()
         self._top_up()
-
-    def _mark_reads(self) -> frozenset:
-        return _MARK_READS if self.recycle else frozenset()
 
     def _searching(self) -> bool:
         """Moving: a pass is open, or another daemon on the queue has offered messages to a filter
@@ -695,27 +705,41 @@ class Feed(UpstreamCredit):
         self.held = keep
         self._count_held()
 
-    def _move(self, c: Custody, wanted: bool = False) -> bool:
+    def _new_mark(self, old: dict) -> tuple[dict, bytes]:
+        """The mark a move gives a message marked `old`, now, and its annotations section: cached
+        per (old mark, second, pass), as most copies of a pass share them."""
         ms = int(self._wall()) * 1000  # whole seconds: most copies of a pass share one mark
+        tag = self._pass_tag()
+        cache_key = (id(old), ms, tag)
+        hit = self._marks_moved.get(cache_key)
+        if hit is not None and hit[0] is old:
+            return hit[1], hit[2]
         stamp = [self.token, ms]
-        mark = dict(c.mark)
+        mark = dict(old)
         for identity in self._identities:
             # the time of the first offer: moving it again is no sign of life for the others
             mark.setdefault(identity, stamp)
-        mark[""] = [self._pass_tag(), ms]  # which pass moved it last
+        mark[""] = [tag, ms]  # which pass moved it last
         key = tuple(sorted((k, v[0], v[1]) for k, v in mark.items()))
         section = self._sections.get(key)
         if section is None:
             if len(self._sections) >= 64:
                 self._sections.clear()
             section = self._sections[key] = encode_section(MESSAGE_ANNOTATIONS, {OFFERED_ANNOTATION: mark})
+        if len(self._marks_moved) >= 64:
+            self._marks_moved.clear()
+        self._marks_moved[cache_key] = (old, mark, section)  # (holds `old`: its id is not reused)
+        return mark, section
+
+    def _move(self, c: Custody, wanted: bool = False) -> bool:
+        if self._no_room:
+            return False
+        mark, section = self._new_mark(c.mark)
         try:
-            data = set_message_annotation(c.data(), OFFERED_ANNOTATION, mark, section)
+            data = set_message_annotation(c.data(), OFFERED_ANNOTATION, mark, section, self._merged)
         except CodecError:
             c.message = _BAD  # cannot carry a mark: never moved
             return False
-        c.mark = mark
-        c.kept = False
         moved_in = self.pass_no
 
         def done(ok: bool) -> None:
@@ -739,7 +763,10 @@ class Feed(UpstreamCredit):
         if not self.io.recycle(c.delivery, data, done):
             self.moving -= 1
             self.stats.moving = self.moving
+            self._no_room = True
             return False
+        c.mark = mark
+        c.kept = False
         if wanted:  # moved away from links without credit that select it
             self._deferred.update(o.identity for o in self.outlets
                                   if o.name not in c.excluded and self._selects(o, c))
@@ -797,18 +824,47 @@ class Feed(UpstreamCredit):
     # ------------------------------------------------------------------ decoding
     def _custody(self, delivery: Any) -> Custody:
         reads = self._reads
-        message = self._decode(delivery, reads | self._mark_reads())
-        mark: dict = {}
-        if message is not _BAD and message is not None and self.recycle:
-            offered = (message.message_annotations or {}).get(OFFERED_ANNOTATION)
-            if isinstance(offered, dict):
-                for k, v in offered.items():
-                    if isinstance(v, list) and len(v) == 2 and isinstance(v[1], int):
-                        mark[str(k)] = [str(v[0]), int(v[1])]
+        message = self._decode(delivery, reads)
+        mark: dict = _NO_MARK
+        if message is not _BAD and self.recycle:
+            mark = self._read_mark(delivery.data)
+            if mark is _BAD:
+                message, mark = _BAD, _NO_MARK
+            elif mark:
                 self._learn(mark)
-                if mark.get("", [None])[0] == self._pass_tag():
+                if mark.get("", _NO_PASS)[0] == self._pass_tag():
                     self._pass_back += 1  # a copy of this (or the last) pass came back
         return Custody(delivery, message, reads, mark)
+
+    def _read_mark(self, data: bytes) -> Any:
+        """The mark (filter identity -> [feed token, ms]) a moved copy carries ({} for none), or
+        UNDECODABLE (counted and logged as `decode_reads` does) when its sections cannot be read.
+        Read once per distinct annotations bytes: the marks are shared and never changed in place."""
+        try:
+            raw = annotations_section(data)
+            mark = self._marks_read.get(raw)
+            if mark is not None:
+                return mark
+            mark = {}
+            if raw is not None:
+                annotations, _ = _decode_value(raw, 0)
+                if not isinstance(annotations, dict):
+                    raise CodecError("message-annotations is not a map")
+                offered = annotations.get(OFFERED_ANNOTATION)
+                if isinstance(offered, dict):
+                    for k, v in offered.items():
+                        if isinstance(v, list) and len(v) == 2 and isinstance(v[1], int):
+                            mark[str(k)] = [str(v[0]), int(v[1])]
+        except Exception as e:  # CodecError, or any decoder fault
+            self.stats.undecodable += 1
+            if self._log is not None:
+                kind = "" if isinstance(e, CodecError) else f" ({type(e).__name__})"
+                self._log(f"upstream message not decodable{kind}, no filter selects it: {e}")
+            return _BAD
+        if len(self._marks_read) >= 64:
+            self._marks_read.clear()
+        self._marks_read[raw] = mark
+        return mark
 
     # ------------------------------------------------------------------ marks
     def _learn(self, mark: dict) -> None:

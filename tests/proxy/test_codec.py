@@ -170,3 +170,45 @@ def test_the_origin_annotation_is_spliced_into_every_readable_message_and_only_t
         assert readable or b"\x00\x53\x72" in data  # (an annotations section the bytes happen to hold is replaced)
         if readable:
             assert decode_message(out, {"message_annotations"}).message_annotations[symbol("k")] == "v"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["x-opt-a", "x-opt-b", "x-opt-broker-filter-offered"]),
+                       st.one_of(st.integers(-5, 5), st.text(max_size=5)), max_size=3),
+       st.booleans())
+def test_a_cached_merge_of_annotations_is_the_merge_itself(annotations, header):
+    """`set_message_annotation` with a caller's cache of merged sections gives the same bytes as
+    without one, the first time and from the cache; `annotations_section` is the bytes of the
+    annotations it merged with."""
+    from broker_filter.amqp.sections import MESSAGE_ANNOTATIONS, annotations_section, encode_section
+
+    raw = Message(body=b"x" * 10, durable=header, properties={"n": 1},
+                  annotations={symbol(k): v for k, v in annotations.items()} or None).encode()
+    key, value = symbol("x-opt-broker-filter-offered"), {"f": ["d1#0", 1000]}
+    encoded = encode_section(MESSAGE_ANNOTATIONS, {key: value})
+    merged: dict = {}
+    plain = set_message_annotation(raw, key, value)
+    assert set_message_annotation(raw, key, value, encoded, merged) == plain
+    assert set_message_annotation(raw, key, value, encoded, merged) == plain  # from the cache
+    section = annotations_section(raw)
+    if annotations:
+        assert decode(section)[0] == {symbol(k): v for k, v in annotations.items()}
+    else:
+        assert section is None and merged == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 80), st.binary(max_size=20))
+def test_annotations_section_reads_what_scan_reads(cut, tail):
+    from broker_filter.amqp import scan
+    from broker_filter.amqp.sections import annotations_section
+
+    raw = Message(body=b"y" * 8, annotations={symbol("x-opt-a"): 1}).encode()
+    for data in (raw[:cut], raw[:cut] + tail, raw + tail):
+        try:
+            scan(data)
+        except CodecError:
+            with pytest.raises(CodecError):
+                annotations_section(data)
+            continue
+        annotations_section(data)

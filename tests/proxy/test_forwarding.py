@@ -706,3 +706,34 @@ def test_credit_the_broker_used_up_without_delivering_is_granted_again(drained):
         assert feed.upstream_credit == 12 and io.flowed == granted  # nothing changes
     feed.on_upstream_credit(-40)  # a broker that sent more than granted: no negative count
     assert feed.upstream_credit >= 0
+
+
+class NoRoom(Recorder):
+    """A Recorder whose upstream publisher has no credit until `room` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.room = False
+        self.tries = 0
+
+    def recycle(self, delivery, data, done):
+        self.tries += 1
+        return super().recycle(delivery, data, done) if self.room else False
+
+
+def test_a_move_refused_for_want_of_room_is_tried_once_until_the_next_pump():
+    """The upstream's publisher has no credit: the feed holds what it cannot move and does not mark
+    and try each of its held messages again; the publisher's credit pumps it, and everything moves."""
+    io = NoRoom()
+    feed = Feed(io, subscription=False, window=10, recycle=True)
+    o = Outlet("o", sel("color = 'red'"))
+    feed.add_outlet(o)
+    feed.set_credit(o, 1)
+    feed_with_arrivals(feed, io, [msg("blue", i) for i in range(10)])
+    assert feed.stats.held == 10 and io.recycled == []
+    assert io.tries == 1  # the first refusal: no try for the nine after it
+    feed.on_upstream_delivery(msg("blue", 10))
+    assert io.tries == 1
+    io.room = True
+    feed.pump()  # (what the publisher's credit does)
+    assert len(io.recycled) == 11 and feed.stats.held == 0
