@@ -351,27 +351,29 @@ class FanoutFeed(UpstreamCredit):
         if self._switching:
             for m in [m for m in self._switching if m.marker is not None and m.marker == delivery.data]:
                 self._switch(m)
-        shared = _Shared(delivery, self._decode(delivery))
+        message = decode_reads(delivery.data, self._reads, self.stats, self._log)
         self.fanout.messages += 1
         index = self.index
-        if shared.message is _BAD:
+        if message is _BAD:
             selected = [o for o in self.outlets if not o.filter.reads]
             index.messages += 1
         else:
-            selected = index.match(shared.message)
-        targets = [self.members[o] for o in selected]
+            selected = index.match(message)
         self._block += 1
-        if not targets:
+        if not selected:
             self._block_dropped += 1
         if self._block >= SPREAD_BLOCK:
             kept = self._block - self._block_dropped
             self.spread = min(MAX_SPREAD, self._block / kept) if kept else MAX_SPREAD
             self._block = self._block_dropped = 0
-        if not targets:
+        if not selected:
             self.stats.filtered += 1
             self.io.settle_upstream(delivery, ACCEPTED)
             self._top_up()
             return
+        members = self.members
+        targets = [members[o] for o in selected]
+        shared = _Shared(delivery, message)
         self.fanout.selected += len(targets)
         shared.pending = len(targets)
         for m in targets:
