@@ -697,10 +697,14 @@ class Feed(UpstreamCredit):
         those kept past the reserve."""
         keep: deque[Custody] = deque()
         self._kept = 0
+        searching = self._searching()  # (once: nothing in the loop changes it)
         for c in self.held:
             c.kept = False
+            if not searching:
+                keep.append(c)
+                continue
             wanted = self._wanted(c)
-            if not self._searching() or (wanted and self._keep(c)) or not self._movable(c) or not self._move(c, wanted):
+            if (wanted and self._keep(c)) or self._no_room or not self._movable(c) or not self._move(c, wanted):
                 keep.append(c)
         self.held = keep
         self._count_held()
