@@ -77,6 +77,12 @@ from ..amqp.sections import MESSAGE_ANNOTATIONS, annotations_section, encode_sec
 # (aligned to the wall clock), then twice as long each time, at most `look_again_max`.
 HAND_BACK_FIRST = 1.0
 
+# A feed walled in while another daemon on the queue is live (see `Feed._top_up`) goes round again at
+# once while its go-rounds bring its links something; after one that brought nothing, it waits this
+# long before the next, then twice as long each time, at most `WALLED_MAX` seconds.
+WALLED_FIRST = 0.25
+WALLED_MAX = 8.0
+
 # On a moved copy: the identities (see `filter_identity`) of the filters it was offered to.
 OFFERED_ANNOTATION = symbol("x-opt-broker-filter-offered")
 
@@ -332,6 +338,11 @@ class Feed(UpstreamCredit):
         self._unanswered = 0
         # Handing back what it holds (see `tick`): the wall-clock time of the next, and the delay.
         self._next_hand_back: float | None = None
+        # Going round when walled in (see `_top_up`): not before `_walled_next`; the delay after a
+        # go-round that brought the links nothing (0: at once), and what they had had at the last.
+        self._walled_next = 0.0
+        self._walled_delay = 0.0
+        self._walled_delivered = -1
         self._hand_back_delay = HAND_BACK_FIRST
         self._log = log
 
@@ -574,6 +585,7 @@ class Feed(UpstreamCredit):
             self._next_look = None
             self._next_hand_back = None
             return
+        self._top_up()  # (a feed walled in may go round again now)
         self._tick_hand_back()
         if self.pass_open:
             self._next_look = None
@@ -801,7 +813,7 @@ class Feed(UpstreamCredit):
             return
         held = len(self.held) + self.moving
         if (held >= self.window and self.recycle and not self.pass_open and self.held
-                and self._live_foreign()):
+                and self._live_foreign() and self._go_round_walled()):
             # Walled in by messages every filter was offered, while another daemon on the queue
             # offers messages to its filters: what it moved may lie behind them.  Go round again.
             self._open_pass()
@@ -819,6 +831,23 @@ class Feed(UpstreamCredit):
         if room > 0 and (self.upstream_credit == 0 or room * 4 >= target):
             self.upstream_credit += room
             self.io.flow_upstream(room)
+
+    def _go_round_walled(self) -> bool:
+        """Whether a feed walled in goes round now: at once while its last go-round brought its
+        links something, else `WALLED_FIRST` s after it, doubling up to `WALLED_MAX` (`tick` asks
+        again).  Messages no daemon's links select would otherwise go round for as long as the
+        other daemon is live, which under steady traffic is for ever."""
+        now = self._clock()
+        if now < self._walled_next:
+            return False
+        delivered = self.stats.delivered
+        if delivered != self._walled_delivered:
+            self._walled_delay = 0.0
+        else:
+            self._walled_delay = min(WALLED_MAX, max(WALLED_FIRST, self._walled_delay * 2))
+        self._walled_delivered = delivered
+        self._walled_next = now + self._walled_delay
+        return True
 
     def longest_wait(self) -> float:
         """Seconds the longest-waiting outlet has had credit without receiving anything."""

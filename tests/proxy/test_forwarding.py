@@ -366,10 +366,20 @@ def test_two_daemons_on_one_queue_each_get_their_matches(seed):
     sim.run()
     assert sorted(one.received["red"]) == sorted(f"m{i}" for i in range(0, 900, 3))
     assert sorted(two.received["blue"]) == sorted(f"m{i}" for i in range(1, 900, 3))
-    left = len(sim.ready) + len(one.feed.held) + len(two.feed.held)
-    assert left == 300  # the colourless ones, each once, and the queue went quiet
-    # once neither daemon offers anything new, each forgets the other and stops moving
+    assert_colourless_left(sim, one, two)  # each once, and the queue went quiet
+    # once neither daemon offers anything new, each forgets the other (60 s) and stops moving
+    for _ in range(70_000):
+        sim.step()
     assert not one.feed._searching() and not two.feed._searching()
+    assert_colourless_left(sim, one, two)
+
+
+def assert_colourless_left(sim, *consumers):
+    """The colourless messages of `three_colors(900)` are each exactly once in the queue or held
+    (a move in flight has its copy in the queue and its original in neither)."""
+    left = [decode_message(d).body for d in sim.ready]
+    left += [decode_message(c.delivery.data).body for k in consumers for c in k.feed.held]
+    assert sorted(left) == sorted(f"m{i}" for i in range(2, 900, 3))
 
 
 class CountingConsumer(SimConsumer):
@@ -659,7 +669,7 @@ def test_two_daemons_blocked_at_the_start_hand_back_and_meet_within_seconds(seed
     assert sorted(one.received["red"]) == sorted(f"m{i}" for i in range(0, 900, 3))
     assert sorted(two.received["blue"]) == sorted(f"m{i}" for i in range(1, 900, 3))
     assert second <= 15
-    assert len(sim.ready) + len(one.feed.held) + len(two.feed.held) + one.feed.moving + two.feed.moving == 300
+    assert_colourless_left(sim, one, two)
 
 
 def test_without_the_hand_back_daemons_blocked_at_the_start_can_stall():
@@ -737,3 +747,34 @@ def test_a_move_refused_for_want_of_room_is_tried_once_until_the_next_pump():
     io.room = True
     feed.pump()  # (what the publisher's credit does)
     assert len(io.recycled) == 11 and feed.stats.held == 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_two_daemons_that_met_go_round_what_neither_selects_ever_less_often(seed):
+    """Once both daemons' links have all their messages, the colourless ones (selected by neither)
+    stay: a daemon walled in by them goes round again only after a delay that doubles while its
+    go-rounds bring its links nothing (at most `WALLED_MAX`), instead of going round continuously
+    for as long as the other daemon is live (about 20,000 moves in these 40 s before)."""
+    from broker_filter.proxy.forwarding import WALLED_MAX
+
+    wall = [1_000_000.0]
+    sim = SimQueue(three_colors(900), seed=seed, wall=wall)
+    kw = dict(window=20, wall=lambda: wall[0], clock=lambda: wall[0])
+    one, two = SimConsumer(sim, token="one", **kw), SimConsumer(sim, token="two", **kw)
+    red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
+    one.feed.add_outlet(red)
+    two.feed.add_outlet(blue)
+    one.feed.set_credit(red, 5)
+    two.feed.set_credit(blue, 5)
+    for _ in range(20_000):  # 20 simulated seconds, ticking once a second
+        sim.step()
+    assert sorted(one.received["red"]) == sorted(f"m{i}" for i in range(0, 900, 3))
+    assert sorted(two.received["blue"]) == sorted(f"m{i}" for i in range(1, 900, 3))
+    moves = sim.moves
+    for _ in range(40_000):  # 40 s more, both still live to each other (foreign_ttl 60 s)
+        sim.step()
+    go_rounds = 2 * (40 / WALLED_MAX + 2)  # each daemon, at most
+    handed = one.feed.stats.handed_back + two.feed.stats.handed_back
+    assert sim.moves - moves <= go_rounds * 300 + handed
+    print(f"moves in those 40 s: {sim.moves - moves} (hand-backs {handed} in all)")
+    assert_colourless_left(sim, one, two)
