@@ -14,6 +14,12 @@ from /proc) is per upstream message.  Then latency at half load: the producer pa
 lower of the direct and consumer rates measured in this run, direct against through the daemon (and
 both ways through it), p50 and p99 of receive time - send time of the selected messages.
 
+Where the CPU goes, per round and upstream message: the whole machine's (from /proc/stat, every
+process and the kernel's network work) and the broker's (the process listening on the upstream
+port, when it can be found).  On a machine whose cores the round keeps busy, a target's rate
+against direct is about the inverse of its machine CPU per message against direct's: the daemon's
+CPU adds to what the broker and the clients spend.
+
     python bench/proxy_bench.py [--messages 40000] [--rounds 3] [--latency-seconds 5] [--json]
                                 [--profile daemon.prof]
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,17 +39,44 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_relay_bench import one_round, start_daemon  # noqa: E402
+from engine_relay_bench import cpu_seconds, one_round, start_daemon  # noqa: E402
 
 TARGETS = ("direct", "consumer", "both")
 TARGETS_MET = {"consumer": 0.85, "both": 0.7}  # rate vs direct, issue "the daemon on proton's engine"
 CPU_TARGET_US = 40.0
 
 
-def run(target: str, proc: subprocess.Popen, port: int, count: int, rate: float | None = None) -> dict:
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far (all cores), from /proc/stat."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - ticks[3] - ticks[4]) / hz, sum(ticks) / hz
+
+
+def listening_pid(port: int) -> int | None:
+    """The process listening on 127.0.0.1:`port` (the broker), if this user may see it."""
+    try:
+        out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for token in out.replace(",", " ").split():
+        if token.startswith("pid="):
+            return int(token[4:])
+    return None
+
+
+def run(target: str, proc: subprocess.Popen, port: int, count: int, rate: float | None = None,
+        broker: int | None = None) -> dict:
     address = f"/topic/proxy-bench-{uuid.uuid4().hex[:12]}"
     through = target != "direct"
-    return one_round(port, address, count, through, proc.pid if through else None, target == "both", rate)
+    busy0, total0 = machine_busy()
+    broker0 = cpu_seconds(broker) if broker else 0.0
+    r = one_round(port, address, count, through, proc.pid if through else None, target == "both", rate)
+    busy1, total1 = machine_busy()
+    r["machine_us_per_msg"] = (busy1 - busy0) * 1e6 / count
+    r["machine_busy"] = (busy1 - busy0) / (total1 - total0) if total1 > total0 else None
+    r["broker_us_per_msg"] = (cpu_seconds(broker) - broker0) * 1e6 / count if broker else None
+    return r
 
 
 def main() -> int:
@@ -57,16 +91,20 @@ def main() -> int:
     args = ap.parse_args()
 
     proc, port, log = start_daemon("engine", args.upstream, args.profile)
+    broker = listening_pid(int(args.upstream.rpartition(":")[2]))
     rounds: dict[str, list[dict]] = {t: [] for t in TARGETS}
     latency: dict[str, dict] = {}
     try:
         for n in range(args.rounds):
             for target in TARGETS:
-                r = run(target, proc, port, args.messages)
+                r = run(target, proc, port, args.messages, broker=broker)
                 rounds[target].append(r)
                 if not args.json:
                     cpu = f", daemon CPU {r['cpu_us_per_msg']:.1f} µs/msg" if r["cpu_us_per_msg"] is not None else ""
-                    print(f"round {n + 1} {target:9}: {r['rate']:8.0f} msg/s{cpu}", flush=True)
+                    rabbit = f", broker {r['broker_us_per_msg']:.1f}" if r["broker_us_per_msg"] is not None else ""
+                    print(f"round {n + 1} {target:9}: {r['rate']:8.0f} msg/s{cpu}; machine CPU "
+                          f"{r['machine_us_per_msg']:.1f} µs/msg ({100 * r['machine_busy']:.0f}% busy){rabbit}",
+                          flush=True)
         median = {t: statistics.median(r["rate"] for r in rounds[t]) for t in TARGETS}
         half = round(min(median["direct"], median["consumer"]) / 2)
         count = max(200, int(half * args.latency_seconds)) // 2 * 2
@@ -90,6 +128,11 @@ def main() -> int:
     for t in ("consumer", "both"):
         result[f"{t}_ratio"] = round(median[t] / direct, 3)
         result[f"{t}_cpu_us_per_message"] = round(statistics.median(r["cpu_us_per_msg"] for r in rounds[t]), 1)
+    for t in TARGETS:
+        result[f"{t}_machine_us_per_message"] = round(statistics.median(r["machine_us_per_msg"] for r in rounds[t]), 1)
+        if broker:
+            result[f"{t}_broker_us_per_message"] = round(
+                statistics.median(r["broker_us_per_msg"] for r in rounds[t]), 1)
     result["latency_rate"] = half
     for t in TARGETS:
         result[f"{t}_p50_ms"] = round(latency[t]["p50_ms"], 2)
@@ -109,6 +152,9 @@ def main() -> int:
                   f"per upstream message")
         met = "met" if result["consumer_cpu_us_per_message"] <= CPU_TARGET_US else "NOT met"
         print(f"  daemon CPU target <= {CPU_TARGET_US:g} µs per upstream message (consumer through it): {met}")
+        print("  machine CPU per upstream message (medians; the broker's in brackets): " + ", ".join(
+            f"{t} {result[f'{t}_machine_us_per_message']} µs"
+            + (f" ({result[f'{t}_broker_us_per_message']})" if broker else "") for t in TARGETS))
         print(f"latency at half load ({half} msg/s, {count} messages):")
         for t in TARGETS:
             added = "" if t == "direct" else (f"; added p50 {result[f'{t}_added_p50_ms']} ms, "
