@@ -352,17 +352,28 @@ def three_colors(n):
     return [msg(colors[i % 3], i) for i in range(n)]
 
 
+def red_and_blue_daemons(sim, wall, credit, consumer=None, before_links=None, **kw):
+    """Two simulated daemons ("one", "two") on `sim`, window 20, on the simulated `wall` clock:
+    one's link selects red, two's blue, each with `credit` (`before_links(one, two)` runs before
+    they attach)."""
+    consumer = consumer or SimConsumer
+    kw = dict(window=20, wall=lambda: wall[0], clock=lambda: wall[0], **kw)
+    one, two = consumer(sim, token="one", **kw), consumer(sim, token="two", **kw)
+    if before_links is not None:
+        before_links(one, two)
+    red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
+    one.feed.add_outlet(red)
+    two.feed.add_outlet(blue)
+    one.feed.set_credit(red, credit)
+    two.feed.set_credit(blue, credit)
+    return one, two
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_two_daemons_on_one_queue_each_get_their_matches(seed):
     wall = [1_000_000.0]
     sim = SimQueue(three_colors(900), seed=seed, wall=wall)
-    one = SimConsumer(sim, window=20, token="one", wall=lambda: wall[0], clock=lambda: wall[0])
-    two = SimConsumer(sim, window=20, token="two", wall=lambda: wall[0], clock=lambda: wall[0])
-    red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
-    one.feed.add_outlet(red)
-    two.feed.add_outlet(blue)
-    one.feed.set_credit(red, 5)
-    two.feed.set_credit(blue, 5)
+    one, two = red_and_blue_daemons(sim, wall, 5)
     sim.run()
     assert sorted(one.received["red"]) == sorted(f"m{i}" for i in range(0, 900, 3))
     assert sorted(two.received["blue"]) == sorted(f"m{i}" for i in range(1, 900, 3))
@@ -651,13 +662,7 @@ def test_two_daemons_blocked_at_the_start_hand_back_and_meet_within_seconds(seed
     def run():
         wall = [1_000_000.0]
         sim = SimQueue(three_colors(900), seed=seed, wall=wall, burst=50)
-        kw = dict(window=20, wall=lambda: wall[0], clock=lambda: wall[0], look_again=1e9)
-        one, two = SimConsumer(sim, token="one", **kw), SimConsumer(sim, token="two", **kw)
-        red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
-        one.feed.add_outlet(red)
-        two.feed.add_outlet(blue)
-        one.feed.set_credit(red, 20)
-        two.feed.set_credit(blue, 20)
+        one, two = red_and_blue_daemons(sim, wall, 20, look_again=1e9)
         for second in range(1, 31):
             for _ in range(1000):
                 sim.step()
@@ -678,15 +683,12 @@ def test_without_the_hand_back_daemons_blocked_at_the_start_can_stall():
     for seed in range(12):
         wall = [1_000_000.0]
         sim = SimQueue(three_colors(900), seed=seed, wall=wall, burst=50)
-        kw = dict(window=20, wall=lambda: wall[0], clock=lambda: wall[0], look_again=1e9)
-        one, two = SimConsumer(sim, token="one", **kw), SimConsumer(sim, token="two", **kw)
-        for c in (one, two):
-            c.feed._hand_back = lambda: None
-        red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
-        one.feed.add_outlet(red)
-        two.feed.add_outlet(blue)
-        one.feed.set_credit(red, 20)
-        two.feed.set_credit(blue, 20)
+
+        def no_hand_back(*consumers):
+            for c in consumers:
+                c.feed._hand_back = lambda: None
+
+        one, two = red_and_blue_daemons(sim, wall, 20, before_links=no_hand_back, look_again=1e9)
         for _ in range(30_000):
             sim.step()
         stalled += len(one.received.get("red", [])) < 300 or len(two.received.get("blue", [])) < 300
@@ -759,13 +761,7 @@ def test_two_daemons_that_met_go_round_what_neither_selects_ever_less_often(seed
 
     wall = [1_000_000.0]
     sim = SimQueue(three_colors(900), seed=seed, wall=wall)
-    kw = dict(window=20, wall=lambda: wall[0], clock=lambda: wall[0])
-    one, two = SimConsumer(sim, token="one", **kw), SimConsumer(sim, token="two", **kw)
-    red, blue = Outlet("red", sel("color = 'red'")), Outlet("blue", sel("color = 'blue'"))
-    one.feed.add_outlet(red)
-    two.feed.add_outlet(blue)
-    one.feed.set_credit(red, 5)
-    two.feed.set_credit(blue, 5)
+    one, two = red_and_blue_daemons(sim, wall, 5)
     for _ in range(20_000):  # 20 simulated seconds, ticking once a second
         sim.step()
     assert sorted(one.received["red"]) == sorted(f"m{i}" for i in range(0, 900, 3))
