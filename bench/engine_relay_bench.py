@@ -47,6 +47,8 @@ import time
 import uuid
 from pathlib import Path
 
+from cpu_usage import cpu_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "tests" / "js"
 SELECTOR_DESCRIPTORS = {"apache.org:selector-filter:string", 0x0000468C00000004}
@@ -217,11 +219,6 @@ def serve(upstream: str, ordered: bool, window: int) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # The driver
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def node(*args: str) -> subprocess.Popen:

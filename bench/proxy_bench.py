@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -39,30 +38,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_relay_bench import cpu_seconds, one_round, start_daemon  # noqa: E402
+from cpu_usage import cpu_seconds, listening_pid, machine_busy  # noqa: E402
+from engine_relay_bench import one_round, start_daemon  # noqa: E402
 
 TARGETS = ("direct", "consumer", "both")
 TARGETS_MET = {"consumer": 0.85, "both": 0.7}  # rate vs direct, issue "the daemon on proton's engine"
 CPU_TARGET_US = 40.0
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine so far (all cores), from /proc/stat."""
-    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    hz = os.sysconf("SC_CLK_TCK")
-    return (sum(ticks) - ticks[3] - ticks[4]) / hz, sum(ticks) / hz
-
-
-def listening_pid(port: int) -> int | None:
-    """The process listening on 127.0.0.1:`port` (the broker), if this user may see it."""
-    try:
-        out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for token in out.replace(",", " ").split():
-        if token.startswith("pid="):
-            return int(token[4:])
-    return None
 
 
 def run(target: str, proc: subprocess.Popen, port: int, count: int, rate: float | None = None,

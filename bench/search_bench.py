@@ -16,6 +16,10 @@ While the daemon searches, its metrics are sampled every 0.2 s: the mean number 
 (the pipelining depth), and by Little's law, with the moves per second, the mean time a move waits
 for the broker's confirm of its copy.  `--window W` runs the daemon with limits.upstream_window W.
 
+The broker's CPU (the process listening on the upstream port, when this user can see it) is
+reported per message drained and per message moved, and the daemon's per message moved: where the
+broker is the bound, a move costing it k times a drained message puts the ratio near k.
+
     python bench/search_bench.py [--upstream amqp://guest:guest@127.0.0.1:5672] [--depths 10000 100000]
                                  [--window 100]
 
@@ -30,7 +34,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -38,6 +41,9 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "tests" / "js"
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cpu_usage import cpu_seconds, listening_pid  # noqa: E402
 
 
 def publish(upstream: str, address: str, depth: int) -> None:
@@ -99,12 +105,15 @@ def main() -> None:
     from launcher import Daemon, free_port
 
     parts = urlsplit(args.upstream)
+    broker = listening_pid(parts.port or 5672)
     rows = []
     for depth in args.depths:
         direct_q, proxied_q = (f"/queue/search-{kind}-{uuid.uuid4().hex[:8]}" for kind in ("direct", "proxied"))
         publish(args.upstream, direct_q, depth)
         publish(args.upstream, proxied_q, depth)
+        broker0 = cpu_seconds(broker) if broker else 0.0
         direct = rhea(parts.port or 5672, direct_q, "-", depth + 1, parts.username, parts.password, 600)
+        broker_drain = (cpu_seconds(broker) - broker0) * 1e6 / (depth + 1) if broker else None
         assert direct["received"] == depth + 1, direct
         mport = free_port()
         extra = ("--set", f"limits.upstream_window={args.window}") if args.window else ()
@@ -112,7 +121,11 @@ def main() -> None:
         sampler = Sampler(mport, proxied_q)
         sampler.start()
         try:
+            broker0 = cpu_seconds(broker) if broker else 0.0
+            daemon0 = cpu_seconds(daemon.proc.pid)
             found = rhea(daemon.port, proxied_q, "half = 1", 1, None, None, 600)
+            daemon_search = (cpu_seconds(daemon.proc.pid) - daemon0) * 1e6 / depth
+            broker_search = (cpu_seconds(broker) - broker0) * 1e6 / depth if broker else None
             rss = peak_rss_mb(daemon.proc.pid)
         finally:
             sampler.halt.set()
@@ -128,6 +141,9 @@ def main() -> None:
             "moves_per_s": round(depth / (found["first_ms"] / 1000)),
             "confirm_wait_ms": round(1000 * sampler.mean() / (depth / (found["first_ms"] / 1000)), 1),
             "daemon_peak_rss_mb": round(rss, 1),
+            "broker_us_per_drained": round(broker_drain, 1) if broker_drain is not None else None,
+            "broker_us_per_move": round(broker_search, 1) if broker_search is not None else None,
+            "daemon_us_per_move": round(daemon_search, 1),
             "left_after_sigterm": len(left),
             "duplicates": len(left) - len(set(left)),
             "lost": depth - len(set(left)),
@@ -135,12 +151,14 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("| depth N | direct drain of N (rhea) | first match through the daemon | ratio (target <= 3x) "
-          "| moves/s | moves in flight (mean) | confirm wait | daemon peak RSS | left after SIGTERM |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| moves/s | moves in flight (mean) | confirm wait | daemon peak RSS | left after SIGTERM "
+          "| broker CPU per drained / per moved message | daemon CPU per move |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['depth']:,} | {r['direct_drain_s']:.2f} s | {r['first_match_s']:.2f} s | {r['ratio']:.2f}x "
               f"| {r['moves_per_s']:,} | {r['moves_in_flight_mean']} | {r['confirm_wait_ms']} ms "
-              f"| {r['daemon_peak_rss_mb']} MB | {r['left_after_sigterm']:,} ({r['duplicates']} duplicates) |")
+              f"| {r['daemon_peak_rss_mb']} MB | {r['left_after_sigterm']:,} ({r['duplicates']} duplicates) "
+              f"| {r['broker_us_per_drained']} / {r['broker_us_per_move']} µs | {r['daemon_us_per_move']} µs |")
 
 
 if __name__ == "__main__":

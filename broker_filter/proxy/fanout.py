@@ -296,8 +296,14 @@ class FanoutFeed(UpstreamCredit):
         pass
 
     def tick(self) -> None:
-        """Called by the I/O layer about once a second: the index's counts go to the metrics."""
+        """Called by the I/O layer about once a second: the broker's word on the credit (see
+        `UpstreamCredit`), and the index's counts go to the metrics."""
+        if not self.stopping:
+            self._take_broker_word()
         self.publish_counts()
+
+    def _upstream_received(self) -> int:
+        return self.fanout.messages
 
     def publish_counts(self) -> None:
         """Add what the index counted since the last call to the metrics (once a second, not per

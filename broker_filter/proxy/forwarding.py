@@ -242,15 +242,29 @@ class UpstreamCredit:
     and the shared subscription's `FanoutFeed`)."""
 
     upstream_credit: int
+    _broker_word: tuple[int, int] | None = None  # (credit the broker's last flow left, deliveries then)
 
     def _top_up(self) -> None: ...
 
+    def _upstream_received(self) -> int:
+        """How many upstream deliveries the feed has had."""
+        raise NotImplementedError
+
     def on_upstream_credit(self, credit: int) -> None:
-        """The upstream link's credit as a flow from the broker left it: credit the broker used up
-        without delivering (a drain, or its own accounting) is no longer counted as outstanding,
-        or the feed would wait for messages that never come."""
-        if credit < self.upstream_credit:
-            self.upstream_credit = max(0, credit)
+        """The upstream link's credit as a flow from the broker left it.  Noted here and taken at the
+        next `tick` if no delivery came in between and it is lower than the feed's own count:
+        credit the broker used up without delivering (a drain, or its own accounting, as RabbitMQ
+        3.10 does) is then no longer counted as outstanding, or the feed would wait for messages
+        that never come.  Not at once: RabbitMQ 3.10 answers every flow with one, and re-granting
+        on each answer made it send far beyond the credit (rabbitmq-server#2597), thousands of
+        messages past the feed's bound."""
+        self._broker_word = (credit, self._upstream_received())
+
+    def _take_broker_word(self) -> None:
+        """(from `tick`) Take the broker's word on the credit if nothing arrived since it."""
+        word, self._broker_word = self._broker_word, None
+        if word is not None and word[1] == self._upstream_received() and word[0] < self.upstream_credit:
+            self.upstream_credit = max(0, word[0])
             self._top_up()
 
 
@@ -315,6 +329,11 @@ class Feed(UpstreamCredit):
         # The upstream refused a move for want of room (its publisher has no credit): no more tries
         # until the next pump (its credit pumps the feed), so a backlog is not re-marked per message.
         self._no_room = False
+        # Grant upstream credit only once the last grant is used up: for RabbitMQ 3.x, which resets
+        # its queue's credit on every flow while deliveries are on their way and so sends beyond it
+        # (rabbitmq-server#2597): frequent small grants during a search made it send thousands of
+        # messages past the feed's bound.  Set by the I/O side when it knows the upstream.
+        self.whole_grants = False
         self.foreign_ttl = foreign_ttl
         # After a pass that found nothing, with links still waiting: look again after `look_again`
         # seconds, doubling up to `look_again_max` (see `tick`).
@@ -581,6 +600,8 @@ class Feed(UpstreamCredit):
         blocked alike hand back at the same moment and each pulls the other's copies (their marks
         name the other's filters: from then on the search serves both).  Alone, it costs at most a
         window of moves now and then."""
+        if not self.stopping:
+            self._take_broker_word()
         if not self.recycle or self.stopping or not any(o.credit > 0 for o in self.outlets):
             self._next_look = None
             self._next_hand_back = None
@@ -828,9 +849,12 @@ class Feed(UpstreamCredit):
         self.stats.starved = 0
         target = min(credit, self.max_credit) + self.window
         room = target - held - self.upstream_credit
-        if room > 0 and (self.upstream_credit == 0 or room * 4 >= target):
+        if room > 0 and (self.upstream_credit == 0 or (room * 4 >= target and not self.whole_grants)):
             self.upstream_credit += room
             self.io.flow_upstream(room)
+
+    def _upstream_received(self) -> int:
+        return self._pulled_total
 
     def _go_round_walled(self) -> bool:
         """Whether a feed walled in goes round now: at once while its last go-round brought its

@@ -205,6 +205,13 @@ class RemoteConsumer(_RemoteLink):
         if n > 0 and not self.closed and self.link is not None:
             if self.upstream.probing is self:
                 self.upstream.probe_answered(-1)  # credit withdraws the question (no drain with it)
+            credit = self.link.credit
+            if credit < 0:
+                # The broker sent more than the credit it had (RabbitMQ 3.x, rabbitmq-server#2597):
+                # proton's count is below zero, and the flow frame carries it as an unsigned
+                # link-credit, so adding n to it would grant the broker about 2^32 messages.  Grant n
+                # from zero; the deliveries it sent beyond are the feed's anyway.
+                n -= credit
             self.link.flow(n)
 
     def settle_in_order(self) -> None:
@@ -364,6 +371,7 @@ class RemoteUpstream(Handler):
         self.binds_exchange_keys = False
         self.modified_ok = True
         self.counts_queue = False
+        self.over_delivers = False  # sends a consumer more than its credit (RabbitMQ 3.x)
         self.recycles_sessions = False  # RabbitMQ 4: sessions outlive their links (see the module docstring)
         self._idle: list[Any] = []  # recycled sessions with no link, oldest first
         self._idle_timer = None
@@ -750,6 +758,7 @@ class RemoteUpstream(Handler):
         # 3.10 answers it too, but its classic queue then fails the channel (function_clause on
         # send_drained), so it is never asked (see RemoteConsumer.probe).
         self.counts_queue = is_rabbit and _major(self.version) >= 4
+        self.over_delivers = is_rabbit and _major(self.version) < 4  # rabbitmq-server#2597
         self.connected = True
         self._backoff = 0.1
         self._attempt = 0

@@ -207,6 +207,8 @@ class FeedBinding:
             self.info = info
             if self.spec.offered:
                 self.server.offers_decided(self, info.evaluated)
+            if isinstance(self.feed, Feed):
+                self.feed.whole_grants = bool(getattr(self.server.upstream, "over_delivers", False))
             if info.subscription is False and self.feed.subscription:
                 # The upstream says this source is shared: never consume a non-match on it.
                 self.feed.subscription = False

@@ -699,7 +699,8 @@ def test_without_the_hand_back_daemons_blocked_at_the_start_can_stall():
 def test_credit_the_broker_used_up_without_delivering_is_granted_again(drained):
     """RabbitMQ 3.x keeps its own count of link credit: a flow from it may leave the link less
     credit than the feed granted, with nothing delivered (the same can happen after a drain).  The
-    feed takes the link's word and grants again, or it would wait for messages that never come."""
+    feed takes the link's word at its next tick, when nothing arrived in between, and grants again,
+    or it would wait for messages that never come."""
     io = Recorder()
     feed = Feed(io, subscription=False, window=10)
     o = Outlet("red", sel("color = 'red'"))
@@ -711,13 +712,32 @@ def test_credit_the_broker_used_up_without_delivering_is_granted_again(drained):
         feed.on_upstream_delivery(msg("blue", i))  # held
     assert feed.upstream_credit == 12 and io.flowed == granted
     feed.on_upstream_credit(0 if drained else 12)  # the broker's flow: credit 0, or what the feed counts
+    assert feed.upstream_credit == 12 and io.flowed == granted  # not at once
+    feed.tick()
     if drained:
         assert feed.upstream_credit > 0 and io.flowed > granted  # granted again
         assert feed.upstream_credit + len(feed.held) + feed.moving <= 5 + 10  # within the bound
     else:
         assert feed.upstream_credit == 12 and io.flowed == granted  # nothing changes
     feed.on_upstream_credit(-40)  # a broker that sent more than granted: no negative count
+    feed.tick()
     assert feed.upstream_credit >= 0
+
+
+def test_the_brokers_word_on_credit_is_not_taken_while_deliveries_come():
+    """RabbitMQ 3.10 answers every flow with one whose credit lags behind what it is sending;
+    re-granting on each answer made it send thousands of messages beyond the credit.  A word
+    followed by a delivery before the tick is stale, and dropped."""
+    io = Recorder()
+    feed = Feed(io, subscription=False, window=10)
+    o = Outlet("red", sel("color = 'red'"))
+    feed.add_outlet(o)
+    feed.set_credit(o, 5)
+    granted = io.flowed
+    feed.on_upstream_credit(0)
+    feed.on_upstream_delivery(msg("blue", 0))  # it was still sending
+    feed.tick()
+    assert io.flowed == granted and feed.upstream_credit == granted - 1
 
 
 class NoRoom(Recorder):
@@ -774,3 +794,24 @@ def test_two_daemons_that_met_go_round_what_neither_selects_ever_less_often(seed
     assert sim.moves - moves <= go_rounds * 300 + handed
     print(f"moves in those 40 s: {sim.moves - moves} (hand-backs {handed} in all)")
     assert_colourless_left(sim, one, two)
+
+
+def test_with_whole_grants_the_feed_grants_again_only_once_the_last_grant_is_used_up():
+    """For an upstream that sends beyond the credit when credit is granted while deliveries are on
+    their way (RabbitMQ 3.x): no top-up while any of the last grant is outstanding."""
+    io = Recorder()
+    feed = Feed(io, subscription=False, window=10, recycle=True)
+    feed.whole_grants = True
+    o = Outlet("red", sel("color = 'red'"))
+    feed.add_outlet(o)
+    feed.set_credit(o, 5)
+    granted = io.flowed
+    assert granted == feed.upstream_credit == 15
+    for i in range(14):
+        feed.on_upstream_delivery(msg("blue", i))  # moved, and each move confirmed at once
+        for d, done in io.recycled:
+            done(True)
+        io.recycled.clear()
+    assert io.flowed == granted  # 1 still outstanding: nothing granted yet
+    feed.on_upstream_delivery(msg("blue", 14))
+    assert io.flowed > granted  # the grant is used up: a new one
