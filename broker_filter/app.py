@@ -288,9 +288,9 @@ def _settle_garbage_collector() -> None:
     """Before serving: what start-up made (modules, grammars, configuration) is moved out of every
     later collection (`gc.freeze`), so a full collection while serving scans what serving made, not
     the whole interpreter (measured relaying 120,000 messages: full collections of 41 ms each became
-about 5 ms, and the collector's time fell by half).  The thresholds stay
-    CPython's: collecting the young generation less often let a round of a thousand links leave
-    its garbage for longer, and RSS grew with it."""
+    about 5 ms, and the collector's time fell by half).  The thresholds stay CPython's: collecting
+    the young generation less often let a round of a thousand links leave its garbage for longer,
+    and RSS grew with it."""
     import gc
 
     gc.collect()

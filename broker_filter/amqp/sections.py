@@ -218,17 +218,17 @@ def _trim(fields: list) -> list:
 _BEFORE_MA = (HEADER, DELIVERY_ANNOTATIONS)
 
 
-def annotations_section(data: bytes) -> bytes | None:
-    """The bytes of the message-annotations value in `data` (None when it has none), every section
-    checked to be readable (CodecError where one is not): the key under which a reader of one
-    annotation can cache what it decoded, as most messages in a run carry the same annotations."""
+def annotations_section(data: bytes, whole: bool = True) -> bytes | None:
+    """The bytes of the message-annotations value in `data` (None when it has none): the key under
+    which a reader of one annotation can cache what it decoded, as most messages in a run carry the
+    same annotations.  `whole`: every section is checked to be readable (CodecError where one is
+    not); else the walk ends where the annotations are, or would be."""
     found = None
-    try:
-        for code, _, vpos, end in _sections(data):
-            if code == MESSAGE_ANNOTATIONS and found is None:
-                found = bytes(data[vpos:end])
-    except IndexError:
-        raise CodecError("truncated section", 0) from None
+    for code, _, vpos, end in _sections(data):
+        if code == MESSAGE_ANNOTATIONS and found is None:
+            found = bytes(data[vpos:end])
+        if not whole and code >= MESSAGE_ANNOTATIONS:
+            break
     return found
 
 

@@ -229,11 +229,18 @@ def decode_reads(data: bytes, reads: frozenset, stats: FeedStats, log: Callable[
     try:
         return decode_message(data, reads)
     except Exception as e:  # CodecError, or any decoder fault
-        stats.undecodable += 1
-        if log is not None:
-            kind = "" if isinstance(e, CodecError) else f" ({type(e).__name__})"
-            log(f"upstream message not decodable{kind}, no filter selects it: {e}")
-        return UNDECODABLE
+        return _undecodable(e, stats, log)
+
+
+def _undecodable(e: Exception, stats: FeedStats, log: Callable[[str], None] | None) -> Any:
+    """UNDECODABLE, for an upstream message whose decoding raised `e`: counted and logged."""
+    stats.undecodable += 1
+    if log is not None:
+        kind = "" if isinstance(e, CodecError) else f" ({type(e).__name__})"
+        log(f"upstream message not decodable{kind}, no filter selects it: {e}")
+    return UNDECODABLE
+
+
 _NO_PASS = (None,)
 
 
@@ -884,7 +891,8 @@ class Feed(UpstreamCredit):
         message = self._decode(delivery, reads)
         mark: dict = _NO_MARK
         if message is not _BAD and self.recycle:
-            mark = self._read_mark(delivery.data)
+            # (decoding the filters' sections, if any, already checked every section)
+            mark = self._read_mark(delivery.data, checked=message is not None)
             if mark is _BAD:
                 message, mark = _BAD, _NO_MARK
             elif mark:
@@ -893,12 +901,13 @@ class Feed(UpstreamCredit):
                     self._pass_back += 1  # a copy of this (or the last) pass came back
         return Custody(delivery, message, reads, mark)
 
-    def _read_mark(self, data: bytes) -> Any:
+    def _read_mark(self, data: bytes, checked: bool = False) -> Any:
         """The mark (filter identity -> [feed token, ms]) a moved copy carries ({} for none), or
-        UNDECODABLE (counted and logged as `decode_reads` does) when its sections cannot be read.
-        Read once per distinct annotations bytes: the marks are shared and never changed in place."""
+        UNDECODABLE (counted and logged as `decode_reads` does) when its sections cannot be read
+        (`checked`: the caller already knows they can).  Read once per distinct annotations bytes:
+        the marks are shared and never changed in place."""
         try:
-            raw = annotations_section(data)
+            raw = annotations_section(data, whole=not checked)
             mark = self._marks_read.get(raw)
             if mark is not None:
                 return mark
@@ -913,11 +922,7 @@ class Feed(UpstreamCredit):
                         if isinstance(v, list) and len(v) == 2 and isinstance(v[1], int):
                             mark[str(k)] = [str(v[0]), int(v[1])]
         except Exception as e:  # CodecError, or any decoder fault
-            self.stats.undecodable += 1
-            if self._log is not None:
-                kind = "" if isinstance(e, CodecError) else f" ({type(e).__name__})"
-                self._log(f"upstream message not decodable{kind}, no filter selects it: {e}")
-            return _BAD
+            return _undecodable(e, self.stats, self._log)
         if len(self._marks_read) >= 64:
             self._marks_read.clear()
         self._marks_read[raw] = mark

@@ -695,17 +695,24 @@ def test_without_the_hand_back_daemons_blocked_at_the_start_can_stall():
     assert stalled >= 1
 
 
+def red_queue_feed(whole_grants=False, **kw):
+    """A queue feed (window 10) on a Recorder with one outlet "red" selecting red messages, credit 5."""
+    io = Recorder()
+    feed = Feed(io, subscription=False, window=10, **kw)
+    feed.whole_grants = whole_grants
+    o = Outlet("red", sel("color = 'red'"))
+    feed.add_outlet(o)
+    feed.set_credit(o, 5)
+    return io, feed, o
+
+
 @pytest.mark.parametrize("drained", [True, False])
 def test_credit_the_broker_used_up_without_delivering_is_granted_again(drained):
     """RabbitMQ 3.x keeps its own count of link credit: a flow from it may leave the link less
     credit than the feed granted, with nothing delivered (the same can happen after a drain).  The
     feed takes the link's word at its next tick, when nothing arrived in between, and grants again,
     or it would wait for messages that never come."""
-    io = Recorder()
-    feed = Feed(io, subscription=False, window=10)
-    o = Outlet("red", sel("color = 'red'"))
-    feed.add_outlet(o)
-    feed.set_credit(o, 5)
+    io, feed, o = red_queue_feed()
     granted = io.flowed
     assert granted == feed.upstream_credit == 15
     for i in range(3):
@@ -728,11 +735,7 @@ def test_the_brokers_word_on_credit_is_not_taken_while_deliveries_come():
     """RabbitMQ 3.10 answers every flow with one whose credit lags behind what it is sending;
     re-granting on each answer made it send thousands of messages beyond the credit.  A word
     followed by a delivery before the tick is stale, and dropped."""
-    io = Recorder()
-    feed = Feed(io, subscription=False, window=10)
-    o = Outlet("red", sel("color = 'red'"))
-    feed.add_outlet(o)
-    feed.set_credit(o, 5)
+    io, feed, o = red_queue_feed()
     granted = io.flowed
     feed.on_upstream_credit(0)
     feed.on_upstream_delivery(msg("blue", 0))  # it was still sending
@@ -799,12 +802,7 @@ def test_two_daemons_that_met_go_round_what_neither_selects_ever_less_often(seed
 def test_with_whole_grants_the_feed_grants_again_only_once_the_last_grant_is_used_up():
     """For an upstream that sends beyond the credit when credit is granted while deliveries are on
     their way (RabbitMQ 3.x): no top-up while any of the last grant is outstanding."""
-    io = Recorder()
-    feed = Feed(io, subscription=False, window=10, recycle=True)
-    feed.whole_grants = True
-    o = Outlet("red", sel("color = 'red'"))
-    feed.add_outlet(o)
-    feed.set_credit(o, 5)
+    io, feed, o = red_queue_feed(recycle=True, whole_grants=True)
     granted = io.flowed
     assert granted == feed.upstream_credit == 15
     for i in range(14):
