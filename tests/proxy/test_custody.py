@@ -126,20 +126,23 @@ def test_a_match_behind_any_depth_is_found_and_a_graceful_stop_duplicates_nothin
 def test_what_the_proxy_holds_while_searching_stays_within_the_window_and_the_credit(upstream):
     """The bound in docs/proxy.md: at most window + credit unsettled messages per queue in the
     proxy, plus what clients gave back (at most their credit); here held or moving, sampled from
-    the metrics while the proxy searches.  RabbitMQ 3.10 sends a consumer more than its credit when
-    credit is granted while deliveries are on their way (rabbitmq-server#2597): with grants at
-    every quarter of the window, and the broker's word on the credit taken at each of its flows,
-    the search held thousands (1,400-3,500 moves in flight with credit 100; 52-2,296 here), and a
-    grant on a link whose proton credit had gone below zero went out as a link-credit of about
-    2^32.  Now the feed grants RabbitMQ 3.x credit only once the last grant is used up."""
+    the metrics while the proxy searches, against the credit the link has at the proxy (also
+    sampled: python-qpid-proton's blocking receiver gives its credit twice, once from its prefetch
+    and once when it is made, so `credit=10` is 20 at the proxy).  RabbitMQ 3.10 sends a consumer
+    more than its credit when credit is granted while deliveries are on their way
+    (rabbitmq-server#2597): with grants at every quarter of the window, and the broker's word on
+    the credit taken at each of its flows, the search held thousands (1,400-3,500 moves in flight
+    with credit 100; 52-2,296 here), and a grant on a link whose proton credit had gone below zero
+    went out as a link-credit of about 2^32.  Now the feed grants RabbitMQ 3.x credit only once the
+    last grant is used up."""
     q = fresh_queue()
-    depth, window, credit = 20000, 20, 10
+    depth, window, credit = 50000, 20, 10  # deep enough for the once-a-second metrics to see the search
     publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)]
                  + [Message(body=depth, properties={"half": 1})])
     mport = free_port()
     proxy = Daemon("--metrics", f"127.0.0.1:{mport}", "--set", f"limits.upstream_window={window}", upstream=upstream)
     c = connect(proxy.url)
-    peaks = []
+    peaks, credits = [], []
     try:
         r = c.create_receiver(q, credit=credit, options=Selector("half = 1"))
         deadline = time.monotonic() + 180
@@ -150,12 +153,15 @@ def test_what_the_proxy_holds_while_searching_stays_within_the_window_and_the_cr
             held = metric_value(text, "broker_filter_messages_held", address=q) or 0
             moving = metric_value(text, "broker_filter_moves_in_flight", address=q) or 0
             peaks.append(held + moving)
+            credits.append(metric_value(text, "broker_filter_credit_outstanding", address=q) or 0)
         assert [m.body for m in got] == [depth]
         c.close()
     finally:
         proxy.stop()
-    print(f"held + moving, sampled during the search: max {max(peaks)} of {len(peaks)} samples")
-    assert len(peaks) >= 3 and max(peaks) <= window + 2 * credit, peaks
+    print(f"held + moving, sampled during the search: max {max(peaks)} of {len(peaks)} samples; "
+          f"the link's credit at the proxy: max {max(credits)}")
+    assert max(peaks) > 0 and max(credits) <= 2 * credit, (peaks, credits)  # the metrics saw the search
+    assert max(peaks) <= window + max(credits), (peaks, credits)
     rest = [m.body for m in drain(upstream, q)]
     assert sorted(rest) == list(range(depth))
     assert "Traceback" not in proxy.log()
