@@ -9,7 +9,9 @@ latency runs also `ts`, the send time) to a fresh `/topic/<name>` on RabbitMQ 12
               drops the rest), the producer at RabbitMQ;
   * both:     producer and consumer through the daemon (every selected message crosses it twice).
 Rate = N / (producer start .. the consumer's last selected message); rounds are interleaved so
-every target sees the same machine load; medians are reported.  The daemon's CPU (user + system,
+every target sees the same machine load, and the order rotates from round to round (each target
+runs first, second and third equally often: the broker's state after one target's round is not
+always what the same next target meets); medians are reported.  The daemon's CPU (user + system,
 from /proc) is per upstream message.  Then latency at half load: the producer paced at half the
 lower of the direct and consumer rates measured in this run, direct against through the daemon (and
 both ways through it), p50 and p99 of receive time - send time of the selected messages.
@@ -77,7 +79,7 @@ def main() -> int:
     latency: dict[str, dict] = {}
     try:
         for n in range(args.rounds):
-            for target in TARGETS:
+            for target in TARGETS[n % 3:] + TARGETS[:n % 3]:  # each target first in a third of the rounds
                 r = run(target, proc, port, args.messages, broker=broker)
                 rounds[target].append(r)
                 if not args.json:
