@@ -168,8 +168,8 @@ class FeedStats:
 class Outlet:
     """One client receiving link.  `receiver` is its connection identity "<instance>/<connection>"."""
 
-    __slots__ = ("name", "filter", "receiver", "credit", "in_flight", "delivered", "io_ref", "presettled",
-                 "identity", "waiting_since")
+    __slots__ = ("name", "filter", "receiver", "credit", "in_flight", "delivered", "io_ref", "io_owner",
+                 "presettled", "identity", "waiting_since")
 
     def __init__(self, name: str, filter: Any, receiver: str | None = None, io_ref: Any = None,
                  presettled: bool = False):
@@ -181,6 +181,7 @@ class Outlet:
         self.in_flight: dict[Any, Custody] = {}  # client tag -> what the client has unsettled
         self.delivered = 0
         self.io_ref = io_ref  # the I/O layer's link object
+        self.io_owner: Any = None  # what serves the link in the I/O layer (opaque here)
         self.identity = filter_identity(filter, receiver)
         self.waiting_since: float | None = None  # since when it has had credit and received nothing
 
@@ -197,7 +198,7 @@ class Custody:
     outlets it must not go to again, and its redelivery state."""
 
     __slots__ = ("delivery", "message", "reads", "excluded", "mark", "redelivered", "failed", "refused",
-                 "kept")
+                 "kept", "offered")
 
     def __init__(self, delivery: Any, message: Any, reads: frozenset, mark: dict | None = None):
         self.delivery = delivery
@@ -209,6 +210,7 @@ class Custody:
         self.failed = 0  # failed attempts in the proxy (added to the header's delivery-count)
         self.refused = 0  # the pass in which the broker refused its copy (not moved again in it)
         self.kept = False  # held for links that select it and have no credit (see `Feed.reserve`)
+        self.offered = -1  # the feed's `_offers` when every outlet with credit last turned it down
 
     def data(self) -> bytes:
         if not self.redelivered:
@@ -336,6 +338,7 @@ class Feed(UpstreamCredit):
         # The upstream refused a move for want of room (its publisher has no credit): no more tries
         # until the next pump (its credit pumps the feed), so a backlog is not re-marked per message.
         self._no_room = False
+        self._offers = 0  # changes when an outlet gains credit or the filters change (see `pump`)
         # Grant upstream credit only once the last grant is used up: for RabbitMQ 3.x, which resets
         # its queue's credit on every flow while deliveries are on their way and so sends beyond it
         # (rabbitmq-server#2597): frequent small grants during a search made it send thousands of
@@ -405,6 +408,8 @@ class Feed(UpstreamCredit):
     def set_credit(self, outlet: Outlet, credit: int) -> None:
         had = outlet.credit
         outlet.credit = max(0, credit)
+        if had <= 0 < outlet.credit:
+            self._offers += 1  # a link that was passed over may select what is held
         if had <= 0 < outlet.credit and outlet.identity in self._deferred and not self.stopping:
             # Messages this filter selects were moved while its links had no credit: go round once
             # more for them.  A new pass even if one is open (as `poke`): that one may end at a copy
@@ -423,6 +428,7 @@ class Feed(UpstreamCredit):
                 self.pump()
 
     def _filters_changed(self) -> None:
+        self._offers += 1
         self._reads = frozenset().union(*(o.filter.reads for o in self.outlets))
         self._identities = frozenset(o.identity for o in self.outlets)
         self._marks_moved.clear()
@@ -511,7 +517,11 @@ class Feed(UpstreamCredit):
         self._no_room = False
         if self.held and any(o.credit > 0 for o in self.outlets):
             keep: deque[Custody] = deque()
+            offers = self._offers
             for c in self.held:
+                if c.offered == offers:
+                    keep.append(c)  # turned down by the same outlets with the same filters: no change
+                    continue
                 if not (self._reads <= c.reads) and c.message is not _BAD:
                     c.message = self._decode(c.delivery, self._reads)
                     c.reads = self._reads
@@ -554,6 +564,9 @@ class Feed(UpstreamCredit):
             return True
         # every outlet said no: `_wanted` need not ask them again
         self._nobody = evaluated == n and not c.excluded
+        if not excluded or excluded is c.excluded:
+            # the answer stands until an outlet gains credit or the filters change (`_offers`)
+            c.offered = self._offers
         return False
 
     def _send(self, o: Outlet, c: Custody) -> None:
@@ -739,12 +752,22 @@ class Feed(UpstreamCredit):
         self._kept = 0
         searching = self._searching()  # (once: nothing in the loop changes it)
         for c in self.held:
+            if self._no_room and searching:
+                # No move starts before the next pump: the rest stay as they are, unevaluated (the
+                # filters ran for each held message at every pump), kept within the reserve.
+                if c.kept:
+                    if self._kept < self.reserve:
+                        self._kept += 1
+                    else:
+                        c.kept = False
+                keep.append(c)
+                continue
             c.kept = False
             if not searching:
                 keep.append(c)
                 continue
             wanted = self._wanted(c)
-            if (wanted and self._keep(c)) or self._no_room or not self._movable(c) or not self._move(c, wanted):
+            if (wanted and self._keep(c)) or not self._movable(c) or not self._move(c, wanted):
                 keep.append(c)
         self.held = keep
         self._count_held()

@@ -196,9 +196,8 @@ class FeedBinding:
         return self.server.upstream.open_consumer(dataclasses.replace(self.spec, name=name), handler)
 
     def lost_outlet(self, outlet: Outlet, condition: str, description: str) -> None:
-        link = outlet.io_ref
-        link.bf_binding = None
-        close_link(link, condition, description)
+        outlet.io_owner = None
+        close_link(outlet.io_ref, condition, description)
 
     # ConsumerHandler ----------------------------------------------------------
     def on_consumer_ready(self, consumer, info: ConsumerInfo) -> None:
@@ -583,7 +582,7 @@ class ProxyServer(Handler):
             return
         pointer = link._impl
         credit = lib.pn_link_credit(pointer)
-        binding = _attr(link, "bf_binding")
+        binding = outlet.io_owner
         if binding is None or binding.closed or outlet not in binding.feed.outlets:
             if credit > 0 and lib.pn_link_get_drain(pointer):
                 lib.pn_link_drained(pointer)
@@ -709,7 +708,7 @@ class ProxyServer(Handler):
         if binding is None or binding.closed:
             self._open_feed(key, spec, subscription, outlet)
             return
-        link.bf_binding = binding
+        outlet.io_owner = binding
         if binding.ready:
             self.complete_outlet(binding, outlet)
         else:
@@ -721,7 +720,7 @@ class ProxyServer(Handler):
             binding.feed.stop()
         self._register(binding)
         binding.pending.append(outlet)
-        outlet.io_ref.bf_binding = binding
+        outlet.io_owner = binding
         binding.consumer = self.upstream.open_consumer(spec, binding)
         return binding
 
@@ -822,7 +821,7 @@ class ProxyServer(Handler):
         self._forget_recycler(binding.spec.address)
         for o in outlets:
             link = o.io_ref
-            link.bf_binding = None
+            o.io_owner = None
             if link.state & Endpoint.LOCAL_UNINIT:
                 self._refuse(link, error.condition, error.description or "upstream refused", error.info)
             else:
@@ -845,7 +844,7 @@ class ProxyServer(Handler):
                 return  # not a terminal state yet
             # Settled without an outcome: never treat that as accepted.
             outcome = Outcome("released")
-        binding = _attr(link, "bf_binding")
+        binding = outlet.io_owner
         if binding is not None and not binding.closed:
             binding.feed.on_client_outcome(outlet, dlv, outcome)
             if binding.counters is not None:
@@ -1002,8 +1001,7 @@ class ProxyServer(Handler):
         outlet = _attr(link, "bf_outlet")
         if outlet is not None:
             link.bf_outlet = None
-            binding = _attr(link, "bf_binding")
-            link.bf_binding = None
+            binding, outlet.io_owner = outlet.io_owner, None
             if binding is not None and not binding.closed:
                 if outlet in binding.pending:
                     binding.pending.remove(outlet)
