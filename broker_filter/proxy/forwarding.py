@@ -410,12 +410,12 @@ class Feed(UpstreamCredit):
         outlet.credit = max(0, credit)
         if had <= 0 < outlet.credit:
             self._offers += 1  # a link that was passed over may select what is held
-        if had <= 0 < outlet.credit and outlet.identity in self._deferred and not self.stopping:
-            # Messages this filter selects were moved while its links had no credit: go round once
-            # more for them.  A new pass even if one is open (as `poke`): that one may end at a copy
-            # it moved before them, and a pass ends only at a copy moved after it started.
-            self._deferred.discard(outlet.identity)
-            self._open_pass()
+            if outlet.identity in self._deferred and not self.stopping:
+                # Messages this filter selects were moved while its links had no credit: go round
+                # once more for them.  A new pass even if one is open (as `poke`): that one may end
+                # at a copy it moved before them, and a pass ends only at a copy moved after it started.
+                self._deferred.discard(outlet.identity)
+                self._open_pass()
         self.pump()
 
     def poke(self) -> None:
