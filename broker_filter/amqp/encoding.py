@@ -375,13 +375,13 @@ def decode_map(buf: bytes, pos: int) -> tuple[dict, int]:
             c = buf[p]
             if c == 0xA1:
                 q = p + 2 + buf[p + 1]
-                k = str(buf[p + 2 : q], "utf-8")
+                k = buf[p + 2 : q].decode()  # (a memoryview has no .decode: the fallback below takes it)
             else:
                 k, q = decoders[c](buf, p + 1, 1)
             c = buf[q]
             if c == 0xA1:
                 p = q + 2 + buf[q + 1]
-                out[k] = str(buf[q + 2 : p], "utf-8")
+                out[k] = buf[q + 2 : p].decode()
             elif c == 0x55:  # smalllong
                 p = q + 2
                 out[k] = _i8(buf, q + 1)[0]

@@ -119,7 +119,15 @@ def decode_message(data: bytes, reads: Iterable[str] | None = None) -> Message:
             else:
                 code, vpos = _descriptor(data, pos)
             if code not in codes:
-                pos = skip(data, vpos)
+                c = data[vpos] if vpos + 1 < n else None
+                if c == 0xC0 or c == 0xA0 or c == 0xC1:  # list8, vbin8, map8: skipped here (as `skip`)
+                    pos = vpos + 2 + data[vpos + 1]
+                    if pos > n:
+                        raise CodecError("truncated value", vpos)
+                elif c == 0x45 or c == 0x40:  # list0, null
+                    pos = vpos + 1
+                else:
+                    pos = skip(data, vpos)
                 continue
             if code == APPLICATION_PROPERTIES:
                 value, pos = decode_map(data, vpos)

@@ -171,7 +171,7 @@ class EngineContainer:
         self.handler = _Handlers()
         self._proton: dict[Any, Any] = {}  # connection pointer -> its proton handler
         self._refused: set[Any] = set()  # links refused before their handler saw them
-        self.typed: dict[Any, Typed] = {}  # link pointer -> its per-message handlers (`route`)
+        self.typed: dict[Any, Typed] = self.loop.typed  # link pointer -> its per-message handlers (`route`)
         self._routed: dict[Any, set] = {}  # connection pointer -> its routed links' pointers
         self.loop.observers = self._proton
         self.loop.observe = self._dispatch

@@ -64,6 +64,7 @@ _DISTRIBUTION_CODES = {name: code for code, name in DISTRIBUTION_MODES.items()}
 
 # What the engine itself needs to see of a connection whose events an observer handles.
 _TRANSPORT = lib.PN_TRANSPORT
+_DELIVERY = lib.PN_DELIVERY
 _CONNECTION_LEVEL = frozenset({
     lib.PN_CONNECTION_REMOTE_OPEN, lib.PN_CONNECTION_LOCAL_OPEN, lib.PN_CONNECTION_REMOTE_CLOSE,
     lib.PN_TRANSPORT, lib.PN_TRANSPORT_ERROR, lib.PN_TRANSPORT_CLOSED,
@@ -672,6 +673,10 @@ class Engine:
         # sessions, links and deliveries to it; see `container.py`
         self.observers: dict[Any, Any] = {}
         self.observe: Callable[[Any, Any, int], None] | None = None
+        # link pointer -> an observer's per-message handlers for that link (`.transfer(delivery
+        # pointer)`, `.failed()`): its PN_DELIVERY events go there straight from `process`, the
+        # hot path of a relay (filled by the observer, see `container.route`)
+        self.typed: dict[Any, Any] = {}
         self._buffer = bytearray(64 * 1024)
         self._cbuffer = ffi.from_buffer(self._buffer)
         self._view = memoryview(self._buffer)
@@ -830,6 +835,7 @@ class Engine:
         peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
         event_connection = lib.pn_event_connection
         observers = self.observers
+        typed_links, event_link = self.typed, lib.pn_event_link
         connections, dirty = self.connections, self.dirty
         count = 0
         while True:
@@ -844,6 +850,17 @@ class Engine:
                     dirty.add(connection)
                 pop(collector)
                 continue
+            if kind == _DELIVERY and typed_links:  # (one a message: a routed link's, straight there)
+                typed = typed_links.get(event_link(event))
+                if typed is not None:
+                    try:
+                        typed.transfer(lib.pn_event_delivery(event))
+                    except Exception:  # noqa: BLE001 - as the daemon's boundaries do: log, fail the link
+                        log.exception("handling a delivery failed")
+                        if typed.failed is not None:
+                            typed.failed()
+                    pop(collector)
+                    continue
             if observers:
                 observer = observers.get(event_connection(event))
                 if observer is not None:

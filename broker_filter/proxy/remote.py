@@ -243,6 +243,10 @@ class RemoteConsumer(_RemoteLink):
         if order is None or order.get(delivery, outcome) is not _UNDECIDED:
             self._apply(delivery, outcome)
             return
+        if not self.waiting and next(iter(order)) is delivery:  # the usual: decided in arrival order
+            del order[delivery]
+            self._apply(delivery, outcome)
+            return
         order[delivery] = outcome
         self.waiting += 1
         while order:  # settle the decided run at the head

@@ -62,7 +62,8 @@ def receive(link: Any, delivery: Any) -> bytes | None:
         return None
     size = lib.pn_delivery_pending(delivery)
     buffer = _RECEIVED
-    buffer.fit(size)
+    if size > len(buffer.data):
+        buffer.fit(size)
     received = lib.pn_link_recv(link, buffer.c, size)
     lib.pn_link_advance(link)
     return ffi.unpack(buffer.c, received) if received > 0 else b""
