@@ -322,9 +322,10 @@ class FrameCounter:
 
 
 def start_daemon(io: str, upstream: str, profile: str | None = None,
-                 settings: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int, Path]:
+                 settings: tuple[str, ...] = (), root: Path = ROOT) -> tuple[subprocess.Popen, int, Path]:
     """`broker-filter serve` in front of RabbitMQ (`io` names the target, "engine"; `settings`:
-    `--set` arguments, e.g. "limits.upstream_window=1000"): the process, its port and its log."""
+    `--set` arguments, e.g. "limits.upstream_window=1000"; `root`: the checkout whose code runs):
+    the process, its port and its log."""
     import re
     import tempfile
     import time
@@ -335,8 +336,8 @@ def start_daemon(io: str, upstream: str, profile: str | None = None,
         proc = subprocess.Popen([sys.executable, *profiler, "-m", "broker_filter", "serve", "--listen",
                                  "127.0.0.1:0", "--upstream", f"amqp://guest:guest@{upstream}",
                                  *(a for kv in settings for a in ("--set", kv))],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                stdout=out, stderr=subprocess.STDOUT, cwd=root,
+                                env={**os.environ, "PYTHONPATH": str(root)})
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         text = log.read_text()

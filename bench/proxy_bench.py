@@ -22,8 +22,12 @@ port, when it can be found).  On a machine whose cores the round keeps busy, a t
 against direct is about the inverse of its machine CPU per message against direct's: the daemon's
 CPU adds to what the broker and the clients spend.
 
+With `--against ROOT` a second daemon runs the code of another checkout beside this one, and a fourth
+target, "against", is the consumer through it: the two versions are compared in the same rounds,
+each round's ratio against that round's direct run (the machine's noise moves both alike).
+
     python bench/proxy_bench.py [--messages 40000] [--rounds 3] [--latency-seconds 5] [--json]
-                                [--profile daemon.prof]
+                                [--profile daemon.prof] [--against /path/to/other/checkout]
 
 Needs RabbitMQ with AMQP 1.0 on 127.0.0.1:5672 (guest/guest) and rhea (tests/js/node_modules).
 """
@@ -71,16 +75,24 @@ def main() -> int:
     ap.add_argument("--upstream", default="127.0.0.1:5672", help="RabbitMQ host:port (guest/guest)")
     ap.add_argument("--profile", metavar="FILE", help="run the daemon under cProfile, statistics to FILE")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--against", type=Path, metavar="ROOT",
+                    help="also run the consumer through a daemon of another checkout, in the same rounds")
     args = ap.parse_args()
 
     proc, port, log = start_daemon("engine", args.upstream, args.profile)
+    other = start_daemon("engine", args.upstream, root=args.against.resolve()) if args.against else None
     broker = listening_pid(int(args.upstream.rpartition(":")[2]))
-    rounds: dict[str, list[dict]] = {t: [] for t in TARGETS}
+    targets = TARGETS + (("against",) if other else ())
+    rounds: dict[str, list[dict]] = {t: [] for t in targets}
     latency: dict[str, dict] = {}
     try:
         for n in range(args.rounds):
-            for target in TARGETS[n % 3:] + TARGETS[:n % 3]:  # each target first in a third of the rounds
-                r = run(target, proc, port, args.messages, broker=broker)
+            k = n % len(targets)
+            for target in targets[k:] + targets[:k]:  # each target first in as many rounds
+                if target == "against":
+                    r = run("consumer", other[0], other[1], args.messages, broker=broker)
+                else:
+                    r = run(target, proc, port, args.messages, broker=broker)
                 rounds[target].append(r)
                 if not args.json:
                     cpu = f", daemon CPU {r['cpu_us_per_msg']:.1f} µs/msg" if r["cpu_us_per_msg"] is not None else ""
@@ -88,29 +100,38 @@ def main() -> int:
                     print(f"round {n + 1} {target:9}: {r['rate']:8.0f} msg/s{cpu}; machine CPU "
                           f"{r['machine_us_per_msg']:.1f} µs/msg ({100 * r['machine_busy']:.0f}% busy){rabbit}",
                           flush=True)
-        median = {t: statistics.median(r["rate"] for r in rounds[t]) for t in TARGETS}
+        median = {t: statistics.median(r["rate"] for r in rounds[t]) for t in targets}
         half = round(min(median["direct"], median["consumer"]) / 2)
         count = max(200, int(half * args.latency_seconds)) // 2 * 2
         for target in TARGETS:
             latency[target] = run(target, proc, port, count, half)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.unlink()
+        for p, _, daemon_log in [(proc, port, log)] + ([other] if other else []):
+            p.terminate()
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            daemon_log.unlink()
 
     direct = median["direct"]
     result = {
         "messages": args.messages,
         "rounds": args.rounds,
         "direct_msgs_per_s": round(direct),
-        "runs": {t: [round(r["rate"]) for r in rounds[t]] for t in TARGETS},
+        "runs": {t: [round(r["rate"]) for r in rounds[t]] for t in targets},
     }
     for t in ("consumer", "both"):
         result[f"{t}_ratio"] = round(median[t] / direct, 3)
         result[f"{t}_cpu_us_per_message"] = round(statistics.median(r["cpu_us_per_msg"] for r in rounds[t]), 1)
+    if other:
+        for t in ("consumer", "against"):
+            result[f"{t}_paired_ratio"] = round(statistics.median(
+                r["rate"] / d["rate"] for r, d in zip(rounds[t], rounds["direct"])), 3)
+        result["against_ratio"] = round(median["against"] / direct, 3)
+        result["against_cpu_us_per_message"] = round(
+            statistics.median(r["cpu_us_per_msg"] for r in rounds["against"]), 1)
+        result["against"] = str(args.against.resolve())
     for t in TARGETS:
         result[f"{t}_machine_us_per_message"] = round(statistics.median(r["machine_us_per_msg"] for r in rounds[t]), 1)
         if broker:
@@ -138,6 +159,11 @@ def main() -> int:
         print("  machine CPU per upstream message (medians; the broker's in brackets): " + ", ".join(
             f"{t} {result[f'{t}_machine_us_per_message']} µs"
             + (f" ({result[f'{t}_broker_us_per_message']})" if broker else "") for t in TARGETS))
+        if other:
+            print(f"  consumer through the daemon of {result['against']}: {median['against']:8.0f} msg/s  "
+                  f"{result['against_ratio']:.2f}x direct; daemon CPU {result['against_cpu_us_per_message']} µs")
+            print(f"  median of the rounds' own ratios (each against that round's direct run): this checkout "
+                  f"{result['consumer_paired_ratio']:.3f}x, the other {result['against_paired_ratio']:.3f}x")
         print(f"latency at half load ({half} msg/s, {count} messages):")
         for t in TARGETS:
             added = "" if t == "direct" else (f"; added p50 {result[f'{t}_added_p50_ms']} ms, "
