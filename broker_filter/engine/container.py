@@ -12,7 +12,8 @@ behave as the Container's do for the daemon.
 
 The per-message events do not cross the bridge: a handler that routes a link (`route(link,
 Typed(...))`) gets that link's PN_DELIVERY as `transfer(delivery pointer)` and its PN_LINK_FLOW as
-`credit()`, with no proton event or wrapper built.  Routes are keyed by the link's pointer and
+`credit()`, with no proton event or wrapper built (the deliveries straight from the engine's
+`process`: the routes are the engine's `typed`, shared).  Routes are keyed by the link's pointer and
 dropped before proton can free it (at PN_LINK_FINAL, and for every link of a connection whose
 transport closed), so a reused address never reaches the wrong handler.  Attach, detach, open and
 close stay on the bridge: they are rare.
@@ -57,7 +58,7 @@ def client_ssl_context(tls: Any) -> ssl.SSLContext:
 # links) would be wrapped as proton's Event and dispatched to no method at all: wrapping is most of
 # this bridge's cost, so they are not handed on.  tests/engine/test_bridge.py checks that no daemon
 # handler defines a method for an event left out here.
-_DELIVERY, _FLOW = lib.PN_DELIVERY, lib.PN_LINK_FLOW
+_FLOW = lib.PN_LINK_FLOW
 HANDED_ON = frozenset({
     lib.PN_CONNECTION_REMOTE_OPEN, lib.PN_CONNECTION_REMOTE_CLOSE, lib.PN_CONNECTION_FINAL,
     lib.PN_SESSION_REMOTE_OPEN, lib.PN_SESSION_REMOTE_CLOSE,
@@ -243,16 +244,14 @@ class EngineContainer:
                     del self._routed[typed.connection]
 
     def _dispatch(self, event: Any, handler: Any, kind: int) -> None:
-        if kind == _DELIVERY or kind == _FLOW:
+        if kind == _FLOW:  # (a routed link's PN_DELIVERY never comes here: `Engine.process` hands it on)
             typed = self.typed.get(lib.pn_event_link(event)) if self.typed else None
             if typed is not None:
                 try:
-                    if kind == _DELIVERY:
-                        typed.transfer(lib.pn_event_delivery(event))
-                    elif typed.credit is not None:
+                    if typed.credit is not None:
                         typed.credit()
                 except Exception:  # noqa: BLE001 - as the daemon's boundaries do: log, fail the link
-                    log.exception("handling %s failed", "a delivery" if kind == _DELIVERY else "a flow")
+                    log.exception("handling a flow failed")
                     if typed.failed is not None:
                         typed.failed()
                 return
