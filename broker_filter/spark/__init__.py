@@ -5,7 +5,13 @@ imports this package."""
 
 
 def register(spark):
-    """Make `spark.readStream.format("broker-filter")` (and writeStream / write) known to `spark`."""
+    """Make `spark.readStream.format("broker-filter")` (and writeStream / write) known to `spark`.
+
+    Spark runs the source and sink in Python workers started with the interpreter the SparkContext
+    was created with (`PYSPARK_PYTHON`, else the first `python3` on PATH), which need not be this one.
+    If that interpreter cannot import what the workers need, the data source's workers run this
+    interpreter instead on a local master; on a cluster, RuntimeError says what to set
+    `PYSPARK_PYTHON` to (`datasource.worker_python`)."""
     import pyspark
 
     major, minor = (int(x) for x in pyspark.__version__.split(".")[:2])

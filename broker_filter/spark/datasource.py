@@ -27,6 +27,10 @@ a refusal fails the task and Spark runs the batch again (at-least-once).
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -52,8 +56,106 @@ PARTITION_ROWS = 5000  # rows per Spark partition of a micro-batch
 
 
 def register(spark: Any) -> None:
-    """Make `format("broker-filter")` known to this session (readStream and writeStream / write)."""
-    spark.dataSource.register(BrokerFilterDataSource)
+    """Make `format("broker-filter")` known to this session (readStream and writeStream / write),
+    its Python workers running an interpreter that can import this package (`worker_python`)."""
+    try:
+        sc = spark.sparkContext
+    except Exception:  # Spark Connect: the server starts the Python workers, with its own settings
+        sc = None
+    python = worker_python(sc) if sc is not None else None
+    if python is None or python == sc.pythonExec:
+        spark.dataSource.register(BrokerFilterDataSource)
+        return
+    # PySpark records the interpreter of a data source's workers (every one: the driver-side source
+    # and planner, the executors' readers and writers) in the function it registers, from
+    # `sc.pythonExec` at that moment; the SparkContext's own setting stays as it is for the rest.
+    previous = sc.pythonExec
+    sc.pythonExec = python
+    try:
+        spark.dataSource.register(BrokerFilterDataSource)
+    finally:
+        sc.pythonExec = previous
+
+
+# What a data source worker imports beyond what Spark puts on its path (pyspark, py4j).
+WORKER_MODULES = ("pyarrow", "proton", "lark", "broker_filter")
+_PROBE = """import sys
+print("%d.%d" % sys.version_info[:2])
+for name in sys.argv[1:]:
+    try:
+        __import__(name)
+    except Exception:
+        print(name)
+"""
+
+
+def worker_python(sc: Any, timeout: float = 60.0) -> str:
+    """The interpreter this package's Spark Python workers should run.
+
+    PySpark starts Python workers with the interpreter fixed when the SparkContext was created:
+    `PYSPARK_PYTHON` then, else the first `python3` on PATH — not the driver's interpreter, and
+    neither `PYSPARK_PYTHON` nor `spark.pyspark.python` set afterwards changes it.  When that
+    interpreter is this one, or runs the same Python and imports what the workers need, it is kept
+    (the user's choice wins).  Otherwise, on a local master (workers on this machine), this
+    interpreter (`sys.executable`); on a cluster, RuntimeError saying what to set."""
+    python = sc.pythonExec
+    if _same_interpreter(python):
+        return python
+    problem = _probe(python, timeout)
+    if problem is None:
+        return python
+    master = str(sc.master or "")
+    where = f"'{python}'" + ("" if os.sep in python else f" ({shutil.which(python) or 'not on PATH'})")
+    if master.startswith("local"):
+        log.info("Spark's Python workers run %s, which %s; the broker-filter data source's workers run "
+                 "this interpreter instead: %s", where, problem, sys.executable)
+        return sys.executable
+    raise RuntimeError(
+        f"broker-filter: Spark's Python workers run {where}, which {problem}. Set PYSPARK_PYTHON to an "
+        f"interpreter that has broker-filter installed with its spark extra on the driver and on every "
+        f"executor (this one, {sys.executable}, has it) before the SparkContext is created, e.g. "
+        f"`export PYSPARK_PYTHON={sys.executable}` or spark-submit's "
+        f"`--conf spark.pyspark.python={sys.executable}`: a running SparkContext keeps the interpreter "
+        f"it started with")
+
+
+def _same_interpreter(python: str) -> bool:
+    """`python` is the driver's interpreter: the same file in the same directory (a virtualenv's
+    `python` and `python3`), so the same prefix and site-packages."""
+    if python == sys.executable:
+        return True
+    path = python if os.sep in python else shutil.which(python)
+    if not path:
+        return False
+    try:
+        return (os.path.dirname(os.path.abspath(path)) == os.path.dirname(os.path.abspath(sys.executable))
+                and os.path.samefile(path, sys.executable))
+    except OSError:
+        return False
+
+
+def _probe(python: str, timeout: float) -> str | None:
+    """None if `python` runs this Python's major.minor and imports WORKER_MODULES; else what is wrong,
+    as the end of a sentence."""
+    try:
+        done = subprocess.run([python, "-c", _PROBE, *WORKER_MODULES], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return "does not exist"
+    except subprocess.TimeoutExpired:
+        return f"did not answer within {timeout:.0f} s"
+    except OSError as e:
+        return f"cannot be started ({e.strerror or e})"
+    lines = done.stdout.split()
+    if done.returncode != 0 or not lines:
+        return f"failed to start (exit status {done.returncode})"
+    version, missing = lines[0], lines[1:]
+    ours = "%d.%d" % sys.version_info[:2]
+    if version != ours:
+        return f"is Python {version}, not the driver's {ours}"
+    if missing:
+        return f"cannot import {', '.join(missing)}"
+    return None
 
 
 class BrokerFilterDataSource(DataSource):
