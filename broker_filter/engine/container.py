@@ -171,7 +171,10 @@ class EngineContainer:
         self.client_tls = client_tls
         self.handler = _Handlers()
         self._proton: dict[Any, Any] = {}  # connection pointer -> its proton handler
-        self._refused: set[Any] = set()  # links refused before their handler saw them
+        # links refused before their handler saw them -> their connection's pointer; forgotten at
+        # PN_LINK_FINAL or when the connection's transport closes (the engine frees its links
+        # then, and a new link at a reused address must reach the handler)
+        self._refused: dict[Any, Any] = {}
         self.typed: dict[Any, Typed] = self.loop.typed  # link pointer -> its per-message handlers (`route`)
         self._routed: dict[Any, set] = {}  # connection pointer -> its routed links' pointers
         self.loop.observers = self._proton
@@ -258,7 +261,7 @@ class EngineContainer:
         elif kind == lib.PN_LINK_FINAL:
             if self.typed:
                 self._forget_route(lib.pn_event_link(event))
-        elif kind == lib.PN_TRANSPORT_CLOSED and self.typed:
+        elif kind == lib.PN_TRANSPORT_CLOSED and (self.typed or self._refused):
             self._bridge(kind, event, handler)
             self._unroute_connection(lib.pn_event_connection(event))
             return
@@ -268,13 +271,16 @@ class EngineContainer:
         """The engine frees every link of `connection` next: forget their routes first."""
         for pointer in self._routed.pop(connection, ()):
             self.typed.pop(pointer, None)
+        if self._refused:
+            for pointer in [p for p, c in self._refused.items() if c == connection]:
+                del self._refused[pointer]
 
     def _bridge(self, kind: int, event: Any, handler: Any) -> None:
         if self._refused:
             pointer = lib.pn_event_link(event)
             if pointer != NULL and pointer in self._refused:
                 if kind == lib.PN_LINK_FINAL:
-                    self._refused.discard(pointer)
+                    del self._refused[pointer]
                 return  # a link refused here is none of the handler's business
         if kind not in HANDED_ON:
             return
@@ -304,7 +310,7 @@ class EngineContainer:
         _, error = read_data(lib.pn_terminus_filter(lib.pn_link_remote_source(pointer)))
         if error is None:
             return False
-        self._refused.add(pointer)
+        self._refused[pointer] = lib.pn_session_connection(lib.pn_link_session(pointer))
         lib.pn_terminus_set_type(lib.pn_link_source(pointer), lib.PN_UNSPECIFIED)
         lib.pn_link_open(pointer)
         condition = lib.pn_link_condition(pointer)

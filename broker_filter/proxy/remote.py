@@ -382,6 +382,7 @@ class RemoteUpstream(Handler):
         self._endpoints: dict[str, Any] = {}
         self._ended: set[Any] = set()  # sessions the proxy ended, until the broker's end arrives
         self._waiting: list[Any] = []  # sessions to begin once _ended is empty
+        self.unanswered_ends = 0  # ended sessions given up on after BEGIN_HOLD (`_begin_waiting`)
         self._hold_timer = None
         self._stop_timer = None
         self._names = itertools.count(1)
@@ -565,8 +566,15 @@ class RemoteUpstream(Handler):
 
     def _begin_waiting(self) -> None:
         if self._ended:
-            log.warning("upstream %s: %d ended session(s) unanswered after %.0f s; beginning %d waiting session(s)",
+            # Given up on: later sessions begin at once instead of each waiting BEGIN_HOLD for an
+            # answer that may never come (RabbitMQ 3.10 leaves some ends unanswered).  A late
+            # answer is still handled (`_ended_answered`); what such a session holds unsettled the
+            # broker returns to its queue when the upstream connection closes.
+            log.warning("upstream %s: %d ended session(s) unanswered after %.0f s; giving up on them, "
+                        "beginning %d waiting session(s)",
                         self.name, len(self._ended), BEGIN_HOLD, len(self._waiting))
+            self.unanswered_ends += len(self._ended)
+            self._ended.clear()
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
