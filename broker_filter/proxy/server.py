@@ -156,6 +156,11 @@ class FeedBinding:
         self.info: ConsumerInfo | None = None
         self.evaluated: frozenset = frozenset()  # `_offer_identity` of each offered filter the upstream evaluates
         self.aliases: list = []  # keys of `ProxyServer.feed_aliases` naming this feed
+        # Queue links that came while this feed's offered filters awaited the upstream's answer, and
+        # would have opened a second upstream consumer on the queue: outlet -> (key, spec); they join
+        # this feed if the upstream turns the offers down, else get feeds of their own.
+        self.awaiting: dict[Outlet, tuple] = {}
+        self.deciding_key: Any = None  # its key in `ProxyServer.deciding` while the answer is awaited
         metrics = server.metrics
         self.counters = metrics.address(spec.address) if metrics is not None else None
 
@@ -347,6 +352,7 @@ class ProxyServer(Handler):
         # queue feeds whose upstream turned their offered filter expressions down, under the key of
         # the same feed without them: any link of the queue may join (its filters stay local)
         self.feed_aliases: dict[Any, FeedBinding] = {}
+        self.deciding: dict[Any, FeedBinding] = {}  # queue base key -> the feed whose offers await an answer
         self.connections: dict[str, _Conn] = {}
         self._conn_ids = itertools.count(1)
         self._tags = itertools.count(1)
@@ -701,12 +707,25 @@ class ProxyServer(Handler):
                                durable=bool(src.durability) or spec.expiry_policy == "never",
                                dynamic=spec.dynamic)
         binding = self.feeds.get(key)
-        if (binding is None or binding.closed) and offered and not decision.subscription:
+        base = None
+        if (binding is None or binding.closed) and not decision.subscription:
             # A feed whose upstream turned the offered filters down serves every link of its queue.
             base = sharing.feed_key(decision, address=up_address, pushed=pushed, local=local, serial=0)
             binding = self.feeds.get(base) or self.feed_aliases.get(base)
+            if binding is None or binding.closed:
+                # One whose answer is not in yet: wait for it rather than open a second upstream
+                # consumer on the queue, which would hold a share of its messages out of reach.
+                deciding = self.deciding.get(base)
+                if deciding is not None and not deciding.closed:
+                    outlet.io_owner = deciding
+                    deciding.pending.append(outlet)
+                    deciding.awaiting[outlet] = (key, spec)
+                    return
         if binding is None or binding.closed:
-            self._open_feed(key, spec, subscription, outlet)
+            opened = self._open_feed(key, spec, subscription, outlet)
+            if offered and base is not None and base not in self.deciding:
+                self.deciding[base] = opened
+                opened.deciding_key = base
             return
         outlet.io_owner = binding
         if binding.ready:
@@ -760,12 +779,29 @@ class ProxyServer(Handler):
         log.info("upstream %s evaluates %s on %s; %s evaluated here", self.upstream.name,
                  ", ".join(f"{e.kind} filter {e.key!s}" for e in evaluated) or "no filter expression",
                  binding.spec.address, ", ".join(f"{e.kind} filter {e.key!s}" for e in kept) or "none offered")
+        serves_all = False
         if not evaluated and binding.key[0] == "queue":
             base = sharing.feed_key(sharing.Decision(sharing.QUEUE, "offers turned down"), address=binding.spec.address,
                                     pushed=binding.spec.filters, local=None, serial=0)
             if self.feeds.get(base) is None and self.feed_aliases.get(base) is None:
                 self.feed_aliases[base] = binding
                 binding.aliases.append(base)
+            serves_all = self.feed_aliases.get(base) is binding
+        self._decided(binding, serves_all)
+
+    def _decided(self, binding: FeedBinding, joins: bool) -> None:
+        """The links that waited for `binding`'s answer (`FeedBinding.awaiting`) stay with it when it
+        serves every link of its queue (`joins`), else get feeds of their own."""
+        if binding.deciding_key is not None and self.deciding.get(binding.deciding_key) is binding:
+            del self.deciding[binding.deciding_key]
+        binding.deciding_key = None
+        awaiting, binding.awaiting = binding.awaiting, {}
+        if joins:
+            return
+        for outlet, (key, spec) in awaiting.items():
+            if outlet in binding.pending:
+                binding.pending.remove(outlet)
+                self._open_feed(key, spec, False, outlet)
 
     def unshare(self, binding: FeedBinding, outlets: list[Outlet]) -> None:
         """The upstream says `binding`'s source is a subscription the proxy took for a queue: no
@@ -813,6 +849,8 @@ class ProxyServer(Handler):
         binding.closed = True
         self.draining.discard(binding)
         self._unregister(binding)
+        if binding.deciding_key is not None and self.deciding.get(binding.deciding_key) is binding:
+            del self.deciding[binding.deciding_key]
         outlets = list(binding.feed.outlets) + binding.pending
         binding.pending = []
         binding.feed.close()
