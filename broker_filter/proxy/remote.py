@@ -78,7 +78,7 @@ from .upstream import (
 
 log = logging.getLogger("broker_filter.proxy.upstream")
 
-BEGIN_HOLD = 2.0  # longest wait of a new session for ended ones to be answered (see the module docstring)
+BEGIN_HOLD = 1.0  # longest wait for an ended session's answer, counted from its end (see the module docstring)
 SESSION_IDLE = 30.0  # RabbitMQ 4: how long a session whose link detached waits for another link before it ends
 END_SETTLE = 0.25  # RabbitMQ 4: how long after an end is answered its channel is still taken to be busy
 # Ordered settlement (`RemoteConsumer.settle_in_order`): at most this many decided outcomes wait
@@ -380,7 +380,7 @@ class RemoteUpstream(Handler):
         self._idle: list[Any] = []  # recycled sessions with no link, oldest first
         self._idle_timer = None
         self._endpoints: dict[str, Any] = {}
-        self._ended: set[Any] = set()  # sessions the proxy ended, until the broker's end arrives
+        self._ended: dict[Any, float] = {}  # sessions the proxy ended -> when, until the broker's end arrives
         self._waiting: list[Any] = []  # sessions to begin once _ended is empty
         self.unanswered_ends = 0  # ended sessions given up on after BEGIN_HOLD (`_begin_waiting`)
         self._hold_timer = None
@@ -499,20 +499,23 @@ class RemoteUpstream(Handler):
         session = self.connection.session()
         session.bf_endpoint = endpoint
         endpoint.session = session
+        if self._ended and min(self._ended.values()) + BEGIN_HOLD <= time.monotonic():
+            self._give_up_ends()
         if self._ended:
             self._waiting.append(session)  # it begins, then its link attaches, in _begin_waiting
             if self._hold_timer is None:
-                self._hold_timer = self.loop.call_later(BEGIN_HOLD, self._begin_waiting)
+                wait = min(self._ended.values()) + BEGIN_HOLD - time.monotonic()
+                self._hold_timer = self.loop.call_later(max(0.0, wait), self._begin_waiting)
         else:
             session.open()
         return session
 
     def _ending(self, session: Any) -> None:
-        self._ended.add(session)
+        self._ended[session] = time.monotonic()
 
     def _ended_answered(self, session: Any) -> None:
         if self.stopped:
-            self._ended.discard(session)
+            self._ended.pop(session, None)
             if not self._ended and self._stop_timer is not None:
                 self._close_connection()
             return
@@ -525,7 +528,7 @@ class RemoteUpstream(Handler):
     def _channel_free(self, session: Any, connection: Any) -> None:
         if connection is not self.connection:
             return  # from a connection since lost, whose state went with it
-        self._ended.discard(session)
+        self._ended.pop(session, None)
         if not self._ended and self._waiting:
             self._begin_waiting()
 
@@ -564,16 +567,25 @@ class RemoteUpstream(Handler):
             self._idle_timer = self.loop.call_later(
                 max(0.1, keep[0].bf_idle_since + SESSION_IDLE - time.monotonic()), self._end_idle)
 
+    def _give_up_ends(self) -> None:
+        """Forget the ended sessions unanswered for BEGIN_HOLD: later sessions begin at once instead
+        of each waiting for an answer that may never come (RabbitMQ 3.10 leaves some ends
+        unanswered).  A late answer is still handled (`_ended_answered`); what such a session holds
+        unsettled the broker returns to its queue when the upstream connection closes."""
+        cutoff = time.monotonic() - BEGIN_HOLD
+        stale = [ssn for ssn, at in self._ended.items() if at <= cutoff]
+        if stale:
+            log.warning("upstream %s: %d ended session(s) unanswered after %.0f s; giving up on them",
+                        self.name, len(stale), BEGIN_HOLD)
+            self.unanswered_ends += len(stale)
+            for ssn in stale:
+                del self._ended[ssn]
+
     def _begin_waiting(self) -> None:
+        self._give_up_ends()
         if self._ended:
-            # Given up on: later sessions begin at once instead of each waiting BEGIN_HOLD for an
-            # answer that may never come (RabbitMQ 3.10 leaves some ends unanswered).  A late
-            # answer is still handled (`_ended_answered`); what such a session holds unsettled the
-            # broker returns to its queue when the upstream connection closes.
-            log.warning("upstream %s: %d ended session(s) unanswered after %.0f s; giving up on them, "
-                        "beginning %d waiting session(s)",
-                        self.name, len(self._ended), BEGIN_HOLD, len(self._waiting))
-            self.unanswered_ends += len(self._ended)
+            log.warning("upstream %s: %d ended session(s) unanswered; beginning %d waiting session(s)",
+                        self.name, len(self._ended), len(self._waiting))
             self._ended.clear()
         if self._hold_timer is not None:
             self._hold_timer.cancel()

@@ -135,6 +135,19 @@ def test_what_the_proxy_holds_while_searching_stays_within_the_window_and_the_cr
     with credit 100; 52-2,296 here), and a grant on a link whose proton credit had gone below zero
     went out as a link-credit of about 2^32.  Now the feed grants RabbitMQ 3.x credit only once the
     last grant is used up."""
+    # The gauges are published once a second and a search on RabbitMQ 4.0 can run between two
+    # snapshots with little held at either: a run whose samples never saw the search proves
+    # nothing either way, so it is tried again (at most three runs; each one checks the bound).
+    for attempt in range(3):
+        peaks, credits = search_and_sample(upstream)
+        if max(peaks) > 0:
+            break
+    assert max(peaks) > 0, f"no snapshot of three runs saw the search: {peaks}"
+
+
+def search_and_sample(upstream: str) -> tuple[list, list]:
+    """One searching link through a daemon (window 20); held + moving and the link's credit at the
+    proxy, sampled while it searches; the bound checked, and the queue left whole."""
     q = fresh_queue()
     depth, window, credit = 50000, 20, 10  # deep enough for the once-a-second metrics to see the search
     publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)]
@@ -160,11 +173,12 @@ def test_what_the_proxy_holds_while_searching_stays_within_the_window_and_the_cr
         proxy.stop()
     print(f"held + moving, sampled during the search: max {max(peaks)} of {len(peaks)} samples; "
           f"the link's credit at the proxy: max {max(credits)}")
-    assert max(peaks) > 0 and max(credits) <= 2 * credit, (peaks, credits)  # the metrics saw the search
+    assert max(credits) <= 2 * credit, (peaks, credits)
     assert max(peaks) <= window + max(credits), (peaks, credits)
     rest = [m.body for m in drain(upstream, q)]
     assert sorted(rest) == list(range(depth))
     assert "Traceback" not in proxy.log()
+    return peaks, credits
 
 
 def test_a_link_with_no_credit_does_not_starve_another_links_matches(upstream):
