@@ -230,7 +230,7 @@ class EmbeddedUpstream:
         return consumer
 
     def open_publisher(self, address: str | None, handler: PublisherHandler,
-                       capabilities: tuple[str, ...] = ()) -> EmbeddedPublisher:
+                       capabilities: tuple[str, ...] = (), durable: int | None = None) -> EmbeddedPublisher:
         publisher = EmbeddedPublisher(self, address, handler, tuple(str(c) for c in capabilities or ()))
         self._publishers.add(publisher)
         self.loop.call_soon(lambda: None if publisher._closed else handler.on_publisher_ready(publisher))

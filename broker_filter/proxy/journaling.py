@@ -42,8 +42,9 @@ class JournalingUpstream:
         self._upstream = upstream
         self._journal = journal
 
-    def open_publisher(self, address: str | None, handler: Any, capabilities: tuple[str, ...] = ()) -> Any:
-        publisher = self._upstream.open_publisher(address, handler, capabilities)
+    def open_publisher(self, address: str | None, handler: Any, capabilities: tuple[str, ...] = (),
+                       durable: int | None = None) -> Any:
+        publisher = self._upstream.open_publisher(address, handler, capabilities, durable=durable)
         if not isinstance(handler, Inlet):  # the proxy's own republishing (queue recycling): not new traffic
             return publisher
         return JournalingPublisher(publisher, address, self._journal)

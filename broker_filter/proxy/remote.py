@@ -464,14 +464,22 @@ class RemoteUpstream(Handler):
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
         elif spec.distribution_mode == "move":
             link.source.distribution_mode = Terminus.DIST_MODE_MOVE
-        # Durability, expiry and the client's link name are not passed on: the upstream link is the
-        # proxy's own (named "<name>-<n>"), so a durable subscription could not be found again.
+        if _names_a_queue(spec):
+            # How RabbitMQ declares or finds the node: 3.10 declares a `/queue/` node from the
+            # source's durability and refuses an existing one declared otherwise.
+            if spec.durable:
+                link.source.durability = spec.durable
+            if spec.expiry_policy in _EXPIRY_POLICIES:
+                link.source.expiry_policy = _EXPIRY_POLICIES[spec.expiry_policy]
+        # A subscription's durability, expiry and the client's link name are not passed on: the
+        # upstream link is the proxy's own (named "<name>-<n>"), so a durable subscription could not
+        # be found again.
         link.target.address = None
         self._attach(consumer, name, link)
         return consumer
 
     def open_publisher(self, address: str | None, handler: PublisherHandler,
-                       capabilities: tuple[str, ...] = ()) -> RemotePublisher:
+                       capabilities: tuple[str, ...] = (), durable: int | None = None) -> RemotePublisher:
         publisher = RemotePublisher(self, address, handler)
         name = f"publisher-{next(self._names)}"
         session = self._session_for(publisher)
@@ -479,6 +487,8 @@ class RemoteUpstream(Handler):
             return publisher
         link = session.sender(name)
         link.target.address = address
+        if durable:
+            link.target.durability = durable
         _put_routing_capabilities(link.target, capabilities)
         link.source.address = None
         self._attach(publisher, name, link)
@@ -958,6 +968,17 @@ class RemoteUpstream(Handler):
     def _typed_failed(self, ep: Any) -> None:
         if not ep.closed:
             ep._closed_by_upstream(ErrorInfo("amqp:internal-error", "proxy failure on the upstream link"))
+
+
+_EXPIRY_POLICIES = {"link-detach": Terminus.EXPIRE_WITH_LINK, "session-end": Terminus.EXPIRE_WITH_SESSION,
+                    "connection-close": Terminus.EXPIRE_WITH_CONNECTION, "never": Terminus.EXPIRE_NEVER}
+
+
+def _names_a_queue(spec: ConsumerSpec) -> bool:
+    """The consumer's source is a queue by its address form or capabilities (not a subscription)."""
+    if spec.distribution_mode == "copy" or "topic" in spec.capabilities:
+        return False
+    return "queue" in spec.capabilities or address_form_routing(spec.address) == "anycast"
 
 
 def _put_routing_capabilities(terminus: Any, capabilities: Any) -> None:

@@ -912,7 +912,7 @@ class ProxyServer(Handler):
             link.max_message_size = self.max_message_size  # advertised in the attach reply
         conn.links.add(link)
         self._route_link(link, functools.partial(self._publish, inlet))
-        inlet.publisher = self.upstream.open_publisher(address, inlet, caps)
+        inlet.publisher = self.upstream.open_publisher(address, inlet, caps, durable=link.remote_target.durability)
 
     @property
     def max_message_size(self) -> int:
@@ -992,7 +992,7 @@ class ProxyServer(Handler):
         if rec is None or rec.closed:
             rec = _Recycler(self, address)
             self._recyclers[address] = rec
-            rec.publisher = self.upstream.open_publisher(address, rec)
+            rec.publisher = self.upstream.open_publisher(address, rec, durable=binding.spec.durable)
         if not rec.ready or rec.publisher.credit <= 0:
             return False
         rec.send(data, done)

@@ -279,8 +279,10 @@ class Upstream(Protocol):
     def open_consumer(self, spec: ConsumerSpec, handler: ConsumerHandler) -> Consumer: ...
 
     def open_publisher(self, address: str | None, handler: PublisherHandler,
-                       capabilities: Sequence[str] = ()) -> Publisher:
-        """`capabilities`: the target capabilities asked for (`topic` / `queue` state a routing type)."""
+                       capabilities: Sequence[str] = (), durable: int | None = None) -> Publisher:
+        """`capabilities`: the target capabilities asked for (`topic` / `queue` state a routing type);
+        `durable`: the target's durability, for an upstream that declares a node from it (RabbitMQ
+        3.10 declares `/queue/q` so, and refuses an existing queue declared otherwise)."""
 
 
 def pushable(upstream: Upstream, entries: Sequence[Any]) -> tuple[Any, ...]:
