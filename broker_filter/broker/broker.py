@@ -290,7 +290,7 @@ class Broker:
     # ------------------------------------------------------------------ consuming
     def subscribe(self, address: str | None, *, capabilities: Iterable[str] = (), filter: Any = None,
                   receiver: Any = None, link_name: str | None = None, container_id: str | None = None,
-                  durable: bool = False, context: Any = None) -> Consumer:
+                  durable: bool = False, context: Any = None, browse: bool = False) -> Consumer:
         """Attach a consumer.  Raises BrokerError (not-found, resource-locked, invalid-field)."""
         caps = tuple(str(c) for c in capabilities or ())
         sub = subscription_name(link_name, container_id, caps, durable)
@@ -305,12 +305,13 @@ class Broker:
             raise BrokerError(e.condition, str(e)) from None
         addr, routing = self._resolve(node, for_consumer=True)
         if node.queue is not None:
-            return self._attach(self._named_queue(addr, node.queue, routing), filter, receiver, context, link_name)
+            return self._attach(self._named_queue(addr, node.queue, routing), filter, receiver, context, link_name,
+                                browse=browse)
         if routing == ANYCAST:
             queue = addr.anycast.get(addr.name) or next(iter(addr.anycast.values()), None)
             if queue is None:
                 queue = self.declare_queue(addr.name, addr.name, ANYCAST)
-            return self._attach(queue, filter, receiver, context, link_name)
+            return self._attach(queue, filter, receiver, context, link_name, browse=browse)
         # multicast: a subscription queue holding what the filter selects
         if sub is None:
             name = f"{addr.name}.{uuid.uuid4().hex}"
@@ -338,8 +339,10 @@ class Broker:
         queue = self.declare_queue(name, name, ANYCAST, temporary=True)
         return self._attach(queue, filter, receiver, context, link_name)
 
-    def _attach(self, queue: Queue, filter_: Any, receiver: Any, context: Any, name: str | None) -> Consumer:
-        consumer = Consumer(queue, filter_, receiver, context=context, name=name)
+    def _attach(self, queue: Queue, filter_: Any, receiver: Any, context: Any, name: str | None,
+                browse: bool = False) -> Consumer:
+        consumer = Consumer(queue, filter_, receiver, context=context, name=name,
+                            browse=browse and queue.routing_type == ANYCAST)
         queue.add_consumer(consumer)
         self._dirty[queue] = None
         return consumer

@@ -118,11 +118,15 @@ class Consumer:
     """A receiver on one queue.  `context` belongs to whoever drives the broker (e.g. the link)."""
 
     __slots__ = ("id", "queue", "filter", "receiver", "credit", "cursor", "recheck", "hint",
-                 "outstanding", "context", "name", "closed", "evaluations", "needs_body", "recheck_set")
+                 "outstanding", "context", "name", "closed", "evaluations", "needs_body", "recheck_set",
+                 "browse")
 
     def __init__(self, queue: "Queue", filter_: Any = None, receiver: Any = None, *,
-                 context: Any = None, name: str | None = None):
+                 context: Any = None, name: str | None = None, browse: bool = False):
         self.id = next(_consumer_ids)
+        # A browser (distribution-mode copy on a queue): sees each message once, in order, without
+        # acquiring it; its deliveries are copies and settling them changes nothing.
+        self.browse = browse
         self.queue = queue
         self.filter = filter_
         self.receiver = receiver  # identity handed to Filter.evaluate (no-local)
@@ -162,6 +166,7 @@ class Queue:
         self.temporary = temporary
         self.binding: str | None = None  # wildcard pattern this subscription queue is bound to
         self.consumers: list[Consumer] = []
+        self.browsing = 0  # how many of them browse
         self._entries: dict[int, Entry] = {}
         self._available = SortedList()
         self._seq = itertools.count()
@@ -226,7 +231,7 @@ class Queue:
         seq = entry.seq
         self._available.add(seq)
         for c in self.consumers:
-            if c.cursor >= seq and seq not in c.recheck_set:
+            if c.cursor >= seq and seq not in c.recheck_set and not c.browse:
                 c.recheck_set.add(seq)
                 heapq.heappush(c.recheck, seq)
         self.dirty = True
@@ -251,12 +256,16 @@ class Queue:
             index.users += 1
             consumer.hint = hint
         self.consumers.append(consumer)
+        if consumer.browse:
+            self.browsing += 1
         self.dirty = True
 
     def remove_consumer(self, consumer: Consumer, *, delivery_failed: bool = True) -> None:
         """Detach: the consumer's unsettled messages go back in place."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+            if consumer.browse:
+                self.browsing -= 1
         consumer.closed = True
         if consumer.hint is not None:
             index = self._indexes.get(consumer.hint.key)
@@ -376,10 +385,16 @@ class Queue:
         self.dirty = False
         out: list[tuple[Consumer, Entry]] = []
         spent = 0
+        if self._browsers:
+            spent = self._browse(out, budget)
+            if spent >= budget:
+                self.dirty = True
+                return out, spent, False
         if not self._available or not self.consumers:
             return out, spent, self._build_indexes(budget - spent)
         n = len(self.consumers)
-        waiting = [c for c in self.consumers[self._rr % n:] + self.consumers[: self._rr % n] if c.credit > 0]
+        waiting = [c for c in self.consumers[self._rr % n:] + self.consumers[: self._rr % n]
+                   if c.credit > 0 and not c.browse]
         while waiting and self._available:
             still = []
             for c in waiting:
@@ -405,6 +420,29 @@ class Queue:
                     still.append(c)
             waiting = still
         return out, spent, self._build_indexes(budget - spent)
+
+    def _browse(self, out: list, budget: int) -> int:
+        """Give each browser with credit the messages past its cursor that it selects, unacquired
+        (held ones too: browsing sees what the queue holds); returns the evaluations spent."""
+        spent = 0
+        for c in self._browsers:
+            if c.credit <= 0:
+                continue
+            for seq in list(self._entries):  # in seq order (inserted so)
+                if seq <= c.cursor:
+                    continue
+                if c.credit <= 0 or spent >= budget:
+                    break
+                c.cursor = seq
+                spent += 1
+                if self._takes(c, self._entries[seq]):
+                    c.credit -= 1
+                    out.append((c, self._entries[seq]))
+        return spent
+
+    @property
+    def _browsers(self) -> list:
+        return [c for c in self.consumers if c.browse] if self.browsing else []
 
     def _build_indexes(self, budget: int) -> bool:
         """Spend what is left of a dispatch turn on indexes under construction; True when none is."""

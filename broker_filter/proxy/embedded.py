@@ -93,6 +93,7 @@ class EmbeddedConsumer:
                     container_id=getattr(spec, "container_id", None),
                     durable=_is_durable(spec),
                     context=self,
+                    browse=spec.distribution_mode == "copy",
                 )
         except BrokerError as e:
             self._refused(ErrorInfo(e.condition, e.description))
@@ -106,7 +107,7 @@ class EmbeddedConsumer:
         queue = bc.queue
         info = ConsumerInfo(
             address=spec.address if spec.address is not None else queue.address.name,
-            subscription=queue.routing_type == MULTICAST and not queue.shared,
+            subscription=(queue.routing_type == MULTICAST and not queue.shared) or bc.browse,
             filters_applied=tuple(e.key for e in spec.filters),
             capabilities=("topic",) if queue.routing_type == MULTICAST else ("queue",),
         )
@@ -219,6 +220,8 @@ class EmbeddedUpstream:
 
     def can_evaluate(self, entry: Any) -> bool:
         return getattr(entry, "kind", None) in PUSHABLE_KINDS
+
+    browses_queues = True  # distribution-mode copy on a queue browses it (broker.queue.Consumer.browse)
 
     def routing_type(self, address: str | None, capabilities: tuple[str, ...] = ()) -> str | None:
         return self.broker.consumer_routing(address, capabilities)

@@ -678,6 +678,13 @@ class ProxyServer(Handler):
                                   rule_routing_type=route.routing_type if route is not None else "",
                                   upstream=self.upstream)
         subscription = decision.subscription
+        copy = src.distribution_mode == Terminus.DIST_MODE_COPY
+        browse = copy and sharing.ANYCAST in (sharing.address_form_routing(routed), self.upstream.routing_type(routed, caps))
+        if browse and not getattr(self.upstream, "browses_queues", False):
+            self._refuse(link, "amqp:not-implemented",
+                         f"browsing a queue (distribution-mode copy) is not supported in front of {self.upstream.name}: "
+                         "attach without distribution-mode copy to consume from it")
+            return
         up_address, pushed, local, offered = push_down(self.upstream, routed, wanted, self.dialect)
         link.bf_fs = fs
         link.bf_subscription = subscription
@@ -706,6 +713,8 @@ class ProxyServer(Handler):
                                container_id=spec.container_id, capabilities=caps,
                                durable=bool(src.durability) or spec.expiry_policy == "never",
                                dynamic=spec.dynamic)
+        if browse:  # a browser reads the queue from its head on an upstream consumer of its own
+            key = ("subscription", next(self._sub_ids))
         binding = self.feeds.get(key)
         base = None
         if (binding is None or binding.closed) and not decision.subscription:
