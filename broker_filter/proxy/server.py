@@ -679,7 +679,11 @@ class ProxyServer(Handler):
                                   upstream=self.upstream)
         subscription = decision.subscription
         copy = src.distribution_mode == Terminus.DIST_MODE_COPY
-        browse = copy and sharing.ANYCAST in (sharing.address_form_routing(routed), self.upstream.routing_type(routed, caps))
+        # A browser: copy on a queue (Qpid JMS QueueBrowser: copy and the `queue` capability); copy
+        # with `topic` is a subscription (Qpid JMS durable subscribers ask for copy too)
+        browse = copy and "topic" not in caps and (
+            "queue" in caps
+            or sharing.ANYCAST in (sharing.address_form_routing(routed), self.upstream.routing_type(routed, caps)))
         if browse and not getattr(self.upstream, "browses_queues", False):
             self._refuse(link, "amqp:not-implemented",
                          f"browsing a queue (distribution-mode copy) is not supported in front of {self.upstream.name}: "

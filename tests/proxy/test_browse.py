@@ -57,3 +57,27 @@ def test_a_browser_sees_messages_published_after_it_attached_and_takes_none(daem
         assert [m.body for m in receive_n(consumer, 3, timeout=10)] == [0, 1, 2]
     finally:
         c.close()
+
+
+def test_a_qpid_jms_queue_browser_on_a_bare_address_browses_or_is_refused(daemon):
+    """Qpid JMS's QueueBrowser: copy with the `queue` capability (AmqpConsumerBuilder.configureSource
+    and AmqpDestinationHelper.toTypeCapability in qpid-jms-client), here on a bare address."""
+    from clients import Capabilities
+
+    q = f"browse-bare-{uuid.uuid4().hex[:8]}"
+    c = connect(daemon.url)
+    try:
+        s = c.create_sender(q, options=Capabilities("queue", target=True))
+        for i in range(3):
+            s.send(Message(body=i))
+        if daemon.forms[1].startswith("/queue/"):
+            with pytest.raises(LinkDetached) as info:
+                c.create_receiver(q, credit=10, options=[Copy(), Capabilities("queue")])
+            assert info.value.link.remote_condition.name == "amqp:not-implemented"
+        else:
+            browser = c.create_receiver(q, credit=10, options=[Copy(), Capabilities("queue")])
+            assert [m.body for m in receive_until_quiet(browser, idle=0.5)] == [0, 1, 2]
+        consumer = c.create_receiver(q, name="consumer", credit=10, options=Capabilities("queue"))
+        assert [m.body for m in receive_n(consumer, 3, timeout=10)] == [0, 1, 2]
+    finally:
+        c.close()
