@@ -295,7 +295,7 @@ class Broker:
         caps = tuple(str(c) for c in capabilities or ())
         sub = subscription_name(link_name, container_id, caps, durable)
         if address is None:  # JMS unsubscribe / lookup: attach to an existing named subscription
-            queue = self.queues.get(sub.queue_name) if sub else None
+            queue = self._lookup_subscription(link_name, container_id, caps)
             if queue is None:
                 raise BrokerError(NOT_FOUND, f"no subscription named {link_name!r}")
             return self._attach(queue, None, receiver, context, link_name)
@@ -331,6 +331,22 @@ class Broker:
             raise BrokerError(RESOURCE_LOCKED, f"durable subscription {sub.name!r} already has a consumer")
         queue.filter_receiver = receiver
         return self._attach(queue, None, receiver, context, link_name)
+
+    def _lookup_subscription(self, link_name: str | None, container_id: str | None, caps: tuple) -> Queue | None:
+        """The named subscription a null-source attach means (Qpid JMS's unsubscribe and reattach:
+        the subscription's link name, no source): the source says neither durable nor shared, so
+        each form is tried, the one its capabilities name first (durable and the connection's own,
+        then shared, then shared and global)."""
+        forms = [(True, False, False), (False, True, False), (True, True, False), (False, True, True),
+                 (True, True, True)]
+        for durable, shared, is_global in forms:
+            sub = subscription_name(link_name, None if is_global else container_id,
+                                    caps + (("shared",) if shared else ()) + (("global",) if is_global else ()),
+                                    durable)
+            queue = self.queues.get(sub.queue_name) if sub else None
+            if queue is not None:
+                return queue
+        return None
 
     def subscribe_temporary(self, *, filter: Any = None, receiver: Any = None, context: Any = None,
                             link_name: str | None = None) -> Consumer:

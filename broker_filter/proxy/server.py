@@ -851,6 +851,14 @@ class ProxyServer(Handler):
             link.source.distribution_mode = Terminus.DIST_MODE_COPY
         link.source.durability = src.durability
         link.source.expiry_policy = src.expiry_policy
+        if src.type == Terminus.UNSPECIFIED and binding.info is not None:
+            # A null-source lookup of a named subscription (Qpid JMS unsubscribe and reattach): the
+            # reply's source is the subscription found, which Qpid JMS requires to be non-null.
+            link.source.type = Terminus.SOURCE
+            link.source.address = binding.info.address
+            link.source.durability = Terminus.DELIVERIES
+            link.source.expiry_policy = Terminus.EXPIRE_NEVER
+            link.source.distribution_mode = Terminus.DIST_MODE_COPY
         link.target.copy(link.remote_target)
         link.open()
         binding.feed.add_outlet(outlet)
