@@ -85,6 +85,8 @@ WALLED_MAX = 8.0
 
 # On a moved copy: the identities (see `filter_identity`) of the filters it was offered to.
 OFFERED_ANNOTATION = symbol("x-opt-broker-filter-offered")
+# RabbitMQ 4's annotation on each message delivered from a stream (its offset in the stream)
+STREAM_OFFSET = b"x-stream-offset"
 
 
 # Where the upstream answers the count (`FeedIO.probe`) and no other consumer was seen, a finished
@@ -299,6 +301,9 @@ class Feed(UpstreamCredit):
             raise ValueError("window and max_credit are at least 1")
         self.io = io
         self.subscription = subscription
+        self.stream = False  # the queue turned out to be a stream (`_check_stream`)
+        self._unchecked = not subscription  # whether the next delivery is checked for being a stream's
+        self.on_stream: Callable[[], None] | None = None  # told once the feed knows it reads a stream
         self.window = window
         self.max_credit = max_credit
         self.recycle = recycle and not subscription
@@ -437,6 +442,8 @@ class Feed(UpstreamCredit):
     def on_upstream_delivery(self, delivery: Any) -> None:
         self.upstream_credit = max(0, self.upstream_credit - 1)
         self._pulled_total += 1
+        if self._unchecked:
+            self._check_stream(delivery.data)
         before = self.pass_no
         c = self._custody(delivery)
         if self.subscription:
@@ -447,6 +454,30 @@ class Feed(UpstreamCredit):
             self.pump()
             return
         self._top_up()
+
+    def _check_stream(self, data: bytes) -> None:
+        """The first delivery of a queue feed tells whether its queue is a stream: RabbitMQ 4 puts
+        the message annotation `x-stream-offset` on what it delivers from one.  A stream keeps every
+        message for every consumer, each at its own offset: the feed then reads and skips as a
+        subscription does (a message no link selects is settled, which takes nothing from the
+        stream), and never moves or republishes (every copy would stay in the stream)."""
+        self._unchecked = False
+        try:
+            raw = annotations_section(data, whole=False)
+        except Exception:  # unreadable: the feed's own decode counts and logs it
+            return
+        if raw is None or STREAM_OFFSET not in raw:
+            return
+        self.stream = True
+        self.subscription = True
+        self.recycle = False
+        self.custody = False
+        self.pass_open = False
+        if self._log is not None:
+            self._log("the queue is a stream (its messages carry x-stream-offset): reading and skipping, "
+                      "never moving")
+        if self.on_stream is not None:
+            self.on_stream()
 
     def _subscription_delivery(self, c: Custody) -> None:
         # With credit left after the last pump, nothing held is for an outlet with credit: order holds.

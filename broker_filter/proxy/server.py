@@ -147,6 +147,9 @@ class FeedBinding:
                              recycle=server.recycle and not subscription, token=server.feed_token(),
                              custody=not getattr(server.upstream, "redelivers_in_place", False),
                              log=log.warning)
+            # A queue that turns out to be a stream: no link joins this consumer any more (each
+            # stream consumer reads every message at an offset of its own)
+            self.feed.on_stream = lambda: server.unshare(self, [])
         self.pending: list[Outlet] = []  # attached by clients, waiting for the upstream consumer
         self.ready = False
         self.closed = False
