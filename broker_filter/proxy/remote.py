@@ -439,6 +439,17 @@ class RemoteUpstream(Handler):
             return bool(self.remote_capabilities & BINDING_CAPS)
         return False
 
+    passes_unknown_filters = True  # filters the proxy does not know go upstream (ConsumerSpec.passthrough)
+
+    def _applies(self, entry: Any) -> bool:
+        """Whether the upstream's echo of a passed-through filter can be believed: RabbitMQ 3.10 and
+        4.0 echo every filter, applied or not, so from RabbitMQ only its own (`rabbitmq:*`, its
+        stream filters) count; another broker-filter echoes only what it applies."""
+        if self.product == "broker-filter":
+            return True
+        descriptor = getattr(entry.value, "descriptor", None)
+        return self.product == "RabbitMQ" and isinstance(descriptor, str) and descriptor.startswith("rabbitmq:")
+
     def can_offer(self, entry: Any) -> bool:
         """Filter expressions go on every consumer attach: the reply decides (module docstring)."""
         return getattr(entry, "kind", None) in FILTEX_KINDS
@@ -454,8 +465,9 @@ class RemoteUpstream(Handler):
             return consumer
         link = session.receiver(name)
         link.source.address = spec.address
-        if spec.filters or spec.offered:
-            put_value(link.source.filter, {_key(e.key): e.value for e in spec.filters + spec.offered})
+        if spec.filters or spec.offered or spec.passthrough:
+            put_value(link.source.filter,
+                      {_key(e.key): e.value for e in spec.filters + spec.offered + spec.passthrough})
         if spec.offered:
             consumer.offer_pending = True
             self._trace_frames(+1)
@@ -870,6 +882,8 @@ class RemoteUpstream(Handler):
                 filters_applied=tuple(echoed) if isinstance(echoed, dict) else (),
                 capabilities=source_caps,
                 evaluated=evaluated,
+                echoed={e.key: echoed[_key(e.key)] for e in ep.spec.passthrough
+                        if isinstance(echoed, dict) and _key(e.key) in echoed and self._applies(e)} or None,
             )
             ep.ready = True
             ep.handler.on_consumer_ready(ep, info)

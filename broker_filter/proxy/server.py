@@ -50,7 +50,7 @@ from .routing import Routing
 from ..engine._cproton import lib
 from ..engine.container import Typed
 from .wire import data_value, discard, put_value, receive, remote_outcome, send, settle_with
-from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
+from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Passthrough, Upstream, UpstreamDelivery
 
 log = logging.getLogger("broker_filter.proxy")
 
@@ -693,6 +693,11 @@ class ProxyServer(Handler):
                          "attach without distribution-mode copy to consume from it")
             return
         up_address, pushed, local, offered = push_down(self.upstream, routed, wanted, self.dialect)
+        passthrough = ()
+        if fs.ignored and getattr(self.upstream, "passes_unknown_filters", False):
+            # Filters the proxy does not know (a stream offset, a broker's own filter): the upstream
+            # may (RabbitMQ's `rabbitmq:stream-offset-spec`); its echo says what it applied.
+            passthrough = tuple(Passthrough(i.key, i.value) for i in fs.ignored)
         link.bf_fs = fs
         link.bf_subscription = subscription
         outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link)
@@ -713,9 +718,10 @@ class ProxyServer(Handler):
             name=link.name,
             container_id=link.connection.remote_container,
             offered=offered,
+            passthrough=passthrough,
         )
         # The offered filters are in the key: links on one upstream consumer ask it the same.
-        key = sharing.feed_key(decision, address=up_address, pushed=pushed + offered, local=local,
+        key = sharing.feed_key(decision, address=up_address, pushed=pushed + offered + passthrough, local=local,
                                serial=next(self._sub_ids), link_name=link.name,
                                container_id=spec.container_id, capabilities=caps,
                                durable=bool(src.durability) or spec.expiry_policy == "never",
@@ -847,8 +853,9 @@ class ProxyServer(Handler):
         fs: FilterSet = link.bf_fs
         src = link.remote_source
         link.source.address = src.address
-        if fs.entries:
-            put_value(link.source.filter, {k: v for k, v in fs.applied.items()})
+        echoed = binding.info.echoed if binding.info is not None else None
+        if fs.entries or echoed:
+            put_value(link.source.filter, {**fs.applied, **(echoed or {})})
         put_value(link.source.capabilities, t.Array("symbol", [t.symbol(c) for c in FILTER_CAPABILITIES]))
         if link.bf_subscription:
             link.source.distribution_mode = Terminus.DIST_MODE_COPY

@@ -107,6 +107,9 @@ class ConsumerSpec:
     container_id:  the client connection's container id (scopes non-global subscription names).
     offered:       filter expressions (filtex entries) put on the upstream attach beside `filters`,
                    which the upstream may or may not evaluate: `ConsumerInfo.evaluated` tells.
+    passthrough:   filters the proxy does not know (`Passthrough`: RabbitMQ's stream offsets and
+                   `rabbitmq:stream-*` filters, anything else), for an upstream that takes them
+                   (`passes_unknown_filters`); the echo for their keys is the upstream's.
     """
 
     address: str | None
@@ -119,6 +122,16 @@ class ConsumerSpec:
     name: str | None = None
     container_id: str | None = None
     offered: tuple[Any, ...] = ()
+    passthrough: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Passthrough:
+    """A filter the proxy does not evaluate, given to the upstream as the client sent it."""
+
+    key: Any
+    value: Any
+    kind: str = "passthrough"
 
 
 @dataclass(frozen=True)
@@ -134,6 +147,7 @@ class ConsumerInfo:
     capabilities:  the upstream source's capabilities.
     evaluated:     the entries of `ConsumerSpec.offered` the upstream evaluates (capability offered
                    and filter echoed under its key); the proxy stops evaluating those.
+    echoed:        the upstream's echo of `ConsumerSpec.passthrough` keys (key -> value).
     """
 
     address: str | None = None
@@ -141,6 +155,7 @@ class ConsumerInfo:
     filters_applied: tuple[Any, ...] = ()
     capabilities: tuple[str, ...] = ()
     evaluated: tuple[Any, ...] = ()
+    echoed: Any = None
 
 
 class UpstreamDelivery:

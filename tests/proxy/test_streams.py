@@ -51,3 +51,40 @@ def test_a_selective_consumer_on_a_stream_skips_and_the_stream_does_not_grow(rab
     finally:
         d.stop()  # (the five-message stream stays: RabbitMQ 4.0's management refuses a DELETE without a body)
     assert "Traceback" not in d.log()
+
+
+OFFSET = symbol("rabbitmq:stream-offset-spec")
+
+
+def test_stream_offsets_go_upstream_and_the_echo_is_the_upstreams(rabbitmq4):
+    """Filters the daemon does not evaluate go on the upstream attach as the client sent them
+    (RabbitMQ's `rabbitmq:stream-offset-spec`): `first` reads the stream from its start, with the
+    daemon's selector applied; the echo for that key is RabbitMQ's."""
+    from launcher import Daemon
+
+    name = f"stream-{uuid.uuid4().hex[:8]}"
+    address = f"/queues/{name}"
+    declare_queue(rabbitmq4.url, name, "stream")
+    direct = connect(rabbitmq4.url)
+    try:
+        s = direct.create_sender(address)
+        for i in range(6):
+            s.send(Message(body=i, properties={"n": i}))
+    finally:
+        direct.close()
+    d = Daemon(upstream=rabbitmq4.url)
+    try:
+        c = connect(d.url)
+        first = {OFFSET: Described(OFFSET, "first"),
+                 symbol("jms-selector"): Described(symbol("apache.org:selector-filter:string"), "n >= 2")}
+        r = c.create_receiver(address, credit=10, options=Filter(first))
+        echo = r.link.remote_source.filter
+        echo.rewind()
+        echo.next()
+        assert echo.get_object()[OFFSET] == Described(OFFSET, "first")
+        assert [m.body for m in receive_n(r, 4, timeout=15)] == [2, 3, 4, 5]
+        c.close()
+        assert read_whole_stream(rabbitmq4.url, address) == list(range(6))
+    finally:
+        d.stop()
+    assert "Traceback" not in d.log()
