@@ -52,7 +52,7 @@ REFUSAL_REASONS = frozenset(
     }
 )
 CONNECTION_REFUSALS = frozenset({"limit", "unauthorized", "tls", "shutdown", "handshake-timeout",
-                                 "out-of-descriptors"})
+                                 "out-of-descriptors", "vhost"})
 
 
 def bounded(value: str, allowed: frozenset[str]) -> str:

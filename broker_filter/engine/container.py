@@ -198,7 +198,7 @@ class EngineContainer:
     def connect(self, url: str, handler: Any, *, reconnect: Any = False, properties: dict | None = None,
                 ssl_domain: Any = None, heartbeat: float | None = None, user: str | None = None,
                 password: str | None = None, allow_insecure_mechs: bool = True,
-                allowed_mechs: str | None = None, **ignored: Any) -> Any:
+                allowed_mechs: str | None = None, virtual_host: str | None = None, **ignored: Any) -> Any:
         """A client connection like `Container.connect` (no reconnect: the caller reconnects);
         returns proton's Connection wrapper."""
         from proton import Connection as ProtonConnection
@@ -219,7 +219,7 @@ class EngineContainer:
         connection = self.loop.connect(host, port, _BRIDGE, sasl=sasl, tls=self.client_tls if secure else None,
                                        idle_timeout=heartbeat or 0.0)
         self._proton[connection.ptr] = handler
-        connection.open(hostname=host, properties=_symbol_keys(properties))
+        connection.open(hostname=virtual_host or host, properties=_symbol_keys(properties))
         return ProtonConnection.wrap(connection.ptr)
 
     def adopt(self, connection: Connection, handler: Any) -> None:

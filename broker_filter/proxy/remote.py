@@ -350,13 +350,17 @@ class RemoteUpstream(Handler):
             if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
                 raise ValueError(f"upstream URL must be amqp://[user:pass@]host[:port] or amqps://…, not {redact_url(u)!r}")
             port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+            # The URL's path names the RabbitMQ vhost (as in RabbitMQ's URI spec): `/` by default
+            vhost = unquote(parts.path[1:]) if parts.path not in ("", "/") else "/"
             self._targets.append((
                 f"{parts.scheme}://{parts.hostname}:{port}",
                 unquote(parts.username) if parts.username else None,
                 unquote(parts.password) if parts.password else None,
                 parts.scheme == "amqps",
+                vhost,
             ))
         self.url = urls[0]
+        self.vhost = self._targets[0][4]  # the vhost every upstream connection opens (its URL's path)
         self.name = ", ".join(redact_url(u) for u in urls)
         self.ssl_domain = ssl_domain
         self._backoff_fn = backoff
@@ -712,7 +716,7 @@ class RemoteUpstream(Handler):
         self._reconnect_timer = None
         if self.stopped:
             return
-        address, user, password, tls = self._targets[self.connects % len(self._targets)]
+        address, user, password, tls, vhost = self._targets[self.connects % len(self._targets)]
         self.connects += 1
         kwargs: dict[str, Any] = {
             "url": address,
@@ -720,6 +724,8 @@ class RemoteUpstream(Handler):
             "reconnect": False,
             "properties": {psymbol("product"): "broker-filter"},
         }
+        if vhost != "/":
+            kwargs["virtual_host"] = f"vhost:{vhost}"
         if tls and self.ssl_domain is not None:
             kwargs["ssl_domain"] = self.ssl_domain
         if self.heartbeat:
@@ -838,6 +844,11 @@ class RemoteUpstream(Handler):
             self._ended_answered(ssn)
         if endpoint is not None and not endpoint.closed:
             c = ssn.remote_condition
+            if c is not None:
+                address = endpoint.spec.address if isinstance(endpoint, RemoteConsumer) else endpoint.address
+                log.warning("upstream %s %s link %s (%s) by ending its session: %s: %s", self.name,
+                            "detached" if endpoint.ready else "refused",
+                            endpoint.link.name if endpoint.link is not None else "?", address, c.name, c.description)
             endpoint._closed_by_upstream(ErrorInfo(
                 c.name if c is not None else "amqp:link:detach-forced",
                 c.description if c is not None else f"upstream {self.name} ended the session",
@@ -908,6 +919,9 @@ class RemoteUpstream(Handler):
                 c.description if c is not None else f"upstream {self.name} detached the link",
                 transient=False,
             )
+            address = ep.spec.address if isinstance(ep, RemoteConsumer) else ep.address
+            log.warning("upstream %s %s link %s (%s): %s: %s", self.name,
+                        "detached" if ep.ready else "refused", link.name, address, err.condition, err.description)
             ep._closed_by_upstream(err)
         parked = getattr_or_none(link, "bf_recycle")
         if parked is not None:

@@ -491,6 +491,19 @@ class ProxyServer(Handler):
             if self.metrics is not None:
                 self.metrics.refuse_connection("limit")
             return
+        asked = _vhost_asked(conn.remote_hostname)
+        served = getattr(self.upstream, "vhost", None)
+        if asked is not None and served is not None and asked != served:
+            # Never another vhost than the one asked for (RabbitMQ's clients name it in the hostname)
+            conn.condition = Condition("amqp:not-found",
+                                       f"vhost {asked!r} is not served here: this daemon serves vhost {served!r} "
+                                       f"of {self.upstream.name}")
+            conn.open()
+            conn.close()
+            log.info("refused a connection asking for vhost %r (serving %r)", asked, served)
+            if self.metrics is not None:
+                self.metrics.refuse_connection("vhost")
+            return
         if self.metrics is not None:
             self.metrics.connections_accepted.inc()
         cid = f"{self.instance}/{next(self._conn_ids)}"
@@ -1150,6 +1163,13 @@ _EXPIRY = {
     Terminus.EXPIRE_WITH_CONNECTION: "connection-close",
     Terminus.EXPIRE_NEVER: "never",
 }
+
+
+def _vhost_asked(hostname: str | None) -> str | None:
+    """The vhost an open frame's hostname asks for (`vhost:NAME`, RabbitMQ's form), or None."""
+    if hostname and hostname.startswith("vhost:"):
+        return hostname[len("vhost:"):] or "/"
+    return None
 
 
 def _offer_identity(entry: Any) -> tuple:

@@ -144,3 +144,22 @@ def test_v2_missing_queue_refuses_only_that_link(proxy4, rabbitmq4):
     finally:
         c.close()
     assert proxy4.log().count("connected (RabbitMQ 4.") == 1  # no reconnect happened
+
+
+def test_an_upstream_refusal_is_logged_with_the_link_and_the_condition(rabbitmq):
+    """A link the upstream refuses is logged with its name, address and the upstream's condition."""
+    from launcher import Daemon
+    from proton.utils import LinkDetached
+
+    d = Daemon(upstream=rabbitmq)
+    try:
+        c = connect(d.url)
+        try:
+            with pytest.raises(LinkDetached):
+                c.create_receiver("/exchange/no-such-exchange-for-the-log/key", credit=1)
+        finally:
+            c.close()
+        d.wait_for(r"upstream .* refused link \S+ \(/exchange/no-such-exchange-for-the-log/key\)[^:]*: "
+                   r"amqp:not-found", 10)
+    finally:
+        d.stop()
