@@ -375,6 +375,7 @@ class RemoteUpstream(Handler):
         self.stopped = False
         self.remote_capabilities: frozenset[str] = frozenset()
         self.product: str | None = None
+        self.chained = False  # the upstream is another broker-filter
         self.version: str | None = None
         self.binds_exchange_keys = False
         self.modified_ok = True
@@ -449,7 +450,7 @@ class RemoteUpstream(Handler):
         """Whether the upstream's echo of a passed-through filter can be believed: RabbitMQ 3.10 and
         4.0 echo every filter, applied or not, so from RabbitMQ only its own (`rabbitmq:*`, its
         stream filters) count; another broker-filter echoes only what it applies."""
-        if self.product == "broker-filter":
+        if self.chained:
             return True
         descriptor = getattr(entry.value, "descriptor", None)
         return self.product == "RabbitMQ" and isinstance(descriptor, str) and descriptor.startswith("rabbitmq:")
@@ -802,6 +803,9 @@ class RemoteUpstream(Handler):
         self.product = str(product) if product is not None else None
         version = props.get(psymbol("version")) if hasattr(props, "get") else None
         self.version = str(version) if version is not None else None
+        # another broker-filter (it stands in for a RabbitMQ behind it under RabbitMQ's product name)
+        self.chained = self.product == "broker-filter" or (hasattr(props, "get") and
+                                                           props.get(psymbol("broker-filter")) is not None)
         is_rabbit = self.product is not None and "rabbitmq" in self.product.lower()
         self.binds_exchange_keys = is_rabbit
         self.modified_ok = not is_rabbit or _major(self.version) >= 4

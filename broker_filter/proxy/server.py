@@ -510,7 +510,7 @@ class ProxyServer(Handler):
         conn.bf_conn = _Conn(cid)
         self.connections[cid] = conn.bf_conn
         conn.offered_capabilities = _OFFERED
-        conn.properties = {psymbol("product"): "broker-filter"}
+        conn.properties = _identity(self.upstream)
         conn.container = self.instance
         conn.open()
 
@@ -1163,6 +1163,19 @@ _EXPIRY = {
     Terminus.EXPIRE_WITH_CONNECTION: "connection-close",
     Terminus.EXPIRE_NEVER: "never",
 }
+
+
+def _identity(upstream: Any) -> dict:
+    """The open frame's properties.  In front of RabbitMQ, its `product` and `version` (RabbitMQ's own
+    AMQP 1.0 clients refuse a server that is not RabbitMQ 4 or later: the proxy stands in for it),
+    with `broker-filter` naming this daemon's version beside them; otherwise product broker-filter."""
+    from .. import __version__
+
+    product = getattr(upstream, "product", None)
+    if product == "RabbitMQ":
+        return {psymbol("product"): product, psymbol("version"): getattr(upstream, "version", None) or "",
+                psymbol("broker-filter"): __version__}
+    return {psymbol("product"): "broker-filter", psymbol("broker-filter"): __version__}
 
 
 def _vhost_asked(hostname: str | None) -> str | None:
