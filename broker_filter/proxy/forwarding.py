@@ -302,6 +302,8 @@ class Feed(UpstreamCredit):
         self.io = io
         self.subscription = subscription
         self.stream = False  # the queue turned out to be a stream (`_check_stream`)
+        # `modified{undeliverable-here}` from a client goes upstream, which dead-letters it (RabbitMQ 4)
+        self.dead_letters = False
         self._unchecked = not subscription  # whether the next delivery is checked for being a stream's
         self.on_stream: Callable[[], None] | None = None  # told once the feed knows it reads a stream
         self.window = window
@@ -494,12 +496,21 @@ class Feed(UpstreamCredit):
         c = outlet.in_flight.pop(tag, None)
         if c is None:
             return
-        keep = outcome.kind == "modified" and outcome.undeliverable_here and not self.subscription
-        if outcome.kind in ("accepted", "rejected") or not (self.custody or keep):
+        discard = outcome.kind == "modified" and outcome.undeliverable_here
+        # (RabbitMQ 4 dead-letters a discarded message, as for a consumer of its own: it goes upstream)
+        keep = discard and not self.subscription and not self.dead_letters
+        if outcome.kind in ("accepted", "rejected") or not (self.custody or keep) or (discard and self.dead_letters):
             self.io.settle_upstream(c.delivery, outcome)
             return
         # released / modified: the message stays in the proxy, offered first to the other outlets
         if outcome.kind == "modified":
+            if outcome.annotations:
+                # AMQP 1.0 3.4.5: the modified outcome's message-annotations are merged into the
+                # message for its next deliveries (RabbitMQ's requeue with annotations)
+                data = c.delivery.data
+                for key, value in outcome.annotations.items():
+                    data = set_message_annotation(data, symbol(key) if isinstance(key, str) else key, value)
+                c.delivery.data = data
             if outcome.delivery_failed:
                 c.failed += 1
             if outcome.undeliverable_here:

@@ -382,6 +382,7 @@ class RemoteUpstream(Handler):
         self.counts_queue = False
         self.over_delivers = False  # sends a consumer more than its credit (RabbitMQ 3.x)
         self.recycles_sessions = False  # RabbitMQ 4: sessions outlive their links (see the module docstring)
+        self.dead_letters_undeliverable = False
         self._idle: list[Any] = []  # recycled sessions with no link, oldest first
         self._idle_timer = None
         self._endpoints: dict[str, Any] = {}
@@ -810,6 +811,8 @@ class RemoteUpstream(Handler):
         self.binds_exchange_keys = is_rabbit
         self.modified_ok = not is_rabbit or _major(self.version) >= 4
         self.recycles_sessions = is_rabbit and _major(self.version) >= 4
+        # modified{undeliverable-here} dead-letters on RabbitMQ 4 (its clients' discard)
+        self.dead_letters_undeliverable = is_rabbit and _major(self.version) >= 4
         # A drain without credit is answered with the queue's ready count by RabbitMQ 4; RabbitMQ
         # 3.10 answers it too, but its classic queue then fails the channel (function_clause on
         # send_drained), so it is never asked (see RemoteConsumer.probe).

@@ -216,6 +216,7 @@ class FeedBinding:
                 self.server.offers_decided(self, info.evaluated)
             if isinstance(self.feed, Feed):
                 self.feed.whole_grants = bool(getattr(self.server.upstream, "over_delivers", False))
+                self.feed.dead_letters = bool(getattr(self.server.upstream, "dead_letters_undeliverable", False))
             if info.subscription is False and self.feed.subscription:
                 # The upstream says this source is shared: never consume a non-match on it.
                 self.feed.subscription = False
