@@ -434,8 +434,8 @@ class ProxyServer(Handler):
                 "passes": s.passes,
                 "handed_back": s.handed_back,
                 "redelivered": s.redelivered,
-                "waited": b.feed.longest_wait(),
                 "undecodable": s.undecodable,
+                "too_large": s.too_large,
             })
         links = {"consumer": 0, "producer": 0}
         credit: dict[str, int] = {}
@@ -681,7 +681,8 @@ class ProxyServer(Handler):
         up_address, pushed, local, offered = push_down(self.upstream, routed, wanted, self.dialect)
         link.bf_fs = fs
         link.bf_subscription = subscription
-        outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link)
+        outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link,
+                        max_size=int(link.remote_max_message_size or 0))
         link.bf_outlet = outlet
         conn.links.add(link)
         self._route_link(link, functools.partial(self._outcome, outlet), self._outlet_credit)
