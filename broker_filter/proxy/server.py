@@ -434,6 +434,7 @@ class ProxyServer(Handler):
                 "passes": s.passes,
                 "handed_back": s.handed_back,
                 "redelivered": s.redelivered,
+                "waited": b.feed.longest_wait(),
                 "undecodable": s.undecodable,
                 "too_large": s.too_large,
             })
