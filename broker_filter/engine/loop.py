@@ -39,6 +39,7 @@ from typing import Any, Callable
 from ..security import Identity
 from ._cproton import ffi
 from .endpoints import REMOTE_UNINIT, Condition, Connection, Engine, Handler, SaslClient, Timer
+from .linknames import LinkNames
 from .streams import ServerSasl, TlsError, TlsStream
 
 log = logging.getLogger("broker_filter.engine")
@@ -153,7 +154,7 @@ class _Channel:
 
     __slots__ = ("loop", "sock", "conn", "tls", "sasl", "credentials", "sasl_config", "listener", "inbuf",
                  "out", "mask", "connecting", "closed", "head_closed", "reading", "verifying", "peer",
-                 "max_input", "handshake_timer", "close_when_flushed", "__weakref__")
+                 "max_input", "handshake_timer", "close_when_flushed", "names", "__weakref__")
 
     def __init__(self, loop: EventLoop, sock: socket.socket, conn: Connection | None, *, tls: TlsStream | None,
                  sasl_config: ServerSasl | None, listener: Listener | None, max_input: int, peer: str,
@@ -179,6 +180,7 @@ class _Channel:
         self.max_input = max_input
         self.handshake_timer: Timer | None = None
         self.close_when_flushed = False
+        self.names: LinkNames | None = None  # a server connection's link-name aliasing (linknames.py)
         self.mask = EVENT_WRITE if connecting else EVENT_READ
         if conn is not None:
             conn.io = self
@@ -270,6 +272,17 @@ class _Channel:
         conn = self.conn
         if conn.ptr is None:
             return
+        names = self.names
+        if names is not None:
+            # attaches whose name is attached already get an alias before proton sees them
+            before = names.outbound
+            renamed = names.incoming(self.loop._rview[:size] if isinstance(data, ffi.CData) else data)
+            if renamed is not None:
+                data, size = renamed, len(renamed)
+            if before is None and names.outbound is not None:
+                self._drain_output()  # the daemon's answer is rewritten from a frame boundary on
+            if not size:
+                return
         if self.inbuf:
             self.inbuf += ffi.buffer(data, size) if isinstance(data, ffi.CData) else data
             self._push_backlog()
@@ -373,6 +386,17 @@ class _Channel:
         if len(self.out) >= _OUTPUT_HIGH:
             return  # the socket is behind: proton keeps the rest until `_write` catches up
         out = self.loop.take_output(conn)
+        names = self.names
+        if out is not None and names is not None and names.outbound is not None and len(out):
+            renamed = names.outgoing(out)  # the client's own link names back in the answers
+            if renamed is not None:
+                out = renamed
+            if not len(out):
+                self.loop.dirty.add(conn)  # the rest of a held attach is still in proton
+                return
+            self._send_plain(out)
+            self.loop.dirty.add(conn)
+            return
         if out is None:
             if not self.head_closed:
                 # Our last frame is out; the peer's close (or its end of stream) closes the transport
@@ -385,6 +409,17 @@ class _Channel:
             # proton encodes as much as its output buffer holds: ask again (next round or turn)
             # until it has nothing more, or a large message would wait for the next event.
             self.loop.dirty.add(conn)
+
+    def _drain_output(self) -> None:
+        """Send everything proton has encoded so far, so its next output starts a frame."""
+        conn = self.conn
+        if self.closed or self.connecting or self.sasl is not None or conn.ptr is None or self.head_closed:
+            return
+        for _ in range(1000):
+            out = self.loop.take_output(conn)
+            if out is None or not len(out):
+                return
+            self._send_plain(bytes(out))
 
     def _send_plain(self, data: Any) -> None:
         if self.tls is not None:
@@ -442,6 +477,7 @@ class _Channel:
                                     max_frame=limits.max_frame, name=self.peer)
         conn.io = self
         self.conn = conn
+        self.names = LinkNames(conn)
         if listener.sasl is None:
             conn.identity = Identity("anonymous", "", None, self.tls is not None, self.peer)
         listener.handler.on_accepted(conn)

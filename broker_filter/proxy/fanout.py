@@ -60,7 +60,8 @@ from typing import Any, Callable, Protocol
 
 from ..amqp import redelivery_bytes
 from ..filters.index import SubscriptionIndex
-from .forwarding import ACCEPTED, UNDECODABLE as _BAD, FeedStats, Outcome, Outlet, UpstreamCredit, decode_reads
+from .forwarding import (ACCEPTED, MESSAGE_SIZE_EXCEEDED, UNDECODABLE as _BAD, FeedStats, Outcome, Outlet,
+                         UpstreamCredit, decode_reads, too_large)
 
 SPREAD_BLOCK = 256  # upstream messages per measure of the spread
 MAX_SPREAD = 8.0  # the most upstream messages pulled per unit of client credit
@@ -192,6 +193,7 @@ class FanoutFeed(UpstreamCredit):
         self._read_counts: Counter = Counter()  # section -> members whose filter reads it
         self._eager: set[Outlet] = set()  # members in the group with credit (the group pulls for them)
         self._switching: set[_Member] = set()  # own subscription attached, waiting for their marker
+        self._limited = 0  # members whose link has a max-message-size (0: no size check per message)
         self._clock = clock
         self._log = log
         self.counters = counters  # broker_filter.metrics.SharedCounters, or None
@@ -229,6 +231,8 @@ class FanoutFeed(UpstreamCredit):
         if outlet in self.members:
             return
         self.members[outlet] = _Member(outlet)
+        if outlet.max_size:
+            self._limited += 1
         self._grant(None, 0)
         self._count(outlet)
         self.index.register(outlet, outlet.filter, outlet.receiver)
@@ -242,6 +246,8 @@ class FanoutFeed(UpstreamCredit):
         m = self.members.pop(outlet, None)
         if m is None:
             return
+        if outlet.max_size:
+            self._limited -= 1
         self._switching.discard(m)
         if not m.switched:
             self._grant(m.granted, None)
@@ -379,6 +385,17 @@ class FanoutFeed(UpstreamCredit):
             return
         members = self.members
         targets = [members[o] for o in selected]
+        if self._limited:
+            size = len(delivery.data)
+            fits = [m for m in targets if not m.outlet.max_size or size <= m.outlet.max_size]
+            if len(fits) < len(targets):
+                limit = max(m.outlet.max_size for m in targets if m not in fits)
+                self._too_large(size, limit)
+                if not fits:  # every copy rejected: so is the message, for this subscription
+                    self.io.settle_upstream(delivery, too_large(size, limit))
+                    self._top_up()
+                    return
+                targets = fits
         shared = _Shared(delivery, message)
         self.fanout.selected += len(targets)
         shared.pending = len(targets)
@@ -388,6 +405,14 @@ class FanoutFeed(UpstreamCredit):
             if len(m.queue) > self.buffer + m.granted and m.own is None:
                 self._depart(m)
         self._top_up()
+
+    def _too_large(self, size: int, limit: int) -> None:
+        """A member's copy larger than its link's max-message-size: never sent, counted, logged (the
+        upstream message is rejected with amqp:link:message-size-exceeded when no member takes it)."""
+        self.stats.too_large += 1
+        if self._log is not None:
+            self._log(f"a {size}-byte message is larger than the max-message-size {limit} of a "
+                      f"subscription link: not sent to it ({MESSAGE_SIZE_EXCEEDED})")
 
     def _depart(self, m: _Member) -> None:
         """A slow member leaves: its own subscription is opened; it stays in the group until the
@@ -441,7 +466,10 @@ class FanoutFeed(UpstreamCredit):
                 ok = False
         if not m.switched and m.marker is None:
             m.marker = delivery.data
-        if not ok:
+        if ok and outlet.max_size and len(delivery.data) > outlet.max_size:
+            self._too_large(len(delivery.data), outlet.max_size)
+            consumer.settle(delivery, too_large(len(delivery.data), outlet.max_size))
+        elif not ok:
             consumer.settle(delivery, ACCEPTED)
             self.stats.filtered += 1
         elif not m.switched:

@@ -116,6 +116,14 @@ class Outcome:
 ACCEPTED = Outcome("accepted")
 RELEASED = Outcome("released")
 DELIVERY_FAILED = Outcome("modified", delivery_failed=True)
+# A subscription's copy larger than every selecting link's max-message-size (AMQP 1.0 2.7.3: a sender
+# must not send it; the copy is this subscription's own, so it is rejected for it, never dropped unsaid).
+MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
+
+
+def too_large(size: int, limit: int) -> Outcome:
+    return Outcome("rejected", error=(MESSAGE_SIZE_EXCEEDED,
+                                      f"a {size}-byte message exceeds the receiving link's max-message-size {limit}"))
 
 
 def filter_identity(filter: Any, receiver: str | None = None) -> str:
@@ -156,6 +164,7 @@ class FeedStats:
     delivered: int = 0  # messages sent to clients
     redelivered: int = 0  # of those, given back by a client and sent again from the proxy
     filtered: int = 0  # non-matches settled as consumed (subscriptions only)
+    too_large: int = 0  # subscription copies rejected: larger than every selecting link's max-message-size
     undecodable: int = 0  # messages whose sections could not be decoded (no filter selects them)
     recycled: int = 0  # held messages moved to the queue's tail
     moving: int = 0  # moves in flight right now
@@ -171,11 +180,14 @@ class Outlet:
     """One client receiving link.  `receiver` is its connection identity "<instance>/<connection>"."""
 
     __slots__ = ("name", "filter", "receiver", "credit", "in_flight", "delivered", "io_ref", "io_owner",
-                 "presettled", "identity", "waiting_since")
+                 "presettled", "identity", "waiting_since", "max_size")
 
     def __init__(self, name: str, filter: Any, receiver: str | None = None, io_ref: Any = None,
-                 presettled: bool = False):
+                 presettled: bool = False, max_size: int = 0):
         self.name = name
+        # the client link's max-message-size (0: no limit): a larger message is never sent to it;
+        # it goes to another link that selects it and can take it, or stays as one nobody selects
+        self.max_size = max_size
         self.presettled = presettled  # the client asked for pre-settled deliveries (at most once)
         self.filter = filter
         self.receiver = receiver
@@ -487,10 +499,28 @@ class Feed(UpstreamCredit):
             return
         if not self.outlets or any(self._selects(o, c) for o in self.outlets):
             self._hold(c)
+        elif any(o.max_size for o in self.outlets) and self._too_large(c):
+            return
         else:
             # A copy of this subscription's (or shared subscription's) that none of its links selects.
             self.stats.filtered += 1
             self.io.settle_upstream(c.delivery, ACCEPTED)
+
+    def _too_large(self, c: Custody) -> bool:
+        """A subscription's copy that some link selects but none can take (its max-message-size):
+        rejected upstream for this subscription (amqp:link:message-size-exceeded), counted, logged."""
+        size = len(c.delivery.data)
+        limits = [o.max_size for o in self.outlets if o.max_size and size > o.max_size
+                  and (o.filter.evaluate(c.message, o.receiver) is True if c.message is not _BAD
+                       else not o.filter.reads)]
+        if not limits:
+            return False
+        self.stats.too_large += 1
+        if self._log is not None:
+            self._log(f"a {size}-byte message is larger than the max-message-size {max(limits)} of the "
+                      f"subscription's links: rejected for it ({MESSAGE_SIZE_EXCEEDED})")
+        self.io.settle_upstream(c.delivery, too_large(size, max(limits)))
+        return True
 
     def on_client_outcome(self, outlet: Outlet, tag: Any, outcome: Outcome) -> None:
         c = outlet.in_flight.pop(tag, None)
@@ -583,6 +613,8 @@ class Feed(UpstreamCredit):
                 and any(o.credit > 0 for o in self.outlets))
 
     def _selects(self, o: Outlet, c: Custody) -> bool:
+        if o.max_size and len(c.delivery.data) > o.max_size:
+            return False
         if c.message is _BAD:
             return not o.filter.reads
         return o.filter.evaluate(c.message, o.receiver) is True

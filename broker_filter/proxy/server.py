@@ -440,6 +440,7 @@ class ProxyServer(Handler):
                 "redelivered": s.redelivered,
                 "waited": b.feed.longest_wait(),
                 "undecodable": s.undecodable,
+                "too_large": s.too_large,
             })
         links = {"consumer": 0, "producer": 0}
         credit: dict[str, int] = {}
@@ -714,7 +715,8 @@ class ProxyServer(Handler):
             passthrough = tuple(Passthrough(i.key, i.value) for i in fs.ignored)
         link.bf_fs = fs
         link.bf_subscription = subscription
-        outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link)
+        outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link,
+                        max_size=int(link.remote_max_message_size or 0))
         link.bf_outlet = outlet
         conn.links.add(link)
         self._route_link(link, functools.partial(self._outcome, outlet), self._outlet_credit)
