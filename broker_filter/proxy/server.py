@@ -837,6 +837,11 @@ class ProxyServer(Handler):
             self._refuse(link, "amqp:invalid-field", "the source filter must be a map (a filter-set)",
                          {psymbol("field"): psymbol("filter")})
             return
+        if src.dynamic and not address and not getattr(self.upstream, "dynamic_sources", False):
+            # (RabbitMQ 3.10 and 4.0 answer a dynamic source by ending the whole session.)
+            self._refuse(link, "amqp:not-implemented",
+                         f"dynamic sources are not supported by upstream {self.upstream.name}")
+            return
         route = self._route(address)
         try:
             if self.config is not None:
@@ -1016,6 +1021,16 @@ class ProxyServer(Handler):
         fs: FilterSet = link.bf_fs
         src = link.remote_source
         link.source.address = src.address
+        if src.dynamic and not src.address:
+            info = getattr(binding, "info", None)
+            address = info.address if info is not None else None
+            if not address:
+                self._drop_link(link)
+                close_link(link, "amqp:not-implemented",
+                           f"dynamic sources are not supported by upstream {self.upstream.name}")
+                return
+            link.source.address = address  # the node made for this link (gone when it closes)
+            link.source.dynamic = True
         if fs.entries:
             put_value(link.source.filter, {k: v for k, v in fs.applied.items()})
         put_value(link.source.capabilities, t.Array("symbol", [t.symbol(c) for c in FILTER_CAPABILITIES]))
