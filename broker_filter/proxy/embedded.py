@@ -182,6 +182,9 @@ class EmbeddedUpstream:
     """Upstream backed by an in-process `Broker`."""
 
     name = "embedded"
+    # A receiver with a dynamic source gets a temporary queue of its own (`Broker.subscribe_temporary`:
+    # address `temp.<uuid>`, deleted when its link goes); its name is the attach reply's address.
+    dynamic_sources = True
     # A message given back goes out again with its history in the header (the proxy's feeds hand
     # released, modified and a detached link's deliveries back here instead of keeping them).
     redelivers_in_place = True

@@ -29,6 +29,7 @@ not settled were returned to the queue by the broker and are delivered again (at
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -41,7 +42,7 @@ from proton import symbol as psymbol
 from proton import Handler
 
 from ..amqp import types as t
-from ..amqp import CodecError, set_message_annotation
+from ..amqp import CodecError, decode_message, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
@@ -63,7 +64,15 @@ FILTER_CAPABILITIES = (
     "AMQP_FILTEX_PROP_V1_0",
     "AMQP_FILTEX_SQL_V1_0",
 )
-_OFFERED = [psymbol(c) for c in FILTER_CAPABILITIES]
+# Offered in the open frame besides the filter capabilities: a sender may attach with a null target
+# and address each message by its `properties.to` (see `Relay`).
+RELAY_CAPABILITY = "ANONYMOUS-RELAY"
+_OFFERED = [psymbol(c) for c in FILTER_CAPABILITIES + (RELAY_CAPABILITY,)]
+# At most this many upstream publishers per anonymous-relay link, one per `to` address (an LRU:
+# the least recently used idle one is closed when a new address needs one over the limit).
+RELAY_PUBLISHERS = 16
+RELAY_WINDOW = 100  # credit an anonymous-relay link keeps granted (messages not yet settled count)
+_COORDINATOR = 3  # PN_COORDINATOR: a transaction coordinator target
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
 
 
@@ -317,6 +326,181 @@ class Inlet:
             lib.pn_link_flow(self.ptr, want)
 
 
+class _RelayTarget:
+    """One `to` address of an anonymous-relay link and its upstream publisher."""
+
+    __slots__ = ("relay", "address", "publisher", "ready", "closed", "waiting", "in_flight")
+
+    def __init__(self, relay: "Relay", address: str):
+        self.relay = relay
+        self.address = address
+        self.publisher = None
+        self.ready = False
+        self.closed = False
+        self.waiting: list = []  # (data, dlv or None) not yet sent: no publisher / credit yet
+        self.in_flight: set = set()  # client deliveries sent upstream, not yet settled
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.in_flight
+
+    def on_publisher_ready(self, publisher) -> None:
+        self.ready = True
+        self.flush()
+
+    def on_publisher_credit(self, publisher) -> None:
+        self.flush()
+
+    def on_publisher_closed(self, publisher, error: ErrorInfo | None) -> None:
+        self.closed = True
+        self.relay.forget(self)
+        err = error or ErrorInfo("amqp:link:detach-forced", "upstream detached")
+        description = f"{self.address}: {err.description}" if err.description else self.address
+        rejected = Outcome("rejected", error=(err.condition, description))
+        pending = [d for _, d in self.waiting] + list(self.in_flight)
+        self.waiting.clear()
+        self.in_flight.clear()
+        for dlv in pending:
+            if dlv is not None:
+                self.relay.settled(dlv, rejected if not self.ready else RELEASED)
+
+    def send(self, data: bytes, dlv) -> None:
+        self.waiting.append((data, dlv))
+        self.flush()
+
+    def flush(self) -> None:
+        if self.closed or not self.ready or self.publisher is None:
+            return
+        server = self.relay.server
+        while self.waiting and self.publisher.credit > 0:
+            data, dlv = self.waiting.pop(0)
+            if dlv is None:
+                self.publisher.send(data, lambda outcome, a=self.address: server.poke(a))
+                continue
+            self.in_flight.add(dlv)
+
+            def settled(outcome: Outcome, dlv=dlv) -> None:
+                self.in_flight.discard(dlv)
+                if outcome.kind == "accepted":
+                    server.poke(self.address)
+                self.relay.settled(dlv, outcome)
+
+            self.publisher.send(data, settled)
+
+
+class Relay:
+    """A client sending link with a null target (anonymous relay): each message is published to
+    its `properties.to` through an upstream publisher kept per address, at most `RELAY_PUBLISHERS`
+    of them (least recently used closed first), and settled with the outcome that address gave."""
+
+    def __init__(self, server: "ProxyServer", link, conn: "_Conn"):
+        self.server = server
+        self.link = link
+        self.ptr = link._impl
+        self.conn = conn
+        self.closed = False
+        self.unsettled = 0
+        self.targets: "collections.OrderedDict[str, _RelayTarget]" = collections.OrderedDict()
+        self.oversize: set = set()
+        self.origin = encode_section(MESSAGE_ANNOTATIONS, {ORIGIN_ANNOTATION: conn.id})
+
+    def top_up(self) -> None:
+        if self.closed:
+            return
+        want = RELAY_WINDOW - lib.pn_link_credit(self.ptr) - self.unsettled
+        if want > 0 and (want * 4 >= RELAY_WINDOW or lib.pn_link_credit(self.ptr) == 0):
+            lib.pn_link_flow(self.ptr, want)
+
+    def settled(self, dlv, outcome: Outcome) -> None:
+        self.unsettled -= 1
+        if not self.closed:
+            settle_with(dlv, outcome)
+            self.top_up()
+
+    def forget(self, target: _RelayTarget) -> None:
+        if self.targets.get(target.address) is target:
+            del self.targets[target.address]
+
+    def close(self) -> None:
+        """The client link went: every publisher closes (no callbacks follow)."""
+        self.closed = True
+        for target in list(self.targets.values()):
+            target.closed = True
+            if target.publisher is not None:
+                target.publisher.close()
+        self.targets.clear()
+
+    def target(self, address: str) -> _RelayTarget:
+        target = self.targets.get(address)
+        if target is not None:
+            self.targets.move_to_end(address)
+            return target
+        while len(self.targets) >= RELAY_PUBLISHERS:
+            victim = next((t for t in self.targets.values() if t.idle), None)
+            if victim is None:
+                break  # all busy: over the limit for a moment rather than lose messages
+            del self.targets[victim.address]
+            victim.closed = True
+            victim.publisher.close()
+        target = _RelayTarget(self, address)
+        self.targets[address] = target
+        server = self.server
+        route = server._route(address)
+        upstream_address = route.upstream if route is not None else address
+        caps = sharing.upstream_capabilities((), route.routing_type if route is not None else "")
+        target.publisher = server.upstream.open_publisher(upstream_address, target, caps)
+        return target
+
+    def on_transfer(self, link, dlv) -> None:
+        server = self.server
+        if not lib.pn_delivery_readable(dlv):
+            return
+        limit = server._max_message_size
+        if lib.pn_delivery_partial(dlv):
+            if limit and lib.pn_delivery_pending(dlv) > limit:
+                discard(self.ptr)
+                self.oversize.add(dlv)
+            return
+        size = lib.pn_delivery_pending(dlv)
+        data = receive(self.ptr, dlv)
+        if lib.pn_delivery_aborted(dlv):
+            self.oversize.discard(dlv)
+            lib.pn_delivery_settle(dlv)
+            return
+        presettled = bool(lib.pn_delivery_settled(dlv))
+        if limit and (dlv in self.oversize or size > limit):
+            self.oversize.discard(dlv)
+            return self._refuse(dlv, "amqp:resource-limit-exceeded",
+                                f"message larger than the {limit} bytes allowed (limits.max_message_size)")
+        if self.closed or not server.upstream_up:
+            settle_with(dlv, RELEASED)
+            return
+        try:
+            m = decode_message(data, ("properties",))
+            to = m.properties.to if m.properties is not None else None
+        except Exception as e:
+            return self._refuse(dlv, "amqp:decode-error", f"message not decodable: {e}")
+        if not to:
+            return self._refuse(dlv, "amqp:invalid-field",
+                                "properties.to is required on an anonymous-relay link (null target)")
+        to = str(to)
+        try:
+            data = set_message_annotation(data, ORIGIN_ANNOTATION, self.conn.id, self.origin)
+        except CodecError as e:
+            return self._refuse(dlv, "amqp:decode-error", f"message not decodable: {e}")
+        if presettled:
+            lib.pn_delivery_settle(dlv)
+            self.target(to).send(data, None)
+        else:
+            self.unsettled += 1
+            self.target(to).send(data, dlv)
+        self.top_up()
+
+    def _refuse(self, dlv, condition: str, description: str) -> None:
+        settle_with(dlv, Outcome("rejected", error=(condition, description)))
+        self.top_up()
+
+
 def close_link(link, condition: str, description: str | None, info: dict | None = None) -> None:
     if link.state & Endpoint.LOCAL_CLOSED:
         return
@@ -450,7 +634,8 @@ class ProxyServer(Handler):
             credit[a] = credit.get(a, 0) + sum(o.credit for o in b.feed.outlets)
         links["upstream-consumer"] = len(self.feeds)
         for c in self.connections.values():
-            links["producer"] += sum(1 for link in c.links if _attr(link, "bf_inlet") is not None)
+            links["producer"] += sum(1 for link in c.links
+                                     if _attr(link, "bf_inlet") is not None or _attr(link, "bf_relay") is not None)
         links["upstream-producer"] = links["producer"]
         return {
             "links": links,
@@ -670,6 +855,11 @@ class ProxyServer(Handler):
             self._refuse(link, "amqp:invalid-field", "the source filter must be a map (a filter-set)",
                          {psymbol("field"): psymbol("filter")})
             return
+        if src.dynamic and not address and not getattr(self.upstream, "dynamic_sources", False):
+            # (RabbitMQ 3.10 and 4.0 answer a dynamic source by ending the whole session.)
+            self._refuse(link, "amqp:not-implemented",
+                         f"dynamic sources are not supported by upstream {self.upstream.name}")
+            return
         route = self._route(address)
         try:
             if self.config is not None:
@@ -869,6 +1059,16 @@ class ProxyServer(Handler):
         fs: FilterSet = link.bf_fs
         src = link.remote_source
         link.source.address = src.address
+        if src.dynamic and not src.address:
+            info = getattr(binding, "info", None)
+            address = info.address if info is not None else None
+            if not address:
+                self._drop_link(link)
+                close_link(link, "amqp:not-implemented",
+                           f"dynamic sources are not supported by upstream {self.upstream.name}")
+                return
+            link.source.address = address  # the node made for this link (gone when it closes)
+            link.source.dynamic = True
         echoed = binding.info.echoed if binding.info is not None else None
         if fs.entries or echoed:
             put_value(link.source.filter, {**fs.applied, **(echoed or {})})
@@ -938,9 +1138,12 @@ class ProxyServer(Handler):
 
     # ---------------------------------------------------------------- publishing (inlets)
     def _attach_inlet(self, link, conn: _Conn) -> None:
+        if lib.pn_terminus_get_type(lib.pn_link_remote_target(link._impl)) == _COORDINATOR:
+            self._refuse(link, "amqp:not-implemented", "transactions are not supported")
+            return
         address = link.remote_target.address
         if address is None:
-            self._refuse(link, "amqp:not-implemented", "a target address is required (no anonymous relay)")
+            self._attach_relay(link, conn)
             return
         route = self._route(address)
         if route is not None:
@@ -961,12 +1164,32 @@ class ProxyServer(Handler):
         self._route_link(link, functools.partial(self._publish, inlet))
         inlet.publisher = self.upstream.open_publisher(address, inlet, caps, durable=link.remote_target.durability)
 
+    def _attach_relay(self, link, conn: _Conn) -> None:
+        """A sending link with a null target: each message goes to its `properties.to`."""
+        if not self.upstream_up:
+            self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
+            return
+        relay = Relay(self, link, conn)
+        link.bf_relay = relay
+        if self.max_message_size:
+            link.max_message_size = self.max_message_size
+        conn.links.add(link)
+        self._route_link(link, relay.on_transfer)
+        link.target.type = Terminus.TARGET
+        link.source.copy(link.remote_source)
+        link.open()
+        relay.top_up()
+
     @property
     def max_message_size(self) -> int:
         return self._max_message_size
 
     def _client_publish(self, link, dlv) -> None:
         """A client's transfer (a delivery pointer) on an inlet, not routed (see `_route_link`)."""
+        relay = _attr(link, "bf_relay")
+        if relay is not None:
+            relay.on_transfer(link, dlv)
+            return
         self._publish(_attr(link, "bf_inlet"), link, dlv)
 
     def _publish(self, inlet: Inlet | None, link, dlv) -> None:
@@ -1103,6 +1326,10 @@ class ProxyServer(Handler):
                     else:
                         self.draining.add(binding)
                         self.upstream.loop.call_later(self.grace, lambda b=binding: self.finish_feed(b))
+        relay = _attr(link, "bf_relay")
+        if relay is not None:
+            link.bf_relay = None
+            relay.close()
         inlet = _attr(link, "bf_inlet")
         if inlet is not None:
             link.bf_inlet = None

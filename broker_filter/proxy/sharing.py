@@ -140,6 +140,8 @@ def feed_key(decision: Decision, *, address: str | None, pushed: Iterable[Any], 
     upstream subscription (`broker_filter.proxy.fanout`), by the upstream address and pushed-down
     filters."""
     pushed_key = tuple((str(e.key), repr(e.value)) for e in pushed)
+    if dynamic and address is None:
+        return ("subscription", serial)  # a dynamic node of its own: never shared
     if not decision.subscription:
         return ("queue", address, pushed_key)
     named = subscription_name(link_name, container_id, capabilities, durable)

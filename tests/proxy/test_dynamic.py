@@ -1,0 +1,59 @@
+"""Dynamic sources (issue 28 item 2): on the embedded broker a receiver with a dynamic source gets
+a temporary node of its own, named in the attach reply; RabbitMQ 3.10 and 4.0 answer a dynamic
+source by ending the session ("Dynamic sources not supported"), so the daemon refuses it itself."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from proton import Message
+from proton.utils import LinkDetached
+
+from tests.support.clients import connect, receive_n, receives_nothing
+
+
+def _dynamic(conn):
+    return conn.create_receiver(None, dynamic=True, credit=10)
+
+
+def test_dynamic_source_gets_an_address_that_reaches_it(daemon):
+    conn = connect(daemon.url)
+    try:
+        if daemon.forms[1].startswith("/queue"):  # RabbitMQ: refused, the connection lives on
+            with pytest.raises(LinkDetached) as e:
+                _dynamic(conn)
+            assert "amqp:not-implemented" in str(e.value)
+            assert "dynamic sources are not supported by upstream" in str(e.value)
+            q = daemon.forms[1].format(f"dyn-{uuid.uuid4().hex[:8]}")
+            rcv = conn.create_receiver(q, credit=10)
+            conn.create_sender(q).send(Message(body="still works"))
+            assert [m.body for m in receive_n(rcv, 1)] == ["still works"]
+            return
+        rcv = _dynamic(conn)
+        address = rcv.link.remote_source.address
+        assert address, "the attach reply names the dynamic node"
+        other = _dynamic(conn)
+        assert other.link.remote_source.address not in (None, address)
+        conn.create_sender(address).send(Message(body="direct"))
+        conn.create_sender(None).send(Message(address=address, body="relayed", reply_to=address))
+        assert [m.body for m in receive_n(rcv, 2)] == ["direct", "relayed"]
+        assert receives_nothing(other)
+    finally:
+        conn.close()
+
+
+def test_dynamic_node_goes_with_its_link(daemon):
+    if daemon.forms[1].startswith("/queue"):
+        pytest.skip("dynamic sources are refused in front of RabbitMQ")
+    conn = connect(daemon.url)
+    try:
+        rcv = _dynamic(conn)
+        address = rcv.link.remote_source.address
+        rcv.close()
+        # The node is gone: publishing to the name again makes an ordinary address, with no
+        # consumer; a new dynamic receiver gets another name.
+        again = _dynamic(conn)
+        assert again.link.remote_source.address != address
+    finally:
+        conn.close()
