@@ -105,6 +105,10 @@ class Outcome:
     delivery_failed: bool = False
     undeliverable_here: bool = False
     annotations: dict[Any, Any] | None = None
+    # released only: no client ever received the message (the proxy held it), so the upstream may
+    # undo the acquisition: first-acquirer stays true (AMQP 1.0 3.2.1).  An upstream that cannot
+    # (RabbitMQ) treats it as a plain release.
+    unacquired: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("accepted", "rejected", "released", "modified"):
@@ -113,6 +117,7 @@ class Outcome:
 
 ACCEPTED = Outcome("accepted")
 RELEASED = Outcome("released")
+UNACQUIRED = Outcome("released", unacquired=True)
 DELIVERY_FAILED = Outcome("modified", delivery_failed=True)
 
 
@@ -169,7 +174,7 @@ class Outlet:
     """One client receiving link.  `receiver` is its connection identity "<instance>/<connection>"."""
 
     __slots__ = ("name", "filter", "receiver", "credit", "in_flight", "delivered", "io_ref", "io_owner",
-                 "presettled", "identity", "waiting_since")
+                 "presettled", "identity", "waiting_since", "draining")
 
     def __init__(self, name: str, filter: Any, receiver: str | None = None, io_ref: Any = None,
                  presettled: bool = False):
@@ -184,6 +189,7 @@ class Outlet:
         self.io_owner: Any = None  # what serves the link in the I/O layer (opaque here)
         self.identity = filter_identity(filter, receiver)
         self.waiting_since: float | None = None  # since when it has had credit and received nothing
+        self.draining: Any = None  # the I/O layer's token while it drains the link (see server `_drain`)
 
     def __repr__(self) -> str:
         return f"<Outlet {self.name} credit={self.credit} in_flight={len(self.in_flight)}>"
@@ -494,6 +500,11 @@ class Feed(UpstreamCredit):
         self.stopping = True
         self.pass_open = False
         self.stats.starved = 0
+
+    def untouched(self) -> list[Any]:
+        """The upstream deliveries held that no client ever received (before `close`): they go back
+        as `UNACQUIRED`, not as deliveries a consumer had (first-acquirer stays true)."""
+        return [c.delivery for c in self.held if not c.redelivered]
 
     def close(self) -> list[Any]:
         """Forget everything; returns upstream deliveries still unsettled (closing the upstream
