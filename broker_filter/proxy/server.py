@@ -51,15 +51,15 @@ from .routing import Routing
 from ..engine._cproton import lib
 from ..engine.container import Typed
 from .wire import data_value, discard, put_value, receive, remote_outcome, send, settle_with
+from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
+
+log = logging.getLogger("broker_filter.proxy")
+
 # A drain (see `ProxyServer._drain`) waits for the upstream's messages until none came for DRAIN_QUIET
 # seconds (looking every DRAIN_STEP), at most DRAIN_LIMIT seconds.
 DRAIN_QUIET = 0.15
 DRAIN_STEP = 0.05
 DRAIN_LIMIT = 2.0
-
-from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Upstream, UpstreamDelivery
-
-log = logging.getLogger("broker_filter.proxy")
 
 FILTER_CAPABILITIES = (
     "APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS",
@@ -598,7 +598,7 @@ class ProxyServer(Handler):
         binding = outlet.io_owner
         if binding is None or binding.closed or outlet not in binding.feed.outlets:
             if binding is not None and not binding.closed and outlet in binding.pending:
-                return  # the feed is not ready: its credit (and drain) is taken when it is (`_feed_ready`)
+                return  # the feed is not ready: its credit (and drain) is taken when it is (`complete_outlet`)
             if credit > 0 and lib.pn_link_get_drain(pointer):
                 lib.pn_link_drained(pointer)
             return

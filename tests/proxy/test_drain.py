@@ -119,3 +119,20 @@ def test_rhea_drain(daemon):
     assert sorted(out[-1]["got"]) == ["red-0", "red-2", "red-3"]
     assert out[-1]["credit"] == 0
     assert _fresh(daemon, _rest(daemon, q, 1)) == [("blue-1", True, 0)]
+
+
+def test_topic_drain_delivers_what_its_subscription_has(daemon):
+    topic = daemon.forms[0].format(f"drain-{uuid.uuid4().hex[:10]}")
+    conn = connect(daemon.url)
+    try:
+        rcv = conn.create_receiver(topic, credit=0, options=Selector("color = 'red'"))
+        _publish(daemon, topic, ["red", "blue", "red"])
+        rcv.link.drain(5)
+        conn.wait(lambda: rcv.link.credit == 0, timeout=15, msg="the drain was never answered")
+        got = []
+        while rcv.fetcher.has_message:
+            got.append(rcv.fetcher.pop().body)
+            rcv.accept()
+        assert got == ["red-0", "red-2"]
+    finally:
+        conn.close()
