@@ -383,8 +383,10 @@ class Broker:
             self._dirty[consumer.queue] = None
 
     def settle(self, consumer: Consumer, entry: Entry, outcome: str, *, delivery_failed: bool = False,
-               undeliverable_here: bool = False) -> None:
-        """Apply a delivery outcome: accepted | rejected | released | modified."""
+               undeliverable_here: bool = False, unacquired: bool = False) -> None:
+        """Apply a delivery outcome: accepted | rejected | released | modified.  `unacquired`
+        (released only): the consumer, a proxy, passed the message to nobody, so this hand-out does
+        not count as an acquisition (the next consumer sees first-acquirer true)."""
         queue = entry.queue
         if consumer.outstanding.get(entry.seq) is not entry:
             return  # already settled, or returned by a detach
@@ -394,6 +396,8 @@ class Broker:
             queue.drop(consumer, entry)
             self._dead_letter(entry)
         elif outcome == "released":
+            if unacquired and entry.acquisitions > 0:
+                entry.acquisitions -= 1
             queue.release(consumer, entry)
         elif outcome == "modified":
             queue.release(consumer, entry, delivery_failed=delivery_failed, undeliverable_here=undeliverable_here)

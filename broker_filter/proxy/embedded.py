@@ -139,6 +139,7 @@ class EmbeddedConsumer:
         self._upstream.broker.settle(
             bc, delivery.ref, outcome.kind,
             delivery_failed=outcome.delivery_failed, undeliverable_here=outcome.undeliverable_here,
+            unacquired=outcome.unacquired,
         )
         self._upstream.kick()
 

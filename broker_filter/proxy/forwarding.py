@@ -107,6 +107,10 @@ class Outcome:
     delivery_failed: bool = False
     undeliverable_here: bool = False
     annotations: dict[Any, Any] | None = None
+    # released only: no client ever received the message (the proxy held it), so the upstream may
+    # undo the acquisition: first-acquirer stays true (AMQP 1.0 3.2.1).  An upstream that cannot
+    # (RabbitMQ) treats it as a plain release.
+    unacquired: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("accepted", "rejected", "released", "modified"):
@@ -115,6 +119,7 @@ class Outcome:
 
 ACCEPTED = Outcome("accepted")
 RELEASED = Outcome("released")
+UNACQUIRED = Outcome("released", unacquired=True)
 DELIVERY_FAILED = Outcome("modified", delivery_failed=True)
 # A subscription's copy larger than every selecting link's max-message-size (AMQP 1.0 2.7.3: a sender
 # must not send it; the copy is this subscription's own, so it is rejected for it, never dropped unsaid).
@@ -180,7 +185,7 @@ class Outlet:
     """One client receiving link.  `receiver` is its connection identity "<instance>/<connection>"."""
 
     __slots__ = ("name", "filter", "receiver", "credit", "in_flight", "delivered", "io_ref", "io_owner",
-                 "presettled", "identity", "waiting_since", "max_size")
+                 "presettled", "identity", "waiting_since", "max_size", "draining")
 
     def __init__(self, name: str, filter: Any, receiver: str | None = None, io_ref: Any = None,
                  presettled: bool = False, max_size: int = 0):
@@ -198,6 +203,7 @@ class Outlet:
         self.io_owner: Any = None  # what serves the link in the I/O layer (opaque here)
         self.identity = filter_identity(filter, receiver)
         self.waiting_since: float | None = None  # since when it has had credit and received nothing
+        self.draining: Any = None  # the I/O layer's token while it drains the link (see server `_drain`)
 
     def __repr__(self) -> str:
         return f"<Outlet {self.name} credit={self.credit} in_flight={len(self.in_flight)}>"
@@ -566,6 +572,11 @@ class Feed(UpstreamCredit):
         self.stopping = True
         self.pass_open = False
         self.stats.starved = 0
+
+    def untouched(self) -> list[Any]:
+        """The upstream deliveries held that no client ever received (before `close`): they go back
+        as `UNACQUIRED`, not as deliveries a consumer had (first-acquirer stays true)."""
+        return [c.delivery for c in self.held if not c.redelivered]
 
     def close(self) -> list[Any]:
         """Forget everything; returns upstream deliveries still unsettled (closing the upstream

@@ -35,6 +35,7 @@ import functools
 import itertools
 import logging
 import re
+import time
 from typing import Any, Callable
 
 from proton import Condition, Endpoint, Link, Terminus
@@ -45,7 +46,7 @@ from ..amqp import types as t
 from ..amqp import CodecError, decode_message, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
-from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
+from .forwarding import RELEASED, UNACQUIRED, Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import fanout, sharing
 from .routing import Routing
 from ..engine._cproton import lib
@@ -54,6 +55,12 @@ from .wire import data_value, discard, put_value, receive, remote_outcome, send,
 from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Passthrough, Upstream, UpstreamDelivery
 
 log = logging.getLogger("broker_filter.proxy")
+
+# A drain (see `ProxyServer._drain`) waits for the upstream's messages until none came for DRAIN_QUIET
+# seconds (looking every DRAIN_STEP), at most DRAIN_LIMIT seconds.
+DRAIN_QUIET = 0.15
+DRAIN_STEP = 0.05
+DRAIN_LIMIT = 2.0
 
 FILTER_CAPABILITIES = (
     "APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS",
@@ -793,13 +800,52 @@ class ProxyServer(Handler):
         credit = lib.pn_link_credit(pointer)
         binding = outlet.io_owner
         if binding is None or binding.closed or outlet not in binding.feed.outlets:
+            if binding is not None and not binding.closed and outlet in binding.pending:
+                return  # the feed is not ready: its credit (and drain) is taken when it is (`complete_outlet`)
             if credit > 0 and lib.pn_link_get_drain(pointer):
                 lib.pn_link_drained(pointer)
             return
         binding.feed.set_credit(outlet, credit)
         if credit > 0 and lib.pn_link_get_drain(pointer):
-            lib.pn_link_drained(pointer)
+            self._drain(link, outlet, binding)
+        elif outlet.draining is not None:
+            outlet.draining = None  # a flow without drain ends a drain under way
+
+    def _drain(self, link, outlet: Outlet, binding) -> None:
+        """The client asked to drain (AMQP 1.0 2.6.7): the feed was just given the link's credit, so it
+        offered what it holds and asked its upstream for more.  Messages the upstream had ready come
+        within moments: once none came for `DRAIN_QUIET` s (at most `DRAIN_LIMIT` s), or the credit is
+        used up, the link is drained (its delivery-count advanced past the unused credit, credit 0).
+        Only a link with drain set pays for this: the per-message path does not change."""
+        token = outlet.draining = object()
+        loop = self.upstream.loop
+        clock = time.monotonic
+        started = clock()
+        state = {"seen": binding.feed._upstream_received(), "quiet_since": started}
+
+        def check() -> None:
+            if outlet.draining is not token:
+                return  # a later flow took over (a new drain, or drain cleared)
+            if outlet.io_owner is not binding or binding.closed or outlet not in binding.feed.outlets:
+                outlet.draining = None
+                return
+            now = clock()
+            received = binding.feed._upstream_received()
+            if received != state["seen"]:
+                state["seen"], state["quiet_since"] = received, now
+            if (outlet.credit > 0 and now - state["quiet_since"] < DRAIN_QUIET and now - started < DRAIN_LIMIT):
+                loop.call_later(DRAIN_STEP, check)
+                return
+            outlet.draining = None
+            pointer = link._impl
+            if lib.pn_link_get_drain(pointer):
+                lib.pn_link_drained(pointer)
             binding.feed.set_credit(outlet, 0)
+
+        if outlet.credit <= 0:
+            check()
+        else:
+            loop.call_later(DRAIN_STEP, check)
 
     @boundary
     def on_delivery(self, event) -> None:
@@ -1088,7 +1134,7 @@ class ProxyServer(Handler):
         link.target.copy(link.remote_target)
         link.open()
         binding.feed.add_outlet(outlet)
-        binding.feed.set_credit(outlet, link.credit)
+        self._outlet_credit(link)
 
     def fail_feed(self, binding: FeedBinding, error: ErrorInfo) -> None:
         if binding.closed:
@@ -1285,8 +1331,12 @@ class ProxyServer(Handler):
             log.warning("shutdown grace over with %d moves to %s in flight: their originals go back to the queue "
                         "beside copies the broker may accept", binding.feed.moving, binding.spec.address)
         binding.closed = True
+        untouched = getattr(binding.feed, "untouched", None)
+        untouched = untouched() if untouched is not None else ()
         binding.feed.close()
         if binding.consumer is not None:
+            for delivery in untouched:  # never received by a client: not an acquisition (3.2.1)
+                binding.consumer.settle(delivery, UNACQUIRED)
             binding.consumer.close(closed=binding.draining_closed)
         self._forget_recycler(binding.spec.address)
 
