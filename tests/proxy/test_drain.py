@@ -28,19 +28,25 @@ def _publish(daemon, q: str, colors) -> None:
         conn.close()
 
 
+def _drain_link(conn, rcv, credit: int) -> list[Message]:
+    """Drain `rcv` with `credit`; the messages received (accepted) once the drain is answered."""
+    rcv.link.drain(credit)
+    conn.wait(lambda: rcv.link.credit == 0 and not rcv.link.draining(), timeout=15,
+              msg="the drain was never answered")
+    out = []
+    while rcv.fetcher.has_message:
+        out.append(rcv.fetcher.pop())
+        rcv.accept()
+    return out
+
+
 def _drain(daemon, q: str, selector: str, credit: int, linger: float = 0.0) -> list[Message]:
     """Drain with `credit` on a fresh link; the messages received, once the link's credit is 0
     (and `linger` seconds more with the link open)."""
     conn = connect(daemon.url)
     try:
         rcv = conn.create_receiver(q, credit=0, options=Selector(selector))
-        rcv.link.drain(credit)
-        conn.wait(lambda: rcv.link.credit == 0 and not rcv.link.draining(), timeout=15,
-                  msg="the drain was never answered")
-        out = []
-        while rcv.fetcher.has_message:
-            out.append(rcv.fetcher.pop())
-            rcv.accept()
+        out = _drain_link(conn, rcv, credit)
         if linger:
             try:
                 conn.wait(lambda: False, timeout=linger)
@@ -98,13 +104,7 @@ def test_drain_again_after_an_empty_drain(daemon):
         for expected in ([], ["red-0"]):
             if expected:
                 _publish(daemon, q, ["red"])
-            rcv.link.drain(5)
-            conn.wait(lambda: rcv.link.credit == 0, timeout=15, msg="the drain was never answered")
-            got = []
-            while rcv.fetcher.has_message:
-                got.append(rcv.fetcher.pop().body)
-                rcv.accept()
-            assert got == expected
+            assert [m.body for m in _drain_link(conn, rcv, 5)] == expected
     finally:
         conn.close()
     assert _fresh(daemon, _rest(daemon, q, 2)) == [("blue-0", True, 0), ("blue-1", True, 0)]
@@ -127,12 +127,6 @@ def test_topic_drain_delivers_what_its_subscription_has(daemon):
     try:
         rcv = conn.create_receiver(topic, credit=0, options=Selector("color = 'red'"))
         _publish(daemon, topic, ["red", "blue", "red"])
-        rcv.link.drain(5)
-        conn.wait(lambda: rcv.link.credit == 0, timeout=15, msg="the drain was never answered")
-        got = []
-        while rcv.fetcher.has_message:
-            got.append(rcv.fetcher.pop().body)
-            rcv.accept()
-        assert got == ["red-0", "red-2"]
+        assert [m.body for m in _drain_link(conn, rcv, 5)] == ["red-0", "red-2"]
     finally:
         conn.close()
