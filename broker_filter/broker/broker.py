@@ -383,10 +383,11 @@ class Broker:
             self._dirty[consumer.queue] = None
 
     def settle(self, consumer: Consumer, entry: Entry, outcome: str, *, delivery_failed: bool = False,
-               undeliverable_here: bool = False, unacquired: bool = False) -> None:
+               undeliverable_here: bool = False, unacquired: bool = False, annotations: dict | None = None) -> None:
         """Apply a delivery outcome: accepted | rejected | released | modified.  `unacquired`
         (released only): the consumer, a proxy, passed the message to nobody, so this hand-out does
-        not count as an acquisition (the next consumer sees first-acquirer true)."""
+        not count as an acquisition (the next consumer sees first-acquirer true).  `annotations`
+        (modified only): message-annotations merged into the message's next deliveries."""
         queue = entry.queue
         if consumer.outstanding.get(entry.seq) is not entry:
             return  # already settled, or returned by a detach
@@ -400,6 +401,8 @@ class Broker:
                 entry.acquisitions -= 1
             queue.release(consumer, entry)
         elif outcome == "modified":
+            if annotations:
+                entry.annotations = {**(entry.annotations or {}), **annotations}
             queue.release(consumer, entry, delivery_failed=delivery_failed, undeliverable_here=undeliverable_here)
         else:
             raise ValueError(f"not an AMQP outcome: {outcome!r}")

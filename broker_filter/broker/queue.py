@@ -91,7 +91,7 @@ class Stored:
 class Entry:
     """A stored message in one queue: its place (seq) and delivery state there."""
 
-    __slots__ = ("seq", "stored", "queue", "holder", "delivery_count", "acquisitions", "excluded")
+    __slots__ = ("seq", "stored", "queue", "holder", "delivery_count", "acquisitions", "excluded", "annotations")
 
     def __init__(self, seq: int, stored: Stored, queue: "Queue"):
         self.seq = seq
@@ -101,6 +101,9 @@ class Entry:
         self.delivery_count = 0  # failed delivery attempts (AMQP header delivery-count; released does not count)
         self.acquisitions = 0  # times handed to a consumer (first-acquirer is false after the first)
         self.excluded: set[int] | None = None  # consumer ids it is undeliverable to
+        # message-annotations a modified outcome added for this queue's next deliveries (AMQP 1.0 3.4.5;
+        # the stored message is shared with other queues, so it is merged when handed out)
+        self.annotations: dict | None = None
 
     @property
     def message(self) -> Any:

@@ -26,6 +26,8 @@ from typing import Any, Callable
 from ..broker import ANYCAST, MULTICAST, Broker, BrokerConfig, BrokerError, Limits
 from ..broker.queue import Consumer as BrokerConsumer
 from ..amqp import redelivery_bytes
+from ..amqp.sections import set_message_annotation
+from ..amqp.types import symbol
 from .forwarding import ACCEPTED, Outcome
 from .upstream import ConsumerHandler, ConsumerInfo, ConsumerSpec, ErrorInfo, Loop, PublisherHandler, UpstreamDelivery
 
@@ -139,7 +141,7 @@ class EmbeddedConsumer:
         self._upstream.broker.settle(
             bc, delivery.ref, outcome.kind,
             delivery_failed=outcome.delivery_failed, undeliverable_here=outcome.undeliverable_here,
-            unacquired=outcome.unacquired,
+            unacquired=outcome.unacquired, annotations=outcome.annotations,
         )
         self._upstream.kick()
 
@@ -186,6 +188,7 @@ class EmbeddedUpstream:
     # A receiver with a dynamic source gets a temporary queue of its own (`Broker.subscribe_temporary`:
     # address `temp.<uuid>`, deleted when its link goes); its name is the attach reply's address.
     dynamic_sources = True
+    named_subscriptions = True  # a null source looks up a durable subscription by link name (Qpid JMS)
     # A message given back goes out again with its history in the header (the proxy's feeds hand
     # released, modified and a detached link's deliveries back here instead of keeping them).
     redelivers_in_place = True
@@ -283,6 +286,9 @@ class EmbeddedUpstream:
         for bc, entry in assignments:
             consumer: EmbeddedConsumer = bc.context
             data = entry.payload
+            if entry.annotations:
+                for key, value in entry.annotations.items():
+                    data = set_message_annotation(data, symbol(key) if isinstance(key, str) else key, value)
             redelivered = entry.acquisitions > 1 or entry.delivery_count > 0
             if redelivered:
                 data = redelivery_bytes(data, entry.delivery_count)

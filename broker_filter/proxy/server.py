@@ -906,6 +906,13 @@ class ProxyServer(Handler):
             self._refuse(link, "amqp:not-implemented",
                          f"dynamic sources are not supported by upstream {self.upstream.name}")
             return
+        if src.type == Terminus.UNSPECIFIED and not getattr(self.upstream, "named_subscriptions", False):
+            # Qpid JMS's unsubscribe (a null source, the subscription's link name): in front of a
+            # broker the subscription lasted only while its link was attached.
+            self._refuse(link, "amqp:not-found",
+                         f"no subscription named {link.name!r}: in front of upstream {self.upstream.name} a "
+                         "subscription lasts only while its link is attached")
+            return
         route = self._route(address)
         try:
             if self.config is not None:

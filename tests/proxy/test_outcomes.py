@@ -17,7 +17,6 @@ from proton import Delivery, Message, symbol
 
 from clients import _management, connect, declare_queue, receive_n
 
-pytestmark = pytest.mark.rabbitmq
 
 
 def modify(receiver, *, undeliverable: bool, annotations: dict | None = None) -> None:
@@ -30,9 +29,9 @@ def modify(receiver, *, undeliverable: bool, annotations: dict | None = None) ->
     receiver.settle(Delivery.MODIFIED)
 
 
-def test_requeue_with_annotations_merges_them_into_the_next_delivery(proxy):
-    q = f"/queue/ann-{uuid.uuid4().hex[:8]}"
-    c = connect(proxy.url)
+def test_requeue_with_annotations_merges_them_into_the_next_delivery(daemon):
+    q = daemon.forms[1].format(f"ann-{uuid.uuid4().hex[:8]}")
+    c = connect(daemon.url)
     try:
         r = c.create_receiver(q, credit=1)
         c.create_sender(q).send(Message(body="m", annotations={symbol("x-opt-kept"): 1}))
@@ -45,6 +44,7 @@ def test_requeue_with_annotations_merges_them_into_the_next_delivery(proxy):
         c.close()
 
 
+@pytest.mark.rabbitmq
 def test_a_discard_is_dead_lettered_by_rabbitmq_4(rabbitmq4):
     from launcher import Daemon
 

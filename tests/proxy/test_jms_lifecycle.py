@@ -22,6 +22,7 @@ from proton.reactor import Copy, LinkOption, Selector
 from proton.utils import LinkDetached
 
 from clients import Capabilities, connect, receive_until_quiet
+from launcher import Daemon
 
 
 class DurableSubscriber(LinkOption):
@@ -61,8 +62,19 @@ def unsubscribe(conn, name: str):
     return u
 
 
-def test_the_qpid_jms_durable_subscription_lifecycle(daemon):
-    topic = f"orders-{uuid.uuid4().hex[:8]}"
+@pytest.fixture(scope="module")
+def embedded():
+    """A daemon on its embedded broker, which keeps durable subscriptions as Artemis does."""
+    d = Daemon()
+    d.forms = ("multicast://{}", "anycast://{}")
+    yield d
+    d.stop()
+    assert "Traceback" not in d.log(), d.log()
+
+
+def test_the_qpid_jms_durable_subscription_lifecycle(embedded):
+    daemon = embedded
+    topic = daemon.forms[0].format(f"orders-{uuid.uuid4().hex[:8]}")
     c = connect(daemon.url, container_id="jms-client-1")
     try:
         sub = subscribe(c, topic, "sub", "color = 'red'")
@@ -94,8 +106,9 @@ def test_the_qpid_jms_durable_subscription_lifecycle(daemon):
         c.close()
 
 
-def test_unsubscribing_a_shared_durable_subscription(daemon):
-    topic = f"orders-{uuid.uuid4().hex[:8]}"
+def test_unsubscribing_a_shared_durable_subscription(embedded):
+    daemon = embedded
+    topic = daemon.forms[0].format(f"orders-{uuid.uuid4().hex[:8]}")
     c = connect(daemon.url, container_id="jms-client-2")
     try:
         sub = c.create_receiver(topic, name="shared-sub", credit=10,
@@ -105,5 +118,31 @@ def test_unsubscribing_a_shared_durable_subscription(daemon):
         unsubscribe(c, "shared-sub")
         with pytest.raises(LinkDetached):
             c.create_receiver(None, name="shared-sub", options=NullSource())
+    finally:
+        c.close()
+
+
+@pytest.mark.rabbitmq
+def test_in_front_of_rabbitmq_a_subscription_lasts_while_its_link_is_attached(proxy):
+    """The daemon keeps no subscription in front of a broker: a durable subscriber receives what is
+    published while it is attached; what is published while it is detached is not kept for it, and
+    Qpid JMS's unsubscribe by name is refused `amqp:not-found` naming the subscription (the
+    broker's own answer to a null source would be `bad_address`)."""
+    topic = f"/topic/orders-{uuid.uuid4().hex[:8]}"
+    c = connect(proxy.url, container_id="jms-client-3")
+    try:
+        sub = subscribe(c, topic, "sub", "color = 'red'")
+        publish(c, topic, "red", "blue", "red")
+        assert sorted(m.body for m in receive_until_quiet(sub, idle=0.5)) == ["red-0", "red-2"]
+        detach(c, sub)
+        publish(c, topic, "red")
+        sub = subscribe(c, topic, "sub", "color = 'red'")
+        assert receive_until_quiet(sub, idle=0.5) == []
+        detach(c, sub)
+        with pytest.raises(LinkDetached) as info:
+            c.create_receiver(None, name="sub", options=NullSource())
+        condition = info.value.link.remote_condition
+        assert condition.name == "amqp:not-found"
+        assert "no subscription named 'sub'" in condition.description
     finally:
         c.close()
