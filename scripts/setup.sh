@@ -41,7 +41,7 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,spark,journal]'
 if [ "$runtime_only" = 0 ]; then
   rabbitmq-plugins enable --offline rabbitmq_amqp1_0 >/dev/null
-  if [ ! -d tests/js/node_modules/rhea ]; then
+  if [ ! -d tests/js/node_modules/rhea ] || [ ! -d tests/js/node_modules/rhea-promise ]; then
     (cd tests/js && npm install --silent --no-audit --no-fund >/dev/null)
   fi
   if [ "${BROKER_FILTER_RABBITMQ4:-1}" != 0 ]; then
