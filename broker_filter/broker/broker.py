@@ -355,6 +355,23 @@ class Broker:
         queue = self.declare_queue(name, name, ANYCAST, temporary=True)
         return self._attach(queue, filter, receiver, context, link_name)
 
+    def declare_temporary(self) -> Queue:
+        """A dynamic target's node (a JMS temporary queue): a new anycast queue that lasts until
+        `release_temporary`, however many consumers come and go."""
+        name = f"temp.{uuid.uuid4().hex}"
+        queue = self.declare_queue(name, name, ANYCAST, temporary=True)
+        queue.pinned = True
+        return queue
+
+    def release_temporary(self, name: str) -> None:
+        """The dynamic target's link went: its node goes once no consumer is left."""
+        queue = self.queues.get(name)
+        if queue is None or not queue.pinned:
+            return
+        queue.pinned = False
+        if not queue.consumers:
+            self.delete_queue(queue)
+
     def _attach(self, queue: Queue, filter_: Any, receiver: Any, context: Any, name: str | None,
                 browse: bool = False) -> Consumer:
         consumer = Consumer(queue, filter_, receiver, context=context, name=name,
@@ -371,7 +388,7 @@ class Broker:
         queue = consumer.queue
         queue.remove_consumer(consumer)
         self._dirty[queue] = None
-        if queue.temporary and not queue.consumers:
+        if queue.temporary and not queue.consumers and not queue.pinned:
             self.delete_queue(queue)
         elif queue.routing_type == MULTICAST and queue.durable and closed and not queue.consumers:
             self.delete_queue(queue)

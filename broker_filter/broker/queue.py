@@ -167,6 +167,7 @@ class Queue:
         self.durable = durable
         self.shared = shared
         self.temporary = temporary
+        self.pinned = False  # a temporary queue kept while its creator lives (a dynamic target)
         self.binding: str | None = None  # wildcard pattern this subscription queue is bound to
         self.consumers: list[Consumer] = []
         self.browsing = 0  # how many of them browse

@@ -187,7 +187,7 @@ class EmbeddedUpstream:
     name = "embedded"
     # A receiver with a dynamic source gets a temporary queue of its own (`Broker.subscribe_temporary`:
     # address `temp.<uuid>`, deleted when its link goes); its name is the attach reply's address.
-    dynamic_sources = True
+    dynamic_sources = True  # and dynamic targets (a JMS temporary queue): `declare_dynamic_target`
     named_subscriptions = True  # a null source looks up a durable subscription by link name (Qpid JMS)
     # A message given back goes out again with its history in the header (the proxy's feeds hand
     # released, modified and a detached link's deliveries back here instead of keeping them).
@@ -238,6 +238,14 @@ class EmbeddedUpstream:
         self._consumers.add(consumer)
         self.loop.call_soon(consumer._open)
         return consumer
+
+    def declare_dynamic_target(self) -> str:
+        """A dynamic target's node (`Broker.declare_temporary`); its address."""
+        return self.broker.declare_temporary().name
+
+    def release_dynamic_target(self, address: str) -> None:
+        self.broker.release_temporary(address)
+        self.kick()
 
     def open_publisher(self, address: str | None, handler: PublisherHandler,
                        capabilities: tuple[str, ...] = (), durable: int | None = None) -> EmbeddedPublisher:

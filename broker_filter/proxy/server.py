@@ -283,7 +283,7 @@ class Inlet:
     """A client sending link and its upstream publisher."""
 
     __slots__ = ("link", "ptr", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters",
-                 "oversize", "origin")
+                 "oversize", "origin", "dynamic")
 
     def __init__(self, link, address: str, conn: _Conn, counters: Any = None):
         self.counters = counters
@@ -296,6 +296,7 @@ class Inlet:
         self.closed = False
         self.unsettled = 0
         self.oversize: set = set()  # partial deliveries already over the size limit (pointers)
+        self.dynamic: str | None = None  # the node made for a dynamic target (gone with the link)
         # the message-annotations section a message without any gets: the origin annotation alone
         self.origin = encode_section(MESSAGE_ANNOTATIONS, {ORIGIN_ANNOTATION: conn.id})
 
@@ -305,6 +306,10 @@ class Inlet:
         if not self.closed:
             link = self.link
             link.target.address = link.remote_target.address  # the client's address, even when routed
+            if self.dynamic is not None:
+                link.target.copy(link.remote_target)
+                link.target.address = self.dynamic
+                link.target.dynamic = True
             link.source.copy(link.remote_source)
             link.open()
             self.top_up()
@@ -1195,7 +1200,16 @@ class ProxyServer(Handler):
             self._refuse(link, "amqp:not-implemented", "transactions are not supported")
             return
         address = link.remote_target.address
-        if address is None:
+        dynamic = None
+        if address is None and link.remote_target.dynamic:
+            # A dynamic target (Qpid JMS's temporary queue: capability temporary-queue): a node of
+            # its own, named in the reply, gone with this link.
+            if not getattr(self.upstream, "dynamic_sources", False) or not self.upstream_up:
+                self._refuse(link, "amqp:not-implemented",
+                             f"dynamic targets (temporary queues) are not supported by upstream {self.upstream.name}")
+                return
+            address = dynamic = self.upstream.declare_dynamic_target()
+        elif address is None:
             self._attach_relay(link, conn)
             return
         route = self._route(address)
@@ -1210,6 +1224,7 @@ class ProxyServer(Handler):
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
             return
         inlet = Inlet(link, address, conn, self.metrics.address(address) if self.metrics is not None else None)
+        inlet.dynamic = dynamic
         link.bf_inlet = inlet
         if self.max_message_size:
             link.max_message_size = self.max_message_size  # advertised in the attach reply
@@ -1393,6 +1408,8 @@ class ProxyServer(Handler):
             inlet.closed = True
             if inlet.publisher is not None:
                 inlet.publisher.close()
+            if inlet.dynamic is not None:
+                self.upstream.release_dynamic_target(inlet.dynamic)
 
 
 class _Recycler:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from proton import Message
+from proton import Data, Message, Terminus
+from proton.reactor import LinkOption
 from proton.utils import LinkDetached
 
 from tests.support.clients import connect, receive_n, receives_nothing
@@ -55,5 +56,58 @@ def test_dynamic_node_goes_with_its_link(daemon):
         # consumer; a new dynamic receiver gets another name.
         again = _dynamic(conn)
         assert again.link.remote_source.address != address
+    finally:
+        conn.close()
+
+
+class TemporaryQueueCreator(LinkOption):
+    """Qpid JMS's temporary queue (qpid-jms-client `AmqpTemporaryDestinationBuilder`): a sender
+    named `qpid-jms:temp-queue-creator:<id>` whose target is dynamic, capability `temporary-queue`,
+    durability none, expiry policy link-detach."""
+
+    def apply(self, link) -> None:
+        link.target.dynamic = True
+        link.target.durability = Terminus.NONDURABLE
+        link.target.expiry_policy = Terminus.EXPIRE_WITH_LINK
+        link.target.capabilities.put_array(False, Data.SYMBOL)
+        link.target.capabilities.enter()
+        link.target.capabilities.put_symbol("temporary-queue")
+        link.target.capabilities.exit()
+
+
+def _creator(conn):
+    return conn.create_sender(None, name=f"qpid-jms:temp-queue-creator:{uuid.uuid4().hex[:8]}",
+                              options=TemporaryQueueCreator())
+
+
+def test_dynamic_target_is_a_temporary_queue_until_its_creator_goes(daemon):
+    conn = connect(daemon.url)
+    try:
+        if daemon.forms[1].startswith("/queue"):
+            with pytest.raises(LinkDetached) as e:
+                _creator(conn)
+            assert "amqp:not-implemented" in str(e.value)
+            assert "dynamic targets (temporary queues) are not supported by upstream" in str(e.value)
+            q = daemon.forms[1].format(f"dyn-{uuid.uuid4().hex[:8]}")
+            rcv = conn.create_receiver(q, credit=10)
+            conn.create_sender(q).send(Message(body="still works"))
+            assert [m.body for m in receive_n(rcv, 1)] == ["still works"]
+            return
+        creator = _creator(conn)
+        address = creator.link.remote_target.address
+        assert address and creator.link.remote_target.dynamic, "the attach reply names the temporary queue"
+        assert _creator(conn).link.remote_target.address not in (None, address)
+        rcv = conn.create_receiver(address, credit=10)
+        creator.send(Message(body="one"))
+        assert [m.body for m in receive_n(rcv, 1)] == ["one"]
+        rcv.close()  # consumers come and go: the queue stays while its creator is attached
+        creator.send(Message(body="kept"))
+        rcv = conn.create_receiver(address, credit=10)
+        assert [m.body for m in receive_n(rcv, 1)] == ["kept"]
+        rcv.close()
+        creator.send(Message(body="gone with the queue"))
+        creator.close()
+        rcv = conn.create_receiver(address, credit=10)
+        assert receives_nothing(rcv)
     finally:
         conn.close()
