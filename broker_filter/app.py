@@ -80,11 +80,6 @@ class App:
             from .metrics import Metrics
 
             self.metrics = Metrics(address_labels=config.metrics.address_labels)
-            # process_* (CPU, memory, open and maximum file descriptors): the alert rules in
-            # docker/prometheus/alerts.yml watch descriptor headroom with them.
-            from prometheus_client import ProcessCollector
-
-            ProcessCollector(registry=self.metrics.registry)
         self.server = ProxyServer(
             self.upstream,
             instance=self.instance,
