@@ -44,10 +44,14 @@ if [ ${#need_tools[@]} -gt 0 ]; then
   policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     policy=/usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT  # removed however the install ends
     printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
   fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_tools[@]}" >/dev/null
-  [ -n "$policy" ] && rm -f "$policy"
+  if [ -n "$policy" ]; then
+    rm -f "$policy"
+    trap - EXIT
+  fi
   if have systemctl && [ -d /run/systemd/system ]; then
     systemctl disable --now prometheus.service >/dev/null 2>&1 || true
   fi
