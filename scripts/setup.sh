@@ -24,10 +24,37 @@ if [ "$runtime_only" = 0 ]; then
   have npm || need_apt+=(npm)
   have openssl || need_apt+=(openssl)
 fi
-if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "setup: apt-get install ${need_apt[*]}"
+# The operations tests' tools, without their recommended extras: promtool and a Prometheus server
+# (package prometheus) and headless Chromium (the backtest report's rendering test).
+need_tools=()
+if [ "$runtime_only" = 0 ]; then
+  have promtool || need_tools+=(prometheus)
+  have chromium || need_tools+=(chromium)
+fi
+if [ ${#need_apt[@]} -gt 0 ] || [ ${#need_tools[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${need_apt[*]} ${need_tools[*]}"
   apt-get update -qq
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+if [ ${#need_tools[@]} -gt 0 ]; then
+  # The prometheus package would start its server as a service on port 9090: the tests run their own
+  # on free ports, so no service is started (policy-rc.d for the install) and it stays disabled.
+  policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT  # removed however the install ends
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_tools[@]}" >/dev/null
+  if [ -n "$policy" ]; then
+    rm -f "$policy"
+    trap - EXIT
+  fi
+  if have systemctl && [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  fi
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -30,20 +30,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="write the valid messages even when some lines are bad (still exits 1)",
     )
+    imp.add_argument("--no-progress", action="store_true", help="no progress bar (the bytes read)")
     imp.set_defaults(func=run_import)
 
 
 def run_import(args: argparse.Namespace) -> int:
+    import os
+
     from ..archive.parquet import import_jsonl, rows_table, write_table
+    from .progress import read_lines
 
     try:
-        stream = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+        stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
+        size = None if args.file == "-" else os.fstat(stream.fileno()).st_size
     except OSError as e:
         print(f"broker-filter archive import: {e.strerror}: {args.file}", file=sys.stderr)
         return 2
     with stream:
         try:
-            rows, errors = import_jsonl(stream, address=args.address)
+            lines = read_lines(stream, size if size else None, disable=args.no_progress, desc="import")
+            rows, errors = import_jsonl(lines, address=args.address)
         except UnicodeDecodeError as e:
             print(f"broker-filter archive import: {args.file} is not UTF-8 text: {e}", file=sys.stderr)
             return 2

@@ -41,6 +41,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--output", metavar="DIR", help="write each filter's matching messages to DIR/<name>/ as Parquet")
     p.add_argument("--json", action="store_true", help="print one JSON object keyed by filter name")
+    p.add_argument(
+        "--report",
+        metavar="FILE.html",
+        help="also write a self-contained HTML report: messages matched and total per hour, selectivity per filter",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (the Spark tasks done)")
     p.set_defaults(func=run)
 
 
@@ -114,12 +120,27 @@ def run(args: argparse.Namespace) -> int:
     except ArchiveError as e:
         print(f"broker-filter backtest: {e}", file=sys.stderr)
         return 2
+    if args.report:
+        folder = os.path.dirname(os.path.abspath(args.report))  # refuse an unwritable path before the work
+        problem = ("no such directory" if not os.path.isdir(folder) else
+                   "is a directory" if os.path.isdir(args.report) else
+                   "directory not writable" if not os.access(folder, os.W_OK) else None)
+        if problem:
+            print(f"broker-filter backtest: --report {args.report}: {problem}", file=sys.stderr)
+            return 2
     from ..spark.backtest import run_backtest
     from ..spark.session import get_session, read_archive
+    from .progress import spark_tasks
 
     spark = get_session(master_of(args), app_name="broker-filter backtest")
-    frame = read_archive(spark, args.archive)
-    reports = run_backtest(frame, spark_filters(filters, args.dialect), args.output)
+    with spark_tasks(spark, "backtest", disable=args.no_progress):
+        frame = read_archive(spark, args.archive)
+        reports = run_backtest(frame, spark_filters(filters, args.dialect), args.output)
+    if args.report:
+        from ..spark.report import render_html
+
+        with open(args.report, "w", encoding="utf-8") as f:
+            f.write(render_html({name: r.to_json() for name, r in reports.items()}, archive=args.archive))
     if args.json:
         print(json.dumps({name: r.to_json() for name, r in reports.items()}, indent=2))
         return 0
@@ -131,4 +152,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"  hour {hour}: {n}")
     if args.output:
         print(f"matching messages written under {args.output}/")
+    if args.report:
+        print(f"report written to {args.report}")
     return 0

@@ -22,6 +22,7 @@ class FilterReport:
     total: int = 0
     by_address: dict[str, int] = field(default_factory=dict)
     by_hour: dict[str, int] = field(default_factory=dict)
+    total_by_hour: dict[str, int] = field(default_factory=dict)  # every message, matched or not
 
     @property
     def selectivity(self) -> float:
@@ -35,6 +36,7 @@ class FilterReport:
             "selectivity": self.selectivity,
             "by_address": dict(sorted(self.by_address.items())),
             "by_hour": dict(sorted(self.by_hour.items())),
+            "total_by_hour": dict(sorted(self.total_by_hour.items())),
         }
 
 
@@ -64,6 +66,7 @@ def run_backtest(frame: Any, filters: dict[str, CompiledSelector], output: str |
             r.total += row["__total"]
             r.matched += matched
             r.unknown += row[f"{col}_u"]
+            r.total_by_hour[hour] = r.total_by_hour.get(hour, 0) + row["__total"]
             if matched:
                 r.by_address[row["__address"]] = r.by_address.get(row["__address"], 0) + matched
                 r.by_hour[hour] = r.by_hour.get(hour, 0) + matched

@@ -121,7 +121,7 @@ def compose() -> dict:
 def test_compose_parses_and_references_existing_files():
     doc = compose()
     services = doc["services"]
-    assert set(services) == {"rabbitmq", "broker-filter", "prometheus"}
+    assert set(services) == {"rabbitmq", "broker-filter", "prometheus", "grafana"}
     build = services["broker-filter"]["build"]
     assert (DOCKER / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE
     for name, service in services.items():
