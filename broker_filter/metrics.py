@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, ProcessCollector, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -151,6 +151,9 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.addresses = AddressLabels(address_labels)
         r = self.registry
+        if registry is None:
+            # process_open_fds / process_max_fds (descriptor headroom), CPU and memory
+            ProcessCollector(registry=r)
         self.info = Info("broker_filter", "broker-filter build information", registry=r)
         self.info.info({"version": __version__})
         self.connections_accepted = Counter(

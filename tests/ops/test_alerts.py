@@ -29,19 +29,13 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not insta
 
 # Names PromQL uses that are not the daemon's: `up` is Prometheus's own, per scrape target.
 PROMETHEUS_OWN = {"up"}
-# The per-filter metrics come from another branch (the introspection work of the same issue), and
-# the process_* metrics (descriptors, CPU, memory) need prometheus-client's ProcessCollector registered in
-# metrics.py (`ProcessCollector(registry=r)` in Metrics.__init__), which that branch owns; until both
-# are merged the daemon of this branch lacks them.  The lead removes this allowance on merge.
+# The per-filter metrics come from another branch (the introspection work of the same issue); this
+# allowance goes when it is merged.
 PENDING_MERGE = {
     "broker_filter_filter_evaluations_total",
     "broker_filter_filter_matches_total",
     "broker_filter_filter_evaluation_seconds_total",
     "broker_filter_costliest_filter_info",
-    "process_open_fds",
-    "process_max_fds",
-    "process_cpu_seconds_total",
-    "process_resident_memory_bytes",
 }
 
 _KEYWORDS = {"and", "or", "unless", "by", "on", "without", "ignoring", "bool", "offset", "group_left",
@@ -259,8 +253,7 @@ def test_prometheus_scrapes_daemons_and_evaluates_the_rules(tmp_path):
         assert {r["metric"]["instance"]: r["value"][1] for r in connected} == {targets[healthy]: "1",
                                                                                targets[down]: "0"}
         fds = _api(base, "query", query="process_open_fds / process_max_fds")["result"]
-        if fds or "process_open_fds" not in PENDING_MERGE:
-            assert len(fds) == 2 and all(0 < float(r["value"][1]) < 0.8 for r in fds)
+        assert len(fds) == 2 and all(0 < float(r["value"][1]) < 0.8 for r in fds)
     finally:
         if prometheus is not None:
             prometheus.terminate()
