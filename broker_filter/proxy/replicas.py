@@ -1,0 +1,149 @@
+"""Replicas: several daemons in front of one broker, one owner per queue (`[replicas]`).
+
+Theory of operation.  Every replica is configured with the same list of peers (`replicas.peers`,
+the `HOST:PORT` of each one's AMQP listener) and its own place in it (`replicas.self`).  Each keeps
+an AMQP connection to every other peer (a `RemoteUpstream`, reconnecting at most a second apart,
+with an idle timeout of `replicas.heartbeat`), opened with the property `broker-filter-replica`.  A
+peer is live while that connection is open; the replica itself is live until it drains.  A peer
+whose own upstream is down closes its peer connections and refuses new ones, so it is not live
+either, and a peer that drains (SIGTERM) detaches every link with `amqp:connection:forced`: it
+counts as gone from then on, until its connection opens again.
+
+The owner of a queue is the live peer with the highest weight `hash(peer, queue)` (rendezvous
+hashing): every replica computes it alone, from the same list and the same liveness, and when a
+peer leaves only the queues it owned move (each to the next highest weight), and only those it
+owns come back when it returns.
+
+A client link on a queue (not a subscription, a browser or a dynamic source) is served by the
+owner: on the owner as in a single daemon; elsewhere through the peer connection to the owner,
+which recognises a broker-filter upstream and takes the link's selector (chained daemons), so only
+matching messages cross and only the owner consumes from the queue.  A link that comes over a peer
+connection is always served where it lands: two replicas whose views differ for a moment never pass
+a link back and forth; both consume from the queue then, as unowned replicas do.
+
+When the owners change (a peer leaves, drains or comes back), every queue feed whose owner is now
+another replica moves its links there (`ProxyServer.rehome`): each link stays attached to its
+client; what the old feed held goes back to the broker (as custody promises) and the deliveries
+the client has not settled are given back too (the client's later outcome for one is ignored), so
+they may come again: a duplicate, as on any reconnect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+from urllib.parse import quote
+
+from .remote import RemoteUpstream
+
+log = logging.getLogger("broker_filter.replicas")
+
+PROPERTY = "broker-filter-replica"  # connection property naming the replica that opened it
+RECONNECT = 1.0  # at most this long between attempts to reach a peer
+
+
+def weight(peer: str, address: str) -> int:
+    """The rendezvous weight of `peer` for `address`: the same in every replica."""
+    return int.from_bytes(hashlib.blake2b(f"{peer}\n{address}".encode("utf-8", "surrogatepass"),
+                                          digest_size=8).digest(), "big")
+
+
+def owner_of(address: str, live: list[str]) -> str | None:
+    """The owner of `address` among the live peers (None: none is)."""
+    return max(live, key=lambda p: weight(p, address)) if live else None
+
+
+class _Peer:
+    def __init__(self, address: str):
+        self.address = address
+        self.upstream: RemoteUpstream | None = None
+        self.leaving = False  # it detached our links as it drains: gone until it connects again
+
+    @property
+    def live(self) -> bool:
+        return self.upstream is not None and self.upstream.connected and not self.leaving
+
+
+class _PeerListener:
+    """`UpstreamListener` of one peer connection: its ups and downs change the owners."""
+
+    def __init__(self, replicas: "Replicas", peer: _Peer):
+        self.replicas = replicas
+        self.peer = peer
+
+    def on_upstream_up(self, upstream: Any) -> None:
+        log.info("replica %s is up", self.peer.address)
+        self.peer.leaving = False
+        self.replicas.changed()
+
+    def on_upstream_down(self, upstream: Any, error: Any) -> None:
+        log.warning("replica %s is gone", self.peer.address)
+        self.replicas.changed()
+
+
+class Replicas:
+    """This replica's view of the others, and the owner of each queue."""
+
+    def __init__(self, settings: Any, server: Any):
+        self.self = settings.self
+        self.server = server
+        self.settings = settings
+        self.peers = {p: _Peer(p) for p in settings.peers if p != settings.self}
+        self.stopping = False
+        self.changes = 0  # how often the owners were recomputed
+
+    def start(self, loop: Any) -> None:
+        user = self.settings.user
+        login = f"{quote(user, safe='')}:{quote(self.settings.password, safe='')}@" if user else ""
+        for peer in self.peers.values():
+            peer.upstream = RemoteUpstream(
+                f"amqp://{login}{peer.address}",
+                max_backoff=RECONNECT,
+                backoff=lambda attempt: min(RECONNECT, 0.1 * 2 ** attempt),
+                heartbeat=self.settings.heartbeat,
+                properties={PROPERTY: self.self},
+            )
+            peer.upstream.start(loop, _PeerListener(self, peer))
+
+    def stop(self) -> None:
+        self.stopping = True
+        for peer in self.peers.values():
+            if peer.upstream is not None:
+                peer.upstream.stop()
+
+    def closing(self) -> bool:
+        return any(p.upstream is not None and p.upstream.closing() for p in self.peers.values())
+
+    def live(self) -> list[str]:
+        """The live replicas, this one first (while it does not drain)."""
+        out = [] if self.stopping else [self.self]
+        out.extend(p.address for p in self.peers.values() if p.live)
+        return out
+
+    def owner(self, address: str) -> str | None:
+        return owner_of(address, self.live())
+
+    def upstream_for(self, address: str) -> tuple[str | None, Any]:
+        """(peer, its upstream) serving a queue link on `address`; (None, None): this replica."""
+        owner = self.owner(address)
+        if owner is None or owner == self.self:
+            return None, None
+        return owner, self.peers[owner].upstream
+
+    def peer_leaving(self, address: str) -> None:
+        """The peer detached a link with amqp:connection:forced: it drains."""
+        peer = self.peers.get(address)
+        if peer is not None and not peer.leaving:
+            log.warning("replica %s is draining", address)
+            peer.leaving = True
+            self.changed()
+
+    def changed(self) -> None:
+        """The live replicas changed: feeds whose queue has another owner now move there."""
+        self.changes += 1
+        if self.server is not None:
+            self.server.owners_changed()
+
+    def snapshot(self) -> dict:
+        return {"self": self.self, "live": self.live(), "changes": self.changes}
