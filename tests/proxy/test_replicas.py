@@ -1,0 +1,164 @@
+"""Replicas (`[replicas]`): three `broker-filter serve` processes in front of one RabbitMQ queue,
+consumers with disjoint selectors spread over them.  Only the queue's owner consumes from RabbitMQ;
+the others serve their links through it; when the owner is killed or drains, another replica owns
+the queue and every consumer still gets exactly its own messages (a message may come twice around
+the failover, never not at all); a restarted replica takes its queues back."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+import uuid
+
+import pytest
+from proton import Message
+
+from clients import publish_many
+from launcher import metric_value, scrape
+from rabbitmq_nodes import rabbitmqctl
+from replicas import Consumer, ReplicaSet
+
+from broker_filter.proxy.replicas import owner_of
+
+pytestmark = pytest.mark.rabbitmq
+
+N = 3
+
+
+def queue_consumers(name: str) -> int | None:
+    """RabbitMQ's consumer count of queue `name` (None: not listed)."""
+    out = rabbitmqctl("list_queues", "-q", "name", "consumers")
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == name:
+            return int(parts[1])
+    return None
+
+
+def wait_consumers(name: str, want: int, timeout: float = 30) -> int | None:
+    deadline = time.monotonic() + timeout
+    n = None
+    while time.monotonic() < deadline:
+        n = queue_consumers(name)
+        if n == want:
+            return n
+        time.sleep(0.3)
+    return n
+
+
+def expected(k: int, start: int, stop: int) -> set:
+    return {i for i in range(start, stop) if i % N == k}
+
+
+@pytest.fixture
+def replica_set(rabbitmq):
+    rs = ReplicaSet(rabbitmq, N)
+    rs.start_all()
+    yield rs
+    for log in rs.stop_all():
+        assert "Traceback" not in log, log
+
+
+def fresh() -> tuple[str, str]:
+    name = f"replicas-{uuid.uuid4().hex[:10]}"
+    return name, f"/queue/{name}"
+
+
+def start_consumers(rs: ReplicaSet, q: str) -> list[Consumer]:
+    # consumer k on replica k, moving to the next replica when its own goes
+    cs = [Consumer([rs.url(k), rs.url((k + 1) % N), rs.url((k + 2) % N)], q, f"part = {k}") for k in range(N)]
+    for c in cs:
+        c.start()
+    for c in cs:
+        assert c.attached.wait(30), c.errors
+    return cs
+
+
+def publish(upstream: str, q: str, start: int, stop: int) -> None:
+    publish_many(upstream, q, [Message(body=i, properties={"part": i % N}) for i in range(start, stop)])
+
+
+def test_one_owner_serves_every_replica_exact_sets_and_no_moves(rabbitmq, replica_set):
+    rs = replica_set
+    name, q = fresh()
+    owner = rs.peers.index(owner_of(q, rs.peers))
+    cs = start_consumers(rs, q)
+    try:
+        publish(rabbitmq, q, 0, 900)
+        for k, c in enumerate(cs):
+            assert c.wait_count(300, 60), f"consumer {k}: {c.count()} of 300; {c.errors}"
+        # only the owner consumes from the queue; the others' links go through it
+        assert wait_consumers(name, 1) == 1
+        time.sleep(0.5)  # extras would show here
+        for k, c in enumerate(cs):
+            assert sorted(c.got) == sorted(expected(k, 0, 900)), f"consumer {k}"
+            assert c.reconnects == 0, c.errors
+        for i, port in enumerate(rs.metrics_ports):
+            text = scrape(port)
+            assert metric_value(text, "broker_filter_messages_handed_back", address=q) == 0
+            received = metric_value(text, "broker_filter_messages_received_total", address=q)
+            if i == owner:
+                assert received >= 900  # every message of the queue, once
+            else:  # only its own consumer's matches crossed from the owner
+                assert received == 300, f"replica {i} received {received}"
+    finally:
+        for c in cs:
+            c.stopping.set()
+
+
+@pytest.mark.parametrize("how", ["kill", "term"])
+def test_owner_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_set, how):
+    rs = replica_set
+    name, q = fresh()
+    owner = rs.peers.index(owner_of(q, rs.peers))
+    others = [i for i in range(N) if i != owner]
+    cs = start_consumers(rs, q)
+    try:
+        publish(rabbitmq, q, 0, 3000)
+        assert cs[others[0]].wait_count(50, 60)  # mid-stream
+        d = rs.daemons[owner]
+        lost_at = time.monotonic()
+        if how == "kill":
+            d.proc.send_signal(signal.SIGKILL)
+            d.proc.wait(10)
+        else:
+            d.proc.send_signal(signal.SIGTERM)
+            assert d.proc.wait(30) == 0
+        new_owner = rs.peers.index(owner_of(q, [p for i, p in enumerate(rs.peers) if i != owner]))
+        # the new owner takes the queue: within 5 s it consumes from RabbitMQ (the old owner's
+        # consumer is gone with its connection)
+        rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[owner]} is"), 10)
+        moved_in = time.monotonic() - lost_at
+        publish(rabbitmq, q, 3000, 3300)
+        for k in others:  # the other consumers keep receiving, through the new owner
+            assert cs[k].wait_set(expected(k, 0, 3300), 90), f"consumer {k}: {cs[k].count()}; {cs[k].errors}"
+        # the lost owner's consumer moved to another replica and got its own too
+        assert cs[owner].wait_set(expected(owner, 0, 3300), 90), cs[owner].errors
+        assert wait_consumers(name, 1) == 1
+        for k, c in enumerate(cs):
+            got = set(c.got)
+            assert got == expected(k, 0, 3300), f"consumer {k}: missing {sorted(expected(k, 0, 3300) - got)[:10]}, " \
+                                                f"foreign {sorted(got - expected(k, 0, 3300))[:10]}"
+        assert moved_in < 5, f"ownership moved after {moved_in:.1f} s"
+
+        # the lost replica comes back on its port: the others see it and it owns the queue again
+        ups = {i: rs.daemons[i].log().count(f"replica {rs.peers[owner]} is up") for i in others}
+        rs.start(owner)
+        for i in others:
+            rs.daemons[i].wait_for(rf"(?s)(?:replica {re.escape(rs.peers[owner])} is up.*){{{ups[i] + 1}}}", 30)
+        publish(rabbitmq, q, 3300, 3600)
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 3600), 90), f"consumer {k}: {c.count()}"
+        assert wait_consumers(name, 1) == 1
+        time.sleep(0.5)
+        for k, c in enumerate(cs):
+            got = set(c.got)
+            assert got == expected(k, 0, 3600), f"consumer {k}"
+            assert all(b % N == k for b in c.got)
+        # the queue's messages now come through the returned owner
+        text = scrape(rs.metrics_ports[owner])
+        assert metric_value(text, "broker_filter_messages_received_total", address=q) >= 300
+    finally:
+        for c in cs:
+            c.stopping.set()

@@ -1,0 +1,155 @@
+"""Replicas for the tests and the benchmark: N `broker-filter serve` processes configured as one set
+(`[replicas]`), and a consumer thread that moves to another replica when its own goes."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+from launcher import Daemon, free_port
+
+UP = r"replica {} is up"
+
+
+def replica_config(peers: list[str], me: str, metrics: str | None = None, heartbeat: float = 2.0,
+                   grace: float = 5.0) -> str:
+    quoted = ", ".join(f'"{p}"' for p in peers)
+    text = f'[replicas]\npeers = [{quoted}]\nself = "{me}"\nheartbeat = {heartbeat}\n' \
+           f'[shutdown]\ngrace_period = {grace}\n'
+    if metrics:
+        text += f'[metrics]\nlisten = "{metrics}"\n'
+    return text
+
+
+class ReplicaSet:
+    """`n` replicas on `host` (ports picked free), each with a metrics listener; `start(i)` starts
+    replica i (again) on its own port and waits until it sees every other live replica."""
+
+    def __init__(self, upstream: str, n: int, host: str = "127.0.0.1", hosts: list[str] | None = None,
+                 program_prefix: list[list[str]] | None = None, extra: str = ""):
+        self.upstream = upstream
+        self.hosts = hosts or [host] * n
+        self.ports = [free_port() for _ in range(n)]
+        self.metrics_ports = [free_port() for _ in range(n)]
+        self.peers = [f"{h}:{p}" for h, p in zip(self.hosts, self.ports)]
+        self.daemons: list[Daemon | None] = [None] * n
+        self.prefix = program_prefix
+        self.extra = extra
+
+    def start(self, i: int, wait_for: list[int] | None = None) -> Daemon:
+        import sys
+
+        program = None
+        if self.prefix is not None:
+            program = [*self.prefix[i], sys.executable, "-m", "broker_filter", "serve"]
+        d = Daemon(upstream=self.upstream, listen=f"{self.hosts[i]}:{self.ports[i]}", program=program,
+                   config=replica_config(self.peers, self.peers[i], f"{self.hosts[i]}:{self.metrics_ports[i]}")
+                   + self.extra)
+        self.daemons[i] = d
+        for j in (wait_for if wait_for is not None else self.live()):
+            if j != i:
+                d.wait_for(re.escape(f"replica {self.peers[j]} is up"), 30)
+        return d
+
+    def start_all(self) -> None:
+        for i in range(len(self.peers)):
+            self.start(i, wait_for=[])
+        for i in range(len(self.peers)):
+            for j in range(len(self.peers)):
+                if i != j:
+                    self.daemons[i].wait_for(re.escape(f"replica {self.peers[j]} is up"), 30)
+
+    def live(self) -> list[int]:
+        return [i for i, d in enumerate(self.daemons) if d is not None and d.proc.poll() is None]
+
+    def url(self, i: int) -> str:
+        return f"amqp://{self.peers[i]}"
+
+    def stop_all(self) -> list[str]:
+        logs = []
+        for d in self.daemons:
+            if d is not None:
+                d.stop()
+                logs.append(d.log())
+        return logs
+
+
+class Consumer(threading.Thread):
+    """Receives (accepting) from `address` with `selector` on the replicas at `urls`, the first
+    first; when its connection goes it reconnects to the next one.  `got` lists the bodies."""
+
+    def __init__(self, urls: list[str], address: str, selector: str, credit: int = 50):
+        super().__init__(daemon=True)
+        self.urls = urls
+        self.address = address
+        self.selector = selector
+        self.credit = credit
+        self.got: list = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.attached = threading.Event()
+        self.reconnects = 0
+        self.errors: list[str] = []
+        self.changed = threading.Condition(self.lock)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.got)
+
+    def wait_count(self, n: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while len(self.got) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(left)
+        return True
+
+    def wait_set(self, wanted: set, timeout: float) -> bool:
+        """Until every body of `wanted` came (duplicates aside), at most `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not wanted <= set(self.got):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.changed.wait(left)
+        return True
+
+    def run(self) -> None:
+        from proton import Timeout
+        from proton.reactor import Selector
+        from proton.utils import BlockingConnection
+
+        k = 0
+        while not self.stopping.is_set():
+            url = self.urls[k % len(self.urls)]
+            try:
+                conn = BlockingConnection(url, timeout=5)
+                try:
+                    rcv = conn.create_receiver(self.address, credit=self.credit,
+                                               options=Selector(self.selector))
+                    self.attached.set()
+                    while not self.stopping.is_set():
+                        try:
+                            m = rcv.receive(timeout=0.3)
+                        except Timeout:
+                            continue
+                        rcv.accept()
+                        with self.changed:
+                            self.got.append(m.body)
+                            self.changed.notify_all()
+                finally:
+                    try:
+                        conn.close()
+                    except Exception:
+                        pass
+            except Exception as e:  # its replica went: the next one
+                if self.stopping.is_set():
+                    break
+                self.errors.append(f"{url}: {e}")
+                self.reconnects += 1
+                k += 1
+                time.sleep(0.2)
