@@ -107,17 +107,18 @@ def test_one_owner_serves_every_replica_exact_sets_and_no_moves(rabbitmq, replic
             c.stopping.set()
 
 
-@pytest.mark.parametrize("how", ["kill", "term"])
-def test_owner_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_set, how):
+@pytest.mark.parametrize("how,who", [("kill", "owner"), ("term", "owner"), ("kill", "other"), ("term", "other")])
+def test_replica_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_set, how, who):
     rs = replica_set
     name, q = fresh()
     owner = rs.peers.index(owner_of(q, rs.peers))
-    others = [i for i in range(N) if i != owner]
+    victim = owner if who == "owner" else (owner + 1) % N  # else: one serving its link through the owner
+    others = [i for i in range(N) if i != victim]
     cs = start_consumers(rs, q)
     try:
         publish(rabbitmq, q, 0, 3000)
         assert cs[others[0]].wait_count(50, 60)  # mid-stream
-        d = rs.daemons[owner]
+        d = rs.daemons[victim]
         lost_at = time.monotonic()
         if how == "kill":
             d.proc.send_signal(signal.SIGKILL)
@@ -125,16 +126,16 @@ def test_owner_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_set
         else:
             d.proc.send_signal(signal.SIGTERM)
             assert d.proc.wait(30) == 0
-        new_owner = rs.peers.index(owner_of(q, [p for i, p in enumerate(rs.peers) if i != owner]))
-        # the new owner takes the queue: within 5 s it consumes from RabbitMQ (the old owner's
-        # consumer is gone with its connection)
-        rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[owner]} is"), 10)
+        new_owner = rs.peers.index(owner_of(q, [p for i, p in enumerate(rs.peers) if i != victim]))
+        # the owner of the queue among the rest (a new one if the owner went) sees the replica gone
+        # within 5 s, and serves the queue from then on
+        rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[victim]} is"), 10)
         moved_in = time.monotonic() - lost_at
         publish(rabbitmq, q, 3000, 3300)
         for k in others:  # the other consumers keep receiving, through the new owner
             assert cs[k].wait_set(expected(k, 0, 3300), 90), f"consumer {k}: {cs[k].count()}; {cs[k].errors}"
-        # the lost owner's consumer moved to another replica and got its own too
-        assert cs[owner].wait_set(expected(owner, 0, 3300), 90), cs[owner].errors
+        # the lost replica's consumer moved to another replica and got its own too
+        assert cs[victim].wait_set(expected(victim, 0, 3300), 90), cs[victim].errors
         assert wait_consumers(name, 1) == 1
         for k, c in enumerate(cs):
             got = set(c.got)
@@ -142,11 +143,11 @@ def test_owner_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_set
                                                 f"foreign {sorted(got - expected(k, 0, 3300))[:10]}"
         assert moved_in < 5, f"ownership moved after {moved_in:.1f} s"
 
-        # the lost replica comes back on its port: the others see it and it owns the queue again
-        ups = {i: rs.daemons[i].log().count(f"replica {rs.peers[owner]} is up") for i in others}
-        rs.start(owner)
+        # the lost replica comes back on its port: the others see it (and the owner owns the queue again)
+        ups = {i: rs.daemons[i].log().count(f"replica {rs.peers[victim]} is up") for i in others}
+        rs.start(victim)
         for i in others:
-            rs.daemons[i].wait_for(rf"(?s)(?:replica {re.escape(rs.peers[owner])} is up.*){{{ups[i] + 1}}}", 30)
+            rs.daemons[i].wait_for(rf"(?s)(?:replica {re.escape(rs.peers[victim])} is up.*){{{ups[i] + 1}}}", 30)
         publish(rabbitmq, q, 3300, 3600)
         for k, c in enumerate(cs):
             assert c.wait_set(expected(k, 0, 3600), 90), f"consumer {k}: {c.count()}"
@@ -156,7 +157,7 @@ def test_owner_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_set
             got = set(c.got)
             assert got == expected(k, 0, 3600), f"consumer {k}"
             assert all(b % N == k for b in c.got)
-        # the queue's messages now come through the returned owner
+        # the queue's messages come through its owner
         text = scrape(rs.metrics_ports[owner])
         assert metric_value(text, "broker_filter_messages_received_total", address=q) >= 300
     finally:
