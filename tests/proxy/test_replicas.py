@@ -16,39 +16,13 @@ from proton import Message
 
 from clients import publish_many
 from launcher import metric_value, scrape
-from rabbitmq_nodes import rabbitmqctl
-from replicas import Consumer, ReplicaSet
+from replicas import Consumer, ReplicaSet, expected, wait_consumers
 
 from broker_filter.proxy.replicas import owner_of
 
 pytestmark = pytest.mark.rabbitmq
 
 N = 3
-
-
-def queue_consumers(name: str) -> int | None:
-    """RabbitMQ's consumer count of queue `name` (None: not listed)."""
-    out = rabbitmqctl("list_queues", "-q", "name", "consumers")
-    for line in out.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == name:
-            return int(parts[1])
-    return None
-
-
-def wait_consumers(name: str, want: int, timeout: float = 30) -> int | None:
-    deadline = time.monotonic() + timeout
-    n = None
-    while time.monotonic() < deadline:
-        n = queue_consumers(name)
-        if n == want:
-            return n
-        time.sleep(0.3)
-    return n
-
-
-def expected(k: int, start: int, stop: int) -> set:
-    return {i for i in range(start, stop) if i % N == k}
 
 
 @pytest.fixture

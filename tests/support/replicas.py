@@ -8,15 +8,23 @@ import threading
 import time
 
 from launcher import Daemon, free_port
+from rabbitmq_nodes import rabbitmqctl
 
 UP = r"replica {} is up"
 
 
 def replica_config(peers: list[str], me: str, metrics: str | None = None, heartbeat: float = 2.0,
-                   grace: float = 5.0) -> str:
+                   grace: float = 5.0, login: tuple[str, str] | None = None) -> str:
+    """`[replicas]` (and `[listener.users]` with the one user `login` = (name, password), which the
+    replicas log in to each other as too)."""
     quoted = ", ".join(f'"{p}"' for p in peers)
-    text = f'[replicas]\npeers = [{quoted}]\nself = "{me}"\nheartbeat = {heartbeat}\n' \
-           f'[shutdown]\ngrace_period = {grace}\n'
+    text = f'[replicas]\npeers = [{quoted}]\nself = "{me}"\nheartbeat = {heartbeat}\n'
+    if login is not None:
+        from broker_filter.security import hash_password
+
+        text += f'user = "{login[0]}"\npassword = "{login[1]}"\n' \
+                f'[listener.users]\n{login[0]} = "{hash_password(login[1], algorithm="pbkdf2-sha256")}"\n'
+    text += f'[shutdown]\ngrace_period = {grace}\n'
     if metrics:
         text += f'[metrics]\nlisten = "{metrics}"\n'
     return text
@@ -27,7 +35,7 @@ class ReplicaSet:
     replica i (again) on its own port and waits until it sees every other live replica."""
 
     def __init__(self, upstream: str, n: int, host: str = "127.0.0.1", hosts: list[str] | None = None,
-                 program_prefix: list[list[str]] | None = None, extra: str = ""):
+                 program_prefix: list[list[str]] | None = None, login: tuple[str, str] | None = None):
         self.upstream = upstream
         self.hosts = hosts or [host] * n
         self.ports = [free_port() for _ in range(n)]
@@ -35,7 +43,7 @@ class ReplicaSet:
         self.peers = [f"{h}:{p}" for h, p in zip(self.hosts, self.ports)]
         self.daemons: list[Daemon | None] = [None] * n
         self.prefix = program_prefix
-        self.extra = extra
+        self.login = login
 
     def start(self, i: int, wait_for: list[int] | None = None) -> Daemon:
         import sys
@@ -44,8 +52,8 @@ class ReplicaSet:
         if self.prefix is not None:
             program = [*self.prefix[i], sys.executable, "-m", "broker_filter", "serve"]
         d = Daemon(upstream=self.upstream, listen=f"{self.hosts[i]}:{self.ports[i]}", program=program,
-                   config=replica_config(self.peers, self.peers[i], f"{self.hosts[i]}:{self.metrics_ports[i]}")
-                   + self.extra)
+                   config=replica_config(self.peers, self.peers[i], f"{self.hosts[i]}:{self.metrics_ports[i]}",
+                                         login=self.login))
         self.daemons[i] = d
         for j in (wait_for if wait_for is not None else self.live()):
             if j != i:
@@ -64,7 +72,8 @@ class ReplicaSet:
         return [i for i, d in enumerate(self.daemons) if d is not None and d.proc.poll() is None]
 
     def url(self, i: int) -> str:
-        return f"amqp://{self.peers[i]}"
+        login = f"{self.login[0]}:{self.login[1]}@" if self.login else ""
+        return f"amqp://{login}{self.peers[i]}"
 
     def stop_all(self) -> list[str]:
         logs = []
@@ -153,3 +162,29 @@ class Consumer(threading.Thread):
                 self.reconnects += 1
                 k += 1
                 time.sleep(0.2)
+
+
+def queue_consumers(name: str) -> int | None:
+    """RabbitMQ's consumer count of queue `name` (None: not listed)."""
+    out = rabbitmqctl("list_queues", "-q", "name", "consumers")
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == name:
+            return int(parts[1])
+    return None
+
+
+def wait_consumers(name: str, want: int, timeout: float = 30) -> int | None:
+    deadline = time.monotonic() + timeout
+    n = None
+    while time.monotonic() < deadline:
+        n = queue_consumers(name)
+        if n == want:
+            return n
+        time.sleep(0.3)
+    return n
+
+
+def expected(k: int, start: int, stop: int, n: int = 3) -> set:
+    """The bodies consumer k of n gets (selector `part = k`, message i has part i % n)."""
+    return {i for i in range(start, stop) if i % n == k}

@@ -1,0 +1,178 @@
+"""Replicas on three hosts: each `broker-filter serve` in a network namespace of its own (made and
+removed here), with its own address on a bridge in this namespace, reaching the others over it.
+RabbitMQ listens on this host's 127.0.0.1 only, so a small TCP forwarder here, on the bridge's
+address, carries each replica's upstream connection to it.  Root only (ip netns)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+from proton import Message
+
+from clients import publish_many
+from replicas import Consumer, ReplicaSet
+from replicas import expected, wait_consumers
+
+from broker_filter.proxy.replicas import owner_of
+
+pytestmark = [pytest.mark.rabbitmq,
+              pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (ip netns add)")]
+
+N = 3
+NET = "169.254.77"  # link-local: these addresses exist only on the bridge and in the namespaces made here
+
+
+def ip(*args: str) -> None:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+
+
+class Forwarder(threading.Thread):
+    """TCP from (host, port) to 127.0.0.1:target, a thread per direction; `close()` stops it."""
+
+    def __init__(self, host: str, target: int):
+        super().__init__(daemon=True)
+        self.target = target
+        self.server = socket.create_server((host, 0))
+        self.port = self.server.getsockname()[1]
+        self.stopping = False
+        self.socks: list[socket.socket] = []
+
+    def run(self) -> None:
+        while not self.stopping:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            self.socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.stopping = True
+        self.server.close()
+        for s in self.socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def namespaces():
+    """N namespaces on a bridge: (bridge address, [namespace, ...], [its address, ...])."""
+    tag = uuid.uuid4().hex[:6]
+    bridge = f"bfb{tag}"
+    names = [f"bf-{tag}-{i}" for i in range(N)]
+    made: list[str] = []
+    try:
+        ip("link", "add", bridge, "type", "bridge")
+        ip("addr", "add", f"{NET}.1/24", "dev", bridge)
+        ip("link", "set", bridge, "up")
+        addrs = []
+        for i, ns in enumerate(names):
+            ip("netns", "add", ns)
+            made.append(ns)
+            host_end, ns_end = f"bfh{tag}{i}", f"bfn{tag}{i}"
+            ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+            ip("link", "set", ns_end, "netns", ns)
+            ip("link", "set", host_end, "master", bridge)
+            ip("link", "set", host_end, "up")
+            addr = f"{NET}.{10 + i}"
+            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", ns_end)
+            ip("-n", ns, "link", "set", ns_end, "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+            addrs.append(addr)
+        yield f"{NET}.1", names, addrs
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)  # its veth goes too
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=30)
+
+
+def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_broker, namespaces):
+    gateway, names, addrs = namespaces
+    forwarder = Forwarder(gateway, rabbitmq_broker.port)
+    forwarder.start()
+    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
+                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
+                    login=("replica", uuid.uuid4().hex))  # not loopback: PLAIN, for clients and replicas alike
+    cs: list[Consumer] = []
+    try:
+        rs.start_all()
+        name = f"replicas-ns-{uuid.uuid4().hex[:10]}"
+        q = f"/queue/{name}"
+        owner = rs.peers.index(owner_of(q, rs.peers))
+        cs = [Consumer([rs.url(k), rs.url((k + 1) % N), rs.url((k + 2) % N)], q, f"part = {k}") for k in range(N)]
+        for c in cs:
+            c.start()
+        for c in cs:
+            assert c.attached.wait(30), c.errors
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1500)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1500), 60), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1  # only the owner consumes from the queue
+
+        # the owner's host dies (its process, SIGKILL): the others take over
+        d = rs.daemons[owner]
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait(10)
+        rest = [p for i, p in enumerate(rs.peers) if i != owner]
+        new_owner = rs.peers.index(owner_of(q, rest))
+        rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[owner]} is gone"), 10)
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1500, 1800)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1800), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+
+        # it comes back and owns the queue again
+        ups = {i: rs.daemons[i].log().count(f"replica {rs.peers[owner]} is up") for i in range(N) if i != owner}
+        rs.start(owner)
+        for i, n in ups.items():
+            rs.daemons[i].wait_for(rf"(?s)(?:replica {re.escape(rs.peers[owner])} is up.*){{{n + 1}}}", 30)
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1800, 2100)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 2100), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+        time.sleep(0.5)
+        for k, c in enumerate(cs):
+            assert set(c.got) == expected(k, 0, 2100), f"consumer {k}"
+    finally:
+        for c in cs:
+            c.stopping.set()
+        logs = rs.stop_all()
+        forwarder.close()
+    for log in logs:
+        assert "Traceback" not in log, log
