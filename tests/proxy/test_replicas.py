@@ -115,6 +115,7 @@ def test_replica_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_s
             got = set(c.got)
             assert got == expected(k, 0, 3300), f"consumer {k}: missing {sorted(expected(k, 0, 3300) - got)[:10]}, " \
                                                 f"foreign {sorted(got - expected(k, 0, 3300))[:10]}"
+        print(f"{how} {who}: the owner saw the replica gone after {moved_in:.3f} s")
         assert moved_in < 5, f"ownership moved after {moved_in:.1f} s"
 
         # the lost replica comes back on its port: the others see it (and the owner owns the queue again)
