@@ -79,6 +79,9 @@ _OFFERED = [psymbol(c) for c in FILTER_CAPABILITIES + (RELAY_CAPABILITY,)]
 # At most this many upstream publishers per anonymous-relay link, one per `to` address (an LRU:
 # the least recently used idle one is closed when a new address needs one over the limit).
 RELAY_PUBLISHERS = 16
+# A feed consuming through a queue's owner (`[replicas]`) holds up to this many times
+# `limits.upstream_window` beyond its clients' credit.
+VIA_WINDOW = 4
 RELAY_WINDOW = 100  # credit an anonymous-relay link keeps granted (messages not yet settled count)
 _COORDINATOR = 3  # PN_COORDINATOR: a transaction coordinator target
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
@@ -181,7 +184,11 @@ class FeedBinding:
                                           cache_size=getattr(limits, "index_cache_size", 1024),
                                           counters=server.metrics.shared(spec.address) if server.metrics else None)
         else:
-            self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
+            # Through the owner (replicas): a deeper window, so the owner's link for it runs out of
+            # credit less often while the grants cross two hops (a link without credit there gets
+            # its messages held, and past the owner's window moved)
+            window = server.window * (VIA_WINDOW if via is not None else 1)
+            self.feed = Feed(self, subscription=subscription, window=window, max_credit=server.max_credit,
                              recycle=server.recycle and not subscription, token=server.feed_token(),
                              custody=not getattr(self.upstream, "redelivers_in_place", False),
                              log=log.warning)
