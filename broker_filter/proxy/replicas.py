@@ -35,12 +35,19 @@ import logging
 from typing import Any
 from urllib.parse import quote
 
+from ..config import split_hostport
 from .remote import RemoteUpstream
 
 log = logging.getLogger("broker_filter.replicas")
 
 PROPERTY = "broker-filter-replica"  # connection property naming the replica that opened it
 RECONNECT = 1.0  # at most this long between attempts to reach a peer
+
+
+def normal(peer: str) -> str:
+    """`HOST:PORT` as every replica writes it (the weights hash this text)."""
+    host, port = split_hostport(peer)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def weight(peer: str, address: str) -> int:
@@ -86,10 +93,10 @@ class Replicas:
     """This replica's view of the others, and the owner of each queue."""
 
     def __init__(self, settings: Any, server: Any):
-        self.self = settings.self
+        self.self = normal(settings.self)
         self.server = server
         self.settings = settings
-        self.peers = {p: _Peer(p) for p in settings.peers if p != settings.self}
+        self.peers = {p: _Peer(p) for p in map(normal, settings.peers) if p != self.self}
         self.stopping = False
         self.changes = 0  # how often the owners were recomputed
 

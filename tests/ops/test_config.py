@@ -158,6 +158,17 @@ def test_the_documented_error_message():
          "invalid JSON"),
         ("[virtual_addresses.red]\nupstream = 'red'\nselector = 'a = 1'", "virtual_addresses.red.upstream",
          "must differ"),
+        ("[replicas]\nself = 'a:1'", "replicas.self", "needs replicas.peers"),
+        ("[upstream]\nurls = ['amqp://127.0.0.1']\n[replicas]\npeers = ['a:1', 'b:2']", "replicas.self", "is required"),
+        ("[upstream]\nurls = ['amqp://127.0.0.1']\n[replicas]\npeers = ['a:1', 'b:2']\nself = 'c:3'", "replicas.self", "c:3 is not in replicas.peers"),
+        ("[upstream]\nurls = ['amqp://127.0.0.1']\n[replicas]\npeers = ['a:1', 'nohost']\nself = 'a:1'", "replicas.peers[1]", "HOST:PORT"),
+        ("[upstream]\nurls = ['amqp://127.0.0.1']\n[replicas]\npeers = ['a:1', 'a:1']\nself = 'a:1'", "replicas.peers", "names a replica twice"),
+        ("[upstream]\nurls = ['amqp://127.0.0.1']\n[replicas]\npeers = ['a:0']\nself = 'a:0'", "replicas.peers[0]", "port other than 0"),
+        ("[replicas]\npeers = ['a:1']\nself = 'a:1'", "replicas.peers", "need an upstream broker"),
+        ("[upstream]\nurls = ['amqp://127.0.0.1']\n[listener]\nworkers = 2\n[replicas]\npeers = ['a:1']\nself = 'a:1'", "replicas.peers",
+         "listener.workers"),
+        ("[upstream]\nurls = ['amqp://127.0.0.1']\n[replicas]\npeers = ['a:1']\nself = 'a:1'\npassword = 'x'", "replicas.user", "is required"),
+        ("[upstream]\nurls = ['amqp://127.0.0.1']\n[replicas]\npeers = ['a:1']\nself = 'a:1'\nheartbeat = 0", "replicas.heartbeat", ">= 0.1"),
     ],
 )
 def test_bad_values_name_the_key_and_the_reason(tmp_path, toml, key, reason):
