@@ -96,6 +96,7 @@ class Replicas:
         self.self = normal(settings.self)
         self.server = server
         self.settings = settings
+        self.heartbeat = settings.heartbeat
         self.peers = {p: _Peer(p) for p in map(normal, settings.peers) if p != self.self}
         self.stopping = False
         self.changes = 0  # how often the owners were recomputed

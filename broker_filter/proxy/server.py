@@ -752,6 +752,13 @@ class ProxyServer(Handler):
         cid = f"{self.instance}/{next(self._conn_ids)}"
         conn.bf_conn = _Conn(cid, conn)
         conn.bf_conn.peer = str(peer) if peer is not None else None
+        if peer is not None:
+            # the peer's link to this replica ends after the same silence as this one's to the peer:
+            # what this replica delivered on it and was not settled goes back (custody), not held
+            # for a replica cut off
+            transport = getattr(conn, "transport", None)
+            if transport is not None:
+                transport.idle_timeout = self.replicas.heartbeat
         self.connections[cid] = conn.bf_conn
         conn.offered_capabilities = _OFFERED
         conn.properties = _identity(self.upstream)

@@ -176,3 +176,71 @@ def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_bro
         forwarder.close()
     for log in logs:
         assert "Traceback" not in log, log
+
+
+def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_owner_again(rabbitmq_broker,
+                                                                                          namespaces):
+    """The owner cut off from the other two replicas (blackhole routes both ways; every replica still
+    reaches RabbitMQ and the clients): after the heartbeat each side owns the queue, both consume
+    from it, and every consumer still gets exactly its messages; healed, one owner again."""
+    gateway, names, addrs = namespaces
+    forwarder = Forwarder(gateway, rabbitmq_broker.port)
+    forwarder.start()
+    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
+                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
+                    login=("replica", uuid.uuid4().hex))
+    cs: list[Consumer] = []
+    cut: list[tuple[str, str]] = []
+    try:
+        rs.start_all()
+        name = f"replicas-part-{uuid.uuid4().hex[:10]}"
+        q = f"/queue/{name}"
+        owner = rs.peers.index(owner_of(q, rs.peers))
+        others = [i for i in range(N) if i != owner]
+        cs = [Consumer([rs.url(k)], q, f"part = {k}") for k in range(N)]  # each stays on its replica
+        for c in cs:
+            c.start()
+        for c in cs:
+            assert c.attached.wait(30), c.errors
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(600)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 600), 60), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+
+        gone = {i: rs.daemons[i].log().count(" is gone") for i in range(N)}
+        for i in others:  # cut the owner off from the others, both ways
+            cut += [(names[owner], addrs[i]), (names[i], addrs[owner])]
+        for ns, addr in cut:
+            ip("-n", ns, "route", "add", "blackhole", f"{addr}/32")
+        for i in range(N):  # each side sees the other gone after the heartbeat (2 s)
+            want = gone[i] + (2 if i == owner else 1)
+            rs.daemons[i].wait_for(rf"(?s)(?:is gone.*){{{want}}}", 30)
+        assert wait_consumers(name, 2) == 2  # both sides own the queue now
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(600, 1200)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1200), 90), f"consumer {k}: {c.count()}; {c.errors}"
+
+        ups = {i: rs.daemons[i].log().count(" is up") for i in range(N)}
+        for ns, addr in cut:
+            ip("-n", ns, "route", "del", "blackhole", f"{addr}/32")
+        cut = []
+        for i in range(N):
+            want = ups[i] + (2 if i == owner else 1)
+            rs.daemons[i].wait_for(rf"(?s)(?:is up.*){{{want}}}", 30)
+        assert wait_consumers(name, 1) == 1  # one owner again
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1200, 1500)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1500), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        time.sleep(0.5)
+        for k, c in enumerate(cs):
+            assert set(c.got) == expected(k, 0, 1500), f"consumer {k}"
+            assert c.reconnects == 0, c.errors
+    finally:
+        for ns, addr in cut:
+            subprocess.run(["ip", "-n", ns, "route", "del", "blackhole", f"{addr}/32"], capture_output=True)
+        for c in cs:
+            c.stopping.set()
+        logs = rs.stop_all()
+        forwarder.close()
+    for log in logs:
+        assert "Traceback" not in log, log
