@@ -42,6 +42,9 @@ log = logging.getLogger("broker_filter.replicas")
 
 PROPERTY = "broker-filter-replica"  # connection property naming the replica that opened it
 RECONNECT = 1.0  # at most this long between attempts to reach a peer
+# A peer counts as live once its connection has stayed open this long: one that opens and closes at
+# once (its own upstream is down, see `ProxyServer.on_connection_remote_open`) never owns a queue.
+SETTLE = 0.3
 
 
 def normal(peer: str) -> str:
@@ -66,10 +69,11 @@ class _Peer:
         self.address = address
         self.upstream: RemoteUpstream | None = None
         self.leaving = False  # it detached our links as it drains: gone until it connects again
+        self.settled = False  # its connection stayed open SETTLE seconds
 
     @property
     def live(self) -> bool:
-        return self.upstream is not None and self.upstream.connected and not self.leaving
+        return self.upstream is not None and self.upstream.connected and self.settled and not self.leaving
 
 
 class _PeerListener:
@@ -80,13 +84,23 @@ class _PeerListener:
         self.peer = peer
 
     def on_upstream_up(self, upstream: Any) -> None:
-        log.info("replica %s is up", self.peer.address)
-        self.peer.leaving = False
-        self.replicas.changed()
+        connection = upstream.connection
+
+        def settled() -> None:
+            if upstream.connected and upstream.connection is connection and not self.replicas.stopping:
+                log.info("replica %s is up", self.peer.address)
+                self.peer.leaving = False
+                self.peer.settled = True
+                self.replicas.changed()
+
+        self.replicas.loop.call_later(SETTLE, settled)
 
     def on_upstream_down(self, upstream: Any, error: Any) -> None:
-        log.warning("replica %s is gone", self.peer.address)
-        self.replicas.changed()
+        was = self.peer.settled
+        self.peer.settled = False
+        if was:
+            log.warning("replica %s is gone", self.peer.address)
+            self.replicas.changed()
 
 
 class Replicas:
@@ -99,9 +113,11 @@ class Replicas:
         self.heartbeat = settings.heartbeat
         self.peers = {p: _Peer(p) for p in map(normal, settings.peers) if p != self.self}
         self.stopping = False
+        self.loop: Any = None
         self.changes = 0  # how often the owners were recomputed
 
     def start(self, loop: Any) -> None:
+        self.loop = loop
         user = self.settings.user
         login = f"{quote(user, safe='')}:{quote(self.settings.password, safe='')}@" if user else ""
         for peer in self.peers.values():
