@@ -16,7 +16,7 @@ from proton import Message
 
 from clients import publish_many
 from launcher import metric_value, scrape
-from replicas import Consumer, ReplicaSet, expected, wait_consumers
+from replicas import Consumer, Forwarder, ReplicaSet, expected, wait_consumers
 
 from broker_filter.proxy.replicas import owner_of
 
@@ -138,3 +138,65 @@ def test_replica_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_s
     finally:
         for c in cs:
             c.stopping.set()
+
+
+def count_in_log(d, text: str) -> int:
+    return d.log().count(text)
+
+
+def wait_more(d, text: str, than: int, timeout: float = 30) -> None:
+    """Until `text` is in the daemon's log more than `than` times."""
+    d.wait_for(rf"(?s)(?:{re.escape(text)}.*){{{than + 1}}}", timeout)
+
+
+def test_replica_without_its_upstream_owns_nothing_until_it_is_back(rabbitmq, rabbitmq_broker):
+    """The owner's own RabbitMQ connection goes (its forwarder closes): it closes its peer
+    connections, the others take the queue; back, it owns it again."""
+    forwarder = Forwarder("127.0.0.1", rabbitmq_broker.port)
+    forwarder.start()
+    user = rabbitmq.split("://", 1)[1].rsplit("@", 1)[0]
+    rs = ReplicaSet(rabbitmq, N, upstreams=[rabbitmq, rabbitmq, f"amqp://{user}@127.0.0.1:{forwarder.port}"])
+    cs: list[Consumer] = []
+    try:
+        rs.start_all()
+        while True:  # a queue replica 2 owns
+            name, q = fresh()
+            if owner_of(q, rs.peers) == rs.peers[2]:
+                break
+        cs = start_consumers(rs, q)
+        publish(rabbitmq, q, 0, 600)
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 600), 60), f"consumer {k}: {c.count()}"
+        assert wait_consumers(name, 1) == 1
+
+        gone = {i: count_in_log(rs.daemons[i], f"replica {rs.peers[2]} is gone") for i in (0, 1)}
+        forwarder.close()
+        for i in (0, 1):
+            wait_more(rs.daemons[i], f"replica {rs.peers[2]} is gone", gone[i])
+        publish(rabbitmq, q, 600, 1200)
+        for k, c in enumerate(cs):  # consumer 2's links were closed by its replica: it went to replica 0
+            assert c.wait_set(expected(k, 0, 1200), 60), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+        assert "is not connected" in rs.daemons[0].log() + rs.daemons[1].log()  # it refused them meanwhile
+
+        ups = {i: count_in_log(rs.daemons[i], f"replica {rs.peers[2]} is up") for i in (0, 1)}
+        forwarder = Forwarder("127.0.0.1", rabbitmq_broker.port, forwarder.port)
+        forwarder.start()
+        for i in (0, 1):
+            wait_more(rs.daemons[i], f"replica {rs.peers[2]} is up", ups[i])
+        publish(rabbitmq, q, 1200, 1500)
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1500), 60), f"consumer {k}: {c.count()}"
+        assert wait_consumers(name, 1) == 1
+        time.sleep(0.5)
+        for k, c in enumerate(cs):
+            assert set(c.got) == expected(k, 0, 1500)
+        received = metric_value(scrape(rs.metrics_ports[2]), "broker_filter_messages_received_total", address=q)
+        assert received >= 300  # the last messages came through it
+    finally:
+        for c in cs:
+            c.stopping.set()
+        logs = rs.stop_all()
+        forwarder.close()
+    for log in logs:
+        assert "Traceback" not in log, log

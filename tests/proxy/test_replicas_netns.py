@@ -8,9 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
-import threading
 import time
 import uuid
 
@@ -18,8 +16,7 @@ import pytest
 from proton import Message
 
 from clients import publish_many
-from replicas import Consumer, ReplicaSet
-from replicas import expected, wait_consumers
+from replicas import Consumer, Forwarder, ReplicaSet, expected, wait_consumers
 
 from broker_filter.proxy.replicas import owner_of
 
@@ -34,60 +31,6 @@ def ip(*args: str) -> None:
     out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if out.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
-
-
-class Forwarder(threading.Thread):
-    """TCP from (host, port) to 127.0.0.1:target, a thread per direction; `close()` stops it."""
-
-    def __init__(self, host: str, target: int):
-        super().__init__(daemon=True)
-        self.target = target
-        self.server = socket.create_server((host, 0))
-        self.port = self.server.getsockname()[1]
-        self.stopping = False
-        self.socks: list[socket.socket] = []
-
-    def run(self) -> None:
-        while not self.stopping:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            self.socks += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while True:
-                data = a.recv(65536)
-                if not data:
-                    break
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.stopping = True
-        self.server.close()
-        for s in self.socks:
-            try:
-                s.close()
-            except OSError:
-                pass
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 
@@ -35,8 +36,9 @@ class ReplicaSet:
     replica i (again) on its own port and waits until it sees every other live replica."""
 
     def __init__(self, upstream: str, n: int, host: str = "127.0.0.1", hosts: list[str] | None = None,
-                 program_prefix: list[list[str]] | None = None, login: tuple[str, str] | None = None):
-        self.upstream = upstream
+                 program_prefix: list[list[str]] | None = None, login: tuple[str, str] | None = None,
+                 upstreams: list[str] | None = None):
+        self.upstreams = upstreams or [upstream] * n
         self.hosts = hosts or [host] * n
         self.ports = [free_port() for _ in range(n)]
         self.metrics_ports = [free_port() for _ in range(n)]
@@ -51,7 +53,7 @@ class ReplicaSet:
         program = None
         if self.prefix is not None:
             program = [*self.prefix[i], sys.executable, "-m", "broker_filter", "serve"]
-        d = Daemon(upstream=self.upstream, listen=f"{self.hosts[i]}:{self.ports[i]}", program=program,
+        d = Daemon(upstream=self.upstreams[i], listen=f"{self.hosts[i]}:{self.ports[i]}", program=program,
                    config=replica_config(self.peers, self.peers[i], f"{self.hosts[i]}:{self.metrics_ports[i]}",
                                          login=self.login))
         self.daemons[i] = d
@@ -188,3 +190,63 @@ def wait_consumers(name: str, want: int, timeout: float = 30) -> int | None:
 def expected(k: int, start: int, stop: int, n: int = 3) -> set:
     """The bodies consumer k of n gets (selector `part = k`, message i has part i % n)."""
     return {i for i in range(start, stop) if i % n == k}
+
+
+class Forwarder(threading.Thread):
+    """TCP from (host, port) to 127.0.0.1:target, a thread per direction; `close()` stops it."""
+
+    def __init__(self, host: str, target: int, port: int = 0):
+        super().__init__(daemon=True)
+        self.target = target
+        self.server = socket.create_server((host, port))
+        self.port = self.server.getsockname()[1]
+        self.stopping = False
+        self.socks: list[socket.socket] = []
+
+    def run(self) -> None:
+        while not self.stopping:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            self.socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.stopping = True
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        except OSError:
+            pass
+        self.server.close()
+        self.join(5)
+        for s in self.socks:  # shutdown first: a close alone leaves a socket another thread reads
+            for end in (lambda: s.shutdown(socket.SHUT_RDWR), s.close):
+                try:
+                    end()
+                except OSError:
+                    pass
