@@ -68,14 +68,16 @@ def test_one_owner_serves_every_replica_exact_sets_and_no_moves(rabbitmq, replic
         for k, c in enumerate(cs):
             assert sorted(c.got) == sorted(expected(k, 0, 900)), f"consumer {k}"
             assert c.reconnects == 0, c.errors
+        changes = "\n".join(line for d in rs.daemons for line in d.log().splitlines()
+                             if " is gone" in line or " move " in line or "draining" in line)
         for i, port in enumerate(rs.metrics_ports):
             text = scrape(port)
-            assert metric_value(text, "broker_filter_messages_handed_back", address=q) == 0
+            assert metric_value(text, "broker_filter_messages_handed_back", address=q) == 0, changes
             received = metric_value(text, "broker_filter_messages_received_total", address=q)
             if i == owner:
-                assert received >= 900  # every message of the queue, once
+                assert received >= 900, changes  # every message of the queue, once
             else:  # only its own consumer's matches crossed from the owner
-                assert received == 300, f"replica {i} received {received}"
+                assert received == 300, f"replica {i} received {received}; {changes}"
     finally:
         for c in cs:
             c.stopping.set()
