@@ -83,7 +83,7 @@ def one_run(n: int, mode: str, depth: int, live: int, rate: float) -> dict:
     metrics: list[int] = []
     rs = None
     if mode == "replicas" and n > 1:
-        rs = ReplicaSet(UPSTREAM, n)
+        rs = ReplicaSet(UPSTREAM, n, heartbeat=2.0)  # the default
         rs.start_all()
         daemons = list(rs.daemons)
         metrics = rs.metrics_ports

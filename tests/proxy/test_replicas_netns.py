@@ -131,7 +131,7 @@ def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_own
     forwarder.start()
     rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
                     program_prefix=[["ip", "netns", "exec", ns] for ns in names],
-                    login=("replica", uuid.uuid4().hex))
+                    login=("replica", uuid.uuid4().hex), heartbeat=2.0)
     cs: list[Consumer] = []
     cut: list[tuple[str, str]] = []
     try:

@@ -37,7 +37,10 @@ class ReplicaSet:
 
     def __init__(self, upstream: str, n: int, host: str = "127.0.0.1", hosts: list[str] | None = None,
                  program_prefix: list[list[str]] | None = None, login: tuple[str, str] | None = None,
-                 upstreams: list[str] | None = None):
+                 upstreams: list[str] | None = None, heartbeat: float = 10.0):
+        # (a long heartbeat by default: a loaded machine must not make a replica look silent where
+        # silence is not what is tested; killed and draining replicas close their connections)
+        self.heartbeat = heartbeat
         self.upstreams = upstreams or [upstream] * n
         self.hosts = hosts or [host] * n
         self.ports = [free_port() for _ in range(n)]
@@ -55,7 +58,7 @@ class ReplicaSet:
             program = [*self.prefix[i], sys.executable, "-m", "broker_filter", "serve"]
         d = Daemon(upstream=self.upstreams[i], listen=f"{self.hosts[i]}:{self.ports[i]}", program=program,
                    config=replica_config(self.peers, self.peers[i], f"{self.hosts[i]}:{self.metrics_ports[i]}",
-                                         login=self.login))
+                                         login=self.login, heartbeat=self.heartbeat))
         self.daemons[i] = d
         for j in (wait_for if wait_for is not None else self.live()):
             if j != i:
