@@ -412,7 +412,14 @@ class Replicas:
         "`HOST:PORT` of every replica's AMQP listener, this one's included; empty: off (one daemon, no owners)",
         kind="list",
     )
-    self: str = setting("", "`HOST:PORT` of this replica in `peers` (as the others reach it)", kind="hostport")
+    dns: str = setting(
+        "",
+        "`NAME:PORT` instead of `peers`: NAME resolved every 5 s, each address found a replica listening on "
+        "PORT (a Kubernetes headless Service)",
+        kind="hostport",
+    )
+    self: str = setting("", "`HOST:PORT` of this replica in `peers` (as the others reach it; with `dns`, "
+                        "its address as NAME resolves to it, e.g. the pod's IP)", kind="hostport")
     heartbeat: float = setting(
         2.0, "idle timeout (seconds) of the connections between replicas: a silent peer counts as gone after it",
         kind="float", minimum=0.1)
@@ -421,7 +428,7 @@ class Replicas:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.peers)
+        return bool(self.peers or self.dns)
 
 
 @dataclass(frozen=True)
@@ -822,6 +829,15 @@ def _check(config: Config) -> None:
 
 def _check_replicas(config: Config) -> None:
     replicas = config.replicas
+    if replicas.dns:
+        if replicas.peers:
+            raise ConfigError("replicas.dns", "names the replicas instead of replicas.peers: set one of them")
+        if not replicas.self:
+            raise ConfigError("replicas.self", "is required with replicas.dns: this replica's address and port")
+        if split_hostport(replicas.dns)[1] == 0:
+            raise ConfigError("replicas.dns", f"needs a port other than 0, got {replicas.dns!r}")
+        _check_replicas_with(config)
+        return
     if not replicas.peers:
         if replicas.self:
             raise ConfigError("replicas.self", "needs replicas.peers (the list it is one of)")
@@ -841,6 +857,12 @@ def _check_replicas(config: Config) -> None:
         raise ConfigError("replicas.self", "is required with replicas.peers: which of them this replica is")
     if replicas.self not in peers:
         raise ConfigError("replicas.self", f"{replicas.self} is not in replicas.peers ({', '.join(peers)})")
+    _check_replicas_with(config)
+
+
+def _check_replicas_with(config: Config) -> None:
+    """What replicas cannot be combined with."""
+    replicas = config.replicas
     if not config.upstream.urls:
         raise ConfigError("replicas.peers", "replicas need an upstream broker (upstream.urls): the embedded "
                           "broker's queues live in one process")

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import socket
+import threading
 from typing import Any
 from urllib.parse import quote
 
@@ -45,6 +47,7 @@ RECONNECT = 1.0  # at most this long between attempts to reach a peer
 # A peer counts as live once its connection has stayed open this long: one that opens and closes at
 # once (its own upstream is down, see `ProxyServer.on_connection_remote_open`) never owns a queue.
 SETTLE = 0.3
+RESOLVE = 5.0  # `replicas.dns` is resolved this often
 
 
 def normal(peer: str) -> str:
@@ -118,17 +121,82 @@ class Replicas:
 
     def start(self, loop: Any) -> None:
         self.loop = loop
+        for peer in self.peers.values():
+            self._connect(peer)
+        if self.settings.dns:
+            self._resolve()
+
+    def _connect(self, peer: _Peer) -> None:
         user = self.settings.user
         login = f"{quote(user, safe='')}:{quote(self.settings.password, safe='')}@" if user else ""
-        for peer in self.peers.values():
-            peer.upstream = RemoteUpstream(
-                f"amqp://{login}{peer.address}",
-                max_backoff=RECONNECT,
-                backoff=lambda attempt: min(RECONNECT, 0.1 * 2 ** attempt),
-                heartbeat=self.settings.heartbeat,
-                properties={PROPERTY: self.self},
-            )
-            peer.upstream.start(loop, _PeerListener(self, peer))
+        peer.upstream = RemoteUpstream(
+            f"amqp://{login}{peer.address}",
+            max_backoff=RECONNECT,
+            backoff=lambda attempt: min(RECONNECT, 0.1 * 2 ** attempt),
+            heartbeat=self.settings.heartbeat,
+            properties={PROPERTY: self.self},
+        )
+        peer.upstream.start(self.loop, _PeerListener(self, peer))
+
+    # ---------------------------------------------------------------- replicas.dns
+    def _resolve(self) -> None:
+        """Look NAME up on a thread of its own (a slow resolver never stalls the loop); the loop
+        picks the answer up (`_answered`)."""
+        if self.stopping:
+            return
+        host, port = split_hostport(self.settings.dns)
+        box: dict = {}
+
+        def lookup() -> None:
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                box["found"] = {normal(f"[{i[4][0]}]:{port}" if ":" in i[4][0] else f"{i[4][0]}:{port}")
+                                for i in infos}
+            except OSError as e:
+                box["error"] = str(e)
+
+        thread = threading.Thread(target=lookup, name="replicas-dns", daemon=True)
+        thread.start()
+        self.loop.call_later(0.1, lambda: self._answered(thread, box, 0.1))
+
+    def _answered(self, thread: threading.Thread, box: dict, waited: float) -> None:
+        if self.stopping:
+            return
+        if thread.is_alive():
+            self.loop.call_later(0.1, lambda: self._answered(thread, box, waited + 0.1))
+            return
+        if "error" in box:
+            log.warning("replicas.dns: %s does not resolve (%s); the replicas stay as they were",
+                        self.settings.dns, box["error"])
+        else:
+            self.found(box["found"])
+        self.loop.call_later(RESOLVE, self._resolve)
+
+    def found(self, addresses: set[str]) -> None:
+        """The replicas `replicas.dns` resolved to now: new ones are connected, gone ones dropped."""
+        others = {a for a in addresses if a != self.self}
+        added = sorted(others - set(self.peers))
+        removed = sorted(set(self.peers) - others)
+        if not added and not removed:
+            return
+        log.info("replicas.dns %s: %s", self.settings.dns,
+                 "; ".join(filter(None, [f"new {', '.join(added)}" if added else "",
+                                         f"gone {', '.join(removed)}" if removed else ""])))
+        dropped = []
+        for address in removed:
+            peer = self.peers[address]
+            dropped.append(peer)
+            peer.leaving = True  # not live: its queues move first, then its connection goes
+        if any(p.settled for p in dropped):
+            self.changed()
+        for peer in dropped:
+            del self.peers[peer.address]
+            if peer.upstream is not None:
+                peer.upstream.stop()
+        for address in added:
+            peer = _Peer(address)
+            self.peers[address] = peer
+            self._connect(peer)  # live once connected (`_PeerListener`)
 
     def stop(self) -> None:
         self.stopping = True

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from proton import Message
@@ -185,5 +187,75 @@ def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_own
             c.stopping.set()
         logs = rs.stop_all()
         forwarder.close()
+    for log in logs:
+        assert "Traceback" not in log, log
+
+
+def write_hosts(names: list[str], addrs: list[str]) -> None:
+    """What `bf-replicas` resolves to in each namespace (`ip netns exec` mounts /etc/netns/NS/hosts
+    over /etc/hosts)."""
+    for ns in names:
+        folder = Path("/etc/netns") / ns
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{a} bf-replicas\n" for a in addrs))
+
+
+def test_replicas_named_by_dns_one_owner_failover_and_scale_in(rabbitmq_broker, namespaces):
+    """`replicas.dns`: every replica finds the others by resolving one name (as a Kubernetes headless
+    Service's), all on one port; the owner killed, the others take over; the name no longer
+    resolving to it, they drop it."""
+    gateway, names, addrs = namespaces
+    write_hosts(names, addrs)
+    forwarder = Forwarder(gateway, rabbitmq_broker.port)
+    forwarder.start()
+    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
+                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
+                    login=("replica", uuid.uuid4().hex), dns="bf-replicas")
+    cs: list[Consumer] = []
+    try:
+        rs.start_all()
+        for d in rs.daemons:
+            assert "replicas.dns bf-replicas" in d.log()
+        name = f"replicas-dns-{uuid.uuid4().hex[:10]}"
+        q = f"/queue/{name}"
+        owner = rs.peers.index(owner_of(q, rs.peers))
+        cs = [Consumer([rs.url(k), rs.url((k + 1) % N), rs.url((k + 2) % N)], q, f"part = {k}") for k in range(N)]
+        for c in cs:
+            c.start()
+        for c in cs:
+            assert c.attached.wait(30), c.errors
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 900), 60), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+
+        d = rs.daemons[owner]
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait(10)
+        rest = [i for i in range(N) if i != owner]
+        for i in rest:
+            rs.daemons[i].wait_for(re.escape(f"replica {rs.peers[owner]} is gone"), 10)
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900, 1200)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1200), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+
+        write_hosts(names, [a for i, a in enumerate(addrs) if i != owner])  # scaled in
+        for i in rest:
+            rs.daemons[i].wait_for(re.escape(f"gone {rs.peers[owner]}"), 20)
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1200, 1500)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1500), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+        time.sleep(0.5)
+        for k, c in enumerate(cs):
+            assert set(c.got) == expected(k, 0, 1500), f"consumer {k}"
+    finally:
+        for c in cs:
+            c.stopping.set()
+        logs = rs.stop_all()
+        forwarder.close()
+        for ns in names:
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
     for log in logs:
         assert "Traceback" not in log, log

@@ -15,11 +15,12 @@ UP = r"replica {} is up"
 
 
 def replica_config(peers: list[str], me: str, metrics: str | None = None, heartbeat: float = 2.0,
-                   grace: float = 5.0, login: tuple[str, str] | None = None) -> str:
+                   grace: float = 5.0, login: tuple[str, str] | None = None, dns: str | None = None) -> str:
     """`[replicas]` (and `[listener.users]` with the one user `login` = (name, password), which the
     replicas log in to each other as too)."""
     quoted = ", ".join(f'"{p}"' for p in peers)
-    text = f'[replicas]\npeers = [{quoted}]\nself = "{me}"\nheartbeat = {heartbeat}\n'
+    members = f'dns = "{dns}"' if dns else f'peers = [{quoted}]'
+    text = f'[replicas]\n{members}\nself = "{me}"\nheartbeat = {heartbeat}\n'
     if login is not None:
         from broker_filter.security import hash_password
 
@@ -37,13 +38,15 @@ class ReplicaSet:
 
     def __init__(self, upstream: str, n: int, host: str = "127.0.0.1", hosts: list[str] | None = None,
                  program_prefix: list[list[str]] | None = None, login: tuple[str, str] | None = None,
-                 upstreams: list[str] | None = None, heartbeat: float = 10.0):
+                 upstreams: list[str] | None = None, heartbeat: float = 10.0, dns: str | None = None):
         # (a long heartbeat by default: a loaded machine must not make a replica look silent where
         # silence is not what is tested; killed and draining replicas close their connections)
         self.heartbeat = heartbeat
         self.upstreams = upstreams or [upstream] * n
         self.hosts = hosts or [host] * n
-        self.ports = [free_port() for _ in range(n)]
+        # with `dns` (NAME, each replica on a host of its own): one port for all, as behind a Service
+        self.ports = [free_port()] * n if dns else [free_port() for _ in range(n)]
+        self.dns = f"{dns}:{self.ports[0]}" if dns else None
         self.metrics_ports = [free_port() for _ in range(n)]
         self.peers = [f"{h}:{p}" for h, p in zip(self.hosts, self.ports)]
         self.daemons: list[Daemon | None] = [None] * n
@@ -58,7 +61,7 @@ class ReplicaSet:
             program = [*self.prefix[i], sys.executable, "-m", "broker_filter", "serve"]
         d = Daemon(upstream=self.upstreams[i], listen=f"{self.hosts[i]}:{self.ports[i]}", program=program,
                    config=replica_config(self.peers, self.peers[i], f"{self.hosts[i]}:{self.metrics_ports[i]}",
-                                         login=self.login, heartbeat=self.heartbeat))
+                                         login=self.login, heartbeat=self.heartbeat, dns=self.dns))
         self.daemons[i] = d
         for j in (wait_for if wait_for is not None else self.live()):
             if j != i:
