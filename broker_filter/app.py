@@ -87,6 +87,12 @@ class App:
             config=config,
             metrics=self.metrics,
         )
+        self.replicas = None
+        if config.replicas.enabled:  # one owner per queue among the replicas (proxy/replicas.py)
+            from .proxy.replicas import Replicas
+
+            self.replicas = Replicas(config.replicas, self.server)
+            self.server.replicas = self.replicas
         self.acceptor = None
         self.port: int | None = None
         self.exporter = None
@@ -121,6 +127,8 @@ class App:
                              f"{e.strerror or e}") from None
         self.port = self.acceptor.port
         self.upstream.start(self.loop, self.server)
+        if self.replicas is not None:
+            self.replicas.start(self.loop)
         log.info("listening on %s:%s, upstream %s, instance %s", host, self.port, self.upstream.name,
                  self.instance)
         if self.config.metrics.enabled:
@@ -207,6 +215,8 @@ class App:
         self._stopping = True
         if getattr(self, "passthrough", None) is not None:
             self.passthrough.stop()
+        if self.replicas is not None:
+            self.replicas.stop()
         self.upstream.stop()
 
     def _refused(self, reason: str, mechanism: str) -> None:
@@ -234,6 +244,8 @@ class App:
     def _stop_accepting(self) -> None:
         """Shutdown begins: no new connections, and no queue feed starts a move, pulls or sends."""
         self.acceptor.stop_accepting()
+        if self.replicas is not None:
+            self.replicas.stopping = True  # owns nothing now (its links detach; the others take over)
         self.server.quiesce()
         if getattr(self, "passthrough", None) is not None:
             self.passthrough.quiesce()  # every pass-through tenant's server too
@@ -242,7 +254,8 @@ class App:
         """An upstream stopped at shutdown (the default one, a pass-through tenant's) still closes."""
         passthrough = getattr(self, "passthrough", None)
         return bool(getattr(self.upstream, "closing", lambda: False)()) or (
-            passthrough is not None and passthrough.closing())
+            passthrough is not None and passthrough.closing()) or (
+            self.replicas is not None and self.replicas.closing())
 
     def _in_flight(self) -> int:
         """Deliveries sent to clients and not settled, client publishes not yet settled upstream,
@@ -271,6 +284,11 @@ class App:
         return JournalingUpstream(upstream, self.journal)
 
     def close(self) -> None:
+        if self.replicas is not None:
+            try:
+                self.replicas.stop()
+            except Exception:
+                log.exception("stopping the replica connections failed")
         try:
             self.upstream.stop()
         except Exception:

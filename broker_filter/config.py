@@ -406,6 +406,32 @@ class Journal:
 
 
 @dataclass(frozen=True)
+class Replicas:
+    peers: tuple[str, ...] = setting(
+        (),
+        "`HOST:PORT` of every replica's AMQP listener, this one's included; empty: off (one daemon, no owners)",
+        kind="list",
+    )
+    dns: str = setting(
+        "",
+        "`NAME:PORT` instead of `peers`: NAME resolved every 5 s, each address found a replica listening on "
+        "PORT (a Kubernetes headless Service)",
+        kind="hostport",
+    )
+    self: str = setting("", "`HOST:PORT` of this replica in `peers` (as the others reach it; with `dns`, "
+                        "its address as NAME resolves to it, e.g. the pod's IP)", kind="hostport")
+    heartbeat: float = setting(
+        2.0, "idle timeout (seconds) of the connections between replicas: a silent peer counts as gone after it",
+        kind="float", minimum=0.1)
+    user: str = setting("", "PLAIN user the replicas log in to each other with (empty: ANONYMOUS)", kind="str")
+    password: str = setting("", "its password", kind="str", secret=True)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.peers or self.dns)
+
+
+@dataclass(frozen=True)
 class Config:
     listener: Listener = section(Listener, "the AMQP listener clients connect to")
     upstream: Upstream = section(Upstream, "where messages come from and go to")
@@ -429,6 +455,7 @@ class Config:
     shutdown: Shutdown = section(Shutdown, "SIGTERM behaviour")
     embedded: Embedded = section(Embedded, "the embedded in-memory broker (no upstream URLs)")
     journal: Journal = section(Journal, "message journal for the Spark pipeline")
+    replicas: Replicas = section(Replicas, "replicas in front of one broker: one owner per queue")
 
     def to_dict(self) -> dict[str, Any]:
         """The effective configuration as plain data, secrets replaced by `***` (for `--print-config`)."""
@@ -779,6 +806,7 @@ def _check(config: Config) -> None:
         raise ConfigError("journal.directory", "is required when journal.enabled = true")
     if config.journal.enabled:
         _check_extra("journal.enabled", "journal", "pyarrow")
+    _check_replicas(config)
     for name, virtual in config.virtual_addresses.items():
         if not name:
             raise ConfigError("virtual_addresses", "names must not be empty")
@@ -797,6 +825,53 @@ def _check(config: Config) -> None:
             raise ConfigError(f"virtual_addresses.{name}.{what}", f"entry {ignored.key!r}: {ignored.reason}")
         if not compiled.entries:
             raise ConfigError(f"virtual_addresses.{name}.{what}", "applies no filter")
+
+
+def _check_replicas(config: Config) -> None:
+    replicas = config.replicas
+    if replicas.dns:
+        if replicas.peers:
+            raise ConfigError("replicas.dns", "names the replicas instead of replicas.peers: set one of them")
+        if not replicas.self:
+            raise ConfigError("replicas.self", "is required with replicas.dns: this replica's address and port")
+        if split_hostport(replicas.dns)[1] == 0:
+            raise ConfigError("replicas.dns", f"needs a port other than 0, got {replicas.dns!r}")
+        _check_replicas_with(config)
+        return
+    if not replicas.peers:
+        if replicas.self:
+            raise ConfigError("replicas.self", "needs replicas.peers (the list it is one of)")
+        return
+    peers = []
+    for i, peer in enumerate(replicas.peers):
+        try:
+            host, port = split_hostport(peer)
+        except ValueError as e:
+            raise ConfigError(f"replicas.peers[{i}]", str(e)) from None
+        if port == 0:
+            raise ConfigError(f"replicas.peers[{i}]", f"needs a port other than 0, got {peer!r}")
+        peers.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    if len(set(peers)) != len(peers):
+        raise ConfigError("replicas.peers", "names a replica twice")
+    if not replicas.self:
+        raise ConfigError("replicas.self", "is required with replicas.peers: which of them this replica is")
+    if replicas.self not in peers:
+        raise ConfigError("replicas.self", f"{replicas.self} is not in replicas.peers ({', '.join(peers)})")
+    _check_replicas_with(config)
+
+
+def _check_replicas_with(config: Config) -> None:
+    """What replicas cannot be combined with."""
+    replicas = config.replicas
+    if not config.upstream.urls:
+        raise ConfigError("replicas.peers", "replicas need an upstream broker (upstream.urls): the embedded "
+                          "broker's queues live in one process")
+    if config.upstream.credentials == "pass-through":
+        raise ConfigError("replicas.peers", "replicas cannot be combined with upstream.credentials = pass-through")
+    if config.listener.workers > 1:
+        raise ConfigError("replicas.peers", "replicas cannot be combined with listener.workers > 1")
+    if replicas.password and not replicas.user:
+        raise ConfigError("replicas.user", "is required with replicas.password")
 
 
 def _check_extra(key: str, extra: str, module: str) -> None:

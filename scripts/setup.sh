@@ -23,6 +23,7 @@ if [ "$runtime_only" = 0 ]; then
   have node || need_apt+=(nodejs)
   have npm || need_apt+=(npm)
   have openssl || need_apt+=(openssl)
+  have ip || need_apt+=(iproute2)  # the replicas tests make network namespaces (ip netns)
 fi
 # The operations tests' tools, without their recommended extras: promtool and a Prometheus server
 # (package prometheus) and headless Chromium (the backtest report's rendering test).

@@ -339,8 +339,10 @@ class RemoteUpstream(Handler):
         backoff: Callable[[int], float] | None = None,
         ssl_domain: Any = None,
         heartbeat: float | None = None,
+        properties: dict[str, str] | None = None,
     ):
         super().__init__()
+        self.properties = dict(properties or {})  # more connection properties (a replica's name)
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise ValueError("at least one upstream URL is needed")
@@ -724,7 +726,8 @@ class RemoteUpstream(Handler):
             "url": address,
             "handler": self,
             "reconnect": False,
-            "properties": {psymbol("product"): "broker-filter"},
+            "properties": {psymbol("product"): "broker-filter",
+                           **{psymbol(k): v for k, v in self.properties.items()}},
         }
         if vhost != "/":
             kwargs["virtual_host"] = f"vhost:{vhost}"

@@ -49,6 +49,7 @@ from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_
 from .forwarding import RELEASED, UNACQUIRED, Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import fanout, sharing
 from .routing import Routing
+from .replicas import PROPERTY as REPLICA_PROPERTY
 from ..engine._cproton import lib
 from ..engine.container import Typed
 from .wire import data_value, discard, put_value, receive, remote_outcome, send, settle_with
@@ -78,6 +79,9 @@ _OFFERED = [psymbol(c) for c in FILTER_CAPABILITIES + (RELAY_CAPABILITY,)]
 # At most this many upstream publishers per anonymous-relay link, one per `to` address (an LRU:
 # the least recently used idle one is closed when a new address needs one over the limit).
 RELAY_PUBLISHERS = 16
+# A feed consuming through a queue's owner (`[replicas]`) holds up to this many times
+# `limits.upstream_window` beyond its clients' credit.
+VIA_WINDOW = 4
 RELAY_WINDOW = 100  # credit an anonymous-relay link keeps granted (messages not yet settled count)
 _COORDINATOR = 3  # PN_COORDINATOR: a transaction coordinator target
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
@@ -136,21 +140,42 @@ def push_down(upstream: Upstream, address: str | None, fs: FilterSet,
 
 
 class _Conn:
-    __slots__ = ("id", "links", "closed")
+    __slots__ = ("id", "links", "closed", "peer", "connection")
 
-    def __init__(self, id: str):
+    def __init__(self, id: str, connection: Any = None):
         self.id = id
         self.links: set = set()
         self.closed = False
+        self.peer: str | None = None  # the replica that opened it (`[replicas]`), else None
+        self.connection = connection
+
+
+class _Placement:
+    """What a client's receiving link asked for, kept to serve it again on another upstream (a
+    queue whose owner changed, see `ProxyServer.rehome`)."""
+
+    __slots__ = ("routed", "wanted", "decision", "caps", "routing_type", "browse", "owned")
+
+    def __init__(self, routed, wanted, decision, caps, routing_type, browse, owned):
+        self.routed = routed
+        self.wanted = wanted
+        self.decision = decision
+        self.caps = caps
+        self.routing_type = routing_type
+        self.browse = browse
+        self.owned = owned  # a queue link served by the queue's owner (`[replicas]`)
 
 
 class FeedBinding:
     """One Feed and its upstream consumer: `FeedIO` for the feed, `ConsumerHandler` for the upstream."""
 
-    def __init__(self, server: "ProxyServer", key: Any, spec: ConsumerSpec, subscription: bool):
+    def __init__(self, server: "ProxyServer", key: Any, spec: ConsumerSpec, subscription: bool,
+                 upstream: Any = None, via: str | None = None):
         self.server = server
         self.key = key
         self.spec = spec
+        self.upstream = upstream if upstream is not None else server.upstream
+        self.via = via  # the replica owning the queue, through which this feed consumes (None: here)
         if key[0] == "fanout":  # the address's shared upstream subscription (proxy/fanout.py)
             limits = getattr(server.config, "limits", None)
             self.feed = fanout.FanoutFeed(self, window=server.window, buffer=server.window, max_credit=server.max_credit,
@@ -159,9 +184,13 @@ class FeedBinding:
                                           cache_size=getattr(limits, "index_cache_size", 1024),
                                           counters=server.metrics.shared(spec.address) if server.metrics else None)
         else:
-            self.feed = Feed(self, subscription=subscription, window=server.window, max_credit=server.max_credit,
+            # Through the owner (replicas): a deeper window, so the owner's link for it runs out of
+            # credit less often while the grants cross two hops (a link without credit there gets
+            # its messages held, and past the owner's window moved)
+            window = server.window * (VIA_WINDOW if via is not None else 1)
+            self.feed = Feed(self, subscription=subscription, window=window, max_credit=server.max_credit,
                              recycle=server.recycle and not subscription, token=server.feed_token(),
-                             custody=not getattr(server.upstream, "redelivers_in_place", False),
+                             custody=not getattr(self.upstream, "redelivers_in_place", False),
                              log=log.warning)
             # A queue that turns out to be a stream: no link joins this consumer any more (each
             # stream consumer reads every message at an offset of its own)
@@ -231,12 +260,12 @@ class FeedBinding:
             if self.spec.offered:
                 self.server.offers_decided(self, info.evaluated)
             if isinstance(self.feed, Feed):
-                self.feed.whole_grants = bool(getattr(self.server.upstream, "over_delivers", False))
-                self.feed.dead_letters = bool(getattr(self.server.upstream, "dead_letters_undeliverable", False))
+                self.feed.whole_grants = bool(getattr(self.upstream, "over_delivers", False))
+                self.feed.dead_letters = bool(getattr(self.upstream, "dead_letters_undeliverable", False))
             if info.subscription is False and self.feed.subscription:
                 # The upstream says this source is shared: never consume a non-match on it.
                 self.feed.subscription = False
-                self.feed.custody = not getattr(self.server.upstream, "redelivers_in_place", False)
+                self.feed.custody = not getattr(self.upstream, "redelivers_in_place", False)
             pending, self.pending = self.pending, []
             if info.subscription is True and not self.feed.subscription and self.key[0] == "queue":
                 # A subscription taken for a queue (sharing.decide had no word for it): the first
@@ -274,6 +303,8 @@ class FeedBinding:
 
     def on_consumer_closed(self, consumer, error: ErrorInfo | None) -> None:
         try:
+            if self.via is not None and consumer is self.consumer and self.server.replica_lost(self, error):
+                return  # its links are served elsewhere now
             self.server.fail_feed(self, error or ErrorInfo("amqp:link:detach-forced", "upstream detached"))
         except Exception:
             log.exception("consumer close handling failed")
@@ -568,6 +599,7 @@ class ProxyServer(Handler):
         self._was_up = False
         limits = getattr(config, "limits", None)
         self._max_message_size = getattr(limits, "max_message_size", 0) or 0
+        self.replicas: Any = None  # proxy.replicas.Replicas when `[replicas]` is configured
 
     def next_tag(self) -> bytes:
         return b"%x" % next(self._tags)
@@ -674,6 +706,13 @@ class ProxyServer(Handler):
     def on_upstream_down(self, upstream, error: ErrorInfo) -> None:
         self.upstream_up = False
         self._recyclers.clear()
+        if self.replicas is not None:
+            # A replica without its upstream owns nothing: the others see it gone and take over.
+            for c in list(self.connections.values()):
+                if c.peer is not None and c.connection is not None:
+                    c.connection.condition = Condition("amqp:connection:forced",
+                                                       f"upstream {self.upstream.name} is not connected")
+                    c.connection.close()
         for b in list(self.feeds.values()):
             self.fail_feed(b, error)
 
@@ -703,10 +742,28 @@ class ProxyServer(Handler):
             if self.metrics is not None:
                 self.metrics.refuse_connection("vhost")
             return
+        peer = None
+        if self.replicas is not None:
+            props = conn.remote_properties
+            peer = props.get(psymbol(REPLICA_PROPERTY)) if hasattr(props, "get") else None
+            if peer is not None and not self.upstream_up:
+                # not a live replica while its upstream is down: the peer asks again a second later
+                conn.condition = Condition("amqp:connection:forced", f"upstream {self.upstream.name} is not connected")
+                conn.open()
+                conn.close()
+                return
         if self.metrics is not None:
             self.metrics.connections_accepted.inc()
         cid = f"{self.instance}/{next(self._conn_ids)}"
-        conn.bf_conn = _Conn(cid)
+        conn.bf_conn = _Conn(cid, conn)
+        conn.bf_conn.peer = str(peer) if peer is not None else None
+        if peer is not None:
+            # the peer's link to this replica ends after the same silence as this one's to the peer:
+            # what this replica delivered on it and was not settled goes back (custody), not held
+            # for a replica cut off
+            transport = getattr(conn, "transport", None)
+            if transport is not None:
+                transport.idle_timeout = self.replicas.heartbeat
         self.connections[cid] = conn.bf_conn
         conn.offered_capabilities = _OFFERED
         conn.properties = _identity(self.upstream)
@@ -955,15 +1012,9 @@ class ProxyServer(Handler):
                          f"browsing a queue (distribution-mode copy) is not supported in front of {self.upstream.name}: "
                          "attach without distribution-mode copy to consume from it")
             return
-        up_address, pushed, local, offered = push_down(self.upstream, routed, wanted, self.dialect)
-        passthrough = ()
-        if fs.ignored and getattr(self.upstream, "passes_unknown_filters", False):
-            # Filters the proxy does not know (a stream offset, a broker's own filter): the upstream
-            # may (RabbitMQ's `rabbitmq:stream-offset-spec`); its echo says what it applied.
-            passthrough = tuple(Passthrough(i.key, i.value) for i in fs.ignored)
         link.bf_fs = fs
         link.bf_subscription = subscription
-        outlet = Outlet(f"{conn.id}:{link.name}", local, conn.id, io_ref=link,
+        outlet = Outlet(f"{conn.id}:{link.name}", wanted, conn.id, io_ref=link,
                         max_size=int(link.remote_max_message_size or 0))
         link.bf_outlet = outlet
         conn.links.add(link)
@@ -971,10 +1022,37 @@ class ProxyServer(Handler):
         if outlet_presettled_requested(link):
             link.snd_settle_mode = Link.SND_SETTLED
             outlet.presettled = True
+        owned = (self.replicas is not None and conn.peer is None and routed is not None and not subscription
+                 and not browse and not src.dynamic)
+        link.bf_place = _Placement(routed, wanted, decision, caps, route.routing_type if route is not None else "",
+                                   browse, owned)
+        self._place(link, outlet)
+
+    def _place(self, link, outlet: Outlet) -> None:
+        """Serve a client's receiving link: join the feed of its kind on its upstream, or open one
+        (a queue link under `[replicas]`: on the upstream of the queue's owner)."""
+        p: _Placement = link.bf_place
+        src = link.remote_source
+        fs: FilterSet = link.bf_fs
+        routed, wanted, decision, caps, browse = p.routed, p.wanted, p.decision, p.caps, p.browse
+        subscription = decision.subscription
+        upstream, via = self.upstream, None
+        if p.owned:
+            via, peer_upstream = self.replicas.upstream_for(routed)
+            if via is not None:
+                upstream = peer_upstream
+        up_address, pushed, local, offered = push_down(upstream, routed, wanted, self.dialect)
+        outlet.filter = local
+        outlet.identity = filter_identity(local, outlet.receiver)
+        passthrough = ()
+        if fs.ignored and getattr(upstream, "passes_unknown_filters", False):
+            # Filters the proxy does not know (a stream offset, a broker's own filter): the upstream
+            # may (RabbitMQ's `rabbitmq:stream-offset-spec`); its echo says what it applied.
+            passthrough = tuple(Passthrough(i.key, i.value) for i in fs.ignored)
         spec = ConsumerSpec(
             address=up_address,
             filters=pushed,
-            capabilities=sharing.upstream_capabilities(caps, route.routing_type if route is not None else ""),
+            capabilities=sharing.upstream_capabilities(caps, p.routing_type),
             distribution_mode="copy" if src.distribution_mode == Terminus.DIST_MODE_COPY else None,
             durable=src.durability,
             expiry_policy=_EXPIRY.get(src.expiry_policy),
@@ -992,11 +1070,15 @@ class ProxyServer(Handler):
                                dynamic=spec.dynamic)
         if browse:  # a browser reads the queue from its head on an upstream consumer of its own
             key = ("subscription", next(self._sub_ids))
+        if via is not None:  # consuming through the queue's owner: not the feed of one consuming here
+            key = key + (("via", via),)
         binding = self.feeds.get(key)
         base = None
         if (binding is None or binding.closed) and not decision.subscription:
             # A feed whose upstream turned the offered filters down serves every link of its queue.
             base = sharing.feed_key(decision, address=up_address, pushed=pushed, local=local, serial=0)
+            if via is not None:
+                base = base + (("via", via),)
             binding = self.feeds.get(base) or self.feed_aliases.get(base)
             if binding is None or binding.closed:
                 # One whose answer is not in yet: wait for it rather than open a second upstream
@@ -1008,7 +1090,7 @@ class ProxyServer(Handler):
                     deciding.awaiting[outlet] = (key, spec)
                     return
         if binding is None or binding.closed:
-            opened = self._open_feed(key, spec, subscription, outlet)
+            opened = self._open_feed(key, spec, subscription, outlet, upstream, via)
             if offered and base is not None and base not in self.deciding:
                 self.deciding[base] = opened
                 opened.deciding_key = base
@@ -1019,15 +1101,82 @@ class ProxyServer(Handler):
         else:
             binding.pending.append(outlet)
 
-    def _open_feed(self, key: Any, spec: ConsumerSpec, subscription: bool, outlet: Outlet) -> FeedBinding:
-        binding = FeedBinding(self, key, spec, subscription)
+    def _open_feed(self, key: Any, spec: ConsumerSpec, subscription: bool, outlet: Outlet,
+                   upstream: Any = None, via: str | None = None) -> FeedBinding:
+        binding = FeedBinding(self, key, spec, subscription, upstream, via)
         if self.stopping:
             binding.feed.stop()
         self._register(binding)
         binding.pending.append(outlet)
         outlet.io_owner = binding
-        binding.consumer = self.upstream.open_consumer(spec, binding)
+        binding.consumer = binding.upstream.open_consumer(spec, binding)
         return binding
+
+    # ---------------------------------------------------------------- replicas
+    def owners_changed(self) -> None:
+        """The live replicas changed (`proxy.replicas`): queue links whose queue has another owner
+        now are served there."""
+        if self.stopping or self.replicas is None:
+            return
+        seen: set[int] = set()
+        for b in list(self.feeds.values()) + list(self.feed_aliases.values()):
+            if id(b) in seen or b.closed:
+                continue
+            seen.add(id(b))
+            moving = [o for o in list(b.feed.outlets) + list(b.pending) if self._moves(o, b)]
+            if moving:
+                self.rehome(b, moving)
+
+    def _moves(self, outlet: Outlet, binding: FeedBinding) -> bool:
+        p = getattr(outlet.io_ref, "bf_place", None)
+        if p is None or not p.owned:
+            return False
+        via, _ = self.replicas.upstream_for(p.routed)
+        return via != binding.via
+
+    def replica_lost(self, binding: FeedBinding, error: ErrorInfo | None) -> bool:
+        """The consumer of a feed served through a replica closed: True when its links moved to
+        another owner (the replica went or drains), False to fail them as usual."""
+        if self.stopping or self.replicas is None or error is None:
+            return False
+        if not error.transient and error.condition != "amqp:connection:forced":
+            return False  # the owner's own answer (not found, unauthorized...): the client's to see
+        if not error.transient:
+            self.replicas.peer_leaving(binding.via)  # detached as it drains
+        if not binding.closed:
+            moving = list(binding.feed.outlets) + list(binding.pending)
+            if moving:
+                self.rehome(binding, moving)
+        return binding.closed or not (binding.feed.outlets or binding.pending)
+
+    def rehome(self, binding: FeedBinding, outlets: list[Outlet]) -> None:
+        """Move `outlets` (their links stay attached) from `binding` to the feed of their queue's
+        owner.  What the client has unsettled goes back to `binding`'s custody, and what it holds
+        goes back to the broker when no link is left on it."""
+        log.info("queue %s: %d link(s) move from %s to %s", binding.spec.address, len(outlets),
+                 binding.via or "this replica",
+                 self.replicas.owner(getattr(outlets[0].io_ref, "bf_place").routed) or "nobody")
+        for o in outlets:
+            if o in binding.pending:
+                binding.pending.remove(o)
+            binding.feed.remove_outlet(o)
+            o.io_owner = None
+        if not binding.feed.outlets and not binding.pending:
+            self._unregister(binding)
+            binding.feed.stop()
+            binding.draining = True
+            if binding.feed.moving == 0:
+                self.finish_feed(binding)
+            else:
+                self.draining.add(binding)
+                self.upstream.loop.call_later(self.grace, lambda b=binding: self.finish_feed(b))
+        for o in outlets:
+            link = o.io_ref
+            if link.state & (Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED) or _attr(link, "bf_outlet") is not o:
+                continue
+            o.in_flight.clear()
+            o.waiting_since = None
+            self._place(link, o)
 
     def feeds_at(self, address: str | None) -> list[FeedBinding]:
         """The registered feeds of `address` (a copy: what is done with them may change them)."""
@@ -1066,7 +1215,7 @@ class ProxyServer(Handler):
                  ", ".join(f"{e.kind} filter {e.key!s}" for e in evaluated) or "no filter expression",
                  binding.spec.address, ", ".join(f"{e.kind} filter {e.key!s}" for e in kept) or "none offered")
         serves_all = False
-        if not evaluated and binding.key[0] == "queue":
+        if not evaluated and binding.key[0] == "queue" and binding.via is None:
             base = sharing.feed_key(sharing.Decision(sharing.QUEUE, "offers turned down"), address=binding.spec.address,
                                     pushed=binding.spec.filters, local=None, serial=0)
             if self.feeds.get(base) is None and self.feed_aliases.get(base) is None:
@@ -1087,7 +1236,7 @@ class ProxyServer(Handler):
         for outlet, (key, spec) in awaiting.items():
             if outlet in binding.pending:
                 binding.pending.remove(outlet)
-                self._open_feed(key, spec, False, outlet)
+                self._open_feed(key, spec, False, outlet, binding.upstream, binding.via)
 
     def unshare(self, binding: FeedBinding, outlets: list[Outlet]) -> None:
         """The upstream says `binding`'s source is a subscription the proxy took for a queue: no
@@ -1114,6 +1263,10 @@ class ProxyServer(Handler):
             # What the upstream evaluates for this feed is not evaluated again here.
             outlet.filter = outlet.filter.subset(lambda e: _offer_identity(e) not in binding.evaluated)
             outlet.identity = filter_identity(outlet.filter, outlet.receiver)
+        if link.state & Endpoint.LOCAL_ACTIVE:  # attached before: moved to its queue's new owner
+            binding.feed.add_outlet(outlet)
+            self._outlet_credit(link)
+            return
         fs: FilterSet = link.bf_fs
         src = link.remote_source
         link.source.address = src.address

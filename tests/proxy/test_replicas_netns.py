@@ -1,0 +1,266 @@
+"""Replicas on three hosts: each `broker-filter serve` in a network namespace of its own (made and
+removed here), with its own address on a bridge in this namespace, reaching the others over it.
+RabbitMQ listens on this host's 127.0.0.1 only, so a small TCP forwarder here, on the bridge's
+address, carries each replica's upstream connection to it.  Root only (ip netns)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from proton import Message
+
+from clients import publish_many
+from replicas import Consumer, Forwarder, ReplicaSet, expected, wait_consumers
+
+from broker_filter.proxy.replicas import owner_of
+
+pytestmark = [pytest.mark.rabbitmq,
+              pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (ip netns add)")]
+
+N = 3
+NET = "169.254.77"  # link-local: these addresses exist only on the bridge and in the namespaces made here
+
+
+def ip(*args: str) -> None:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+
+
+@pytest.fixture
+def namespaces():
+    """N namespaces on a bridge: (bridge address, [namespace, ...], [its address, ...])."""
+    tag = uuid.uuid4().hex[:6]
+    bridge = f"bfb{tag}"
+    names = [f"bf-{tag}-{i}" for i in range(N)]
+    made: list[str] = []
+    try:
+        try:
+            ip("link", "add", bridge, "type", "bridge")
+        except RuntimeError as e:
+            if "not permitted" in str(e):
+                pytest.skip(f"this machine does not let the tests make network devices: {e}")
+            raise
+        ip("addr", "add", f"{NET}.1/24", "dev", bridge)
+        ip("link", "set", bridge, "up")
+        addrs = []
+        for i, ns in enumerate(names):
+            ip("netns", "add", ns)
+            made.append(ns)
+            host_end, ns_end = f"bfh{tag}{i}", f"bfn{tag}{i}"
+            ip("link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+            ip("link", "set", ns_end, "netns", ns)
+            ip("link", "set", host_end, "master", bridge)
+            ip("link", "set", host_end, "up")
+            addr = f"{NET}.{10 + i}"
+            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", ns_end)
+            ip("-n", ns, "link", "set", ns_end, "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+            addrs.append(addr)
+        yield f"{NET}.1", names, addrs
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)  # its veth goes too
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=30)
+
+
+def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_broker, namespaces):
+    gateway, names, addrs = namespaces
+    forwarder = Forwarder(gateway, rabbitmq_broker.port)
+    forwarder.start()
+    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
+                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
+                    login=("replica", uuid.uuid4().hex))  # not loopback: PLAIN, for clients and replicas alike
+    cs: list[Consumer] = []
+    try:
+        rs.start_all()
+        name = f"replicas-ns-{uuid.uuid4().hex[:10]}"
+        q = f"/queue/{name}"
+        owner = rs.peers.index(owner_of(q, rs.peers))
+        cs = [Consumer([rs.url(k), rs.url((k + 1) % N), rs.url((k + 2) % N)], q, f"part = {k}") for k in range(N)]
+        for c in cs:
+            c.start()
+        for c in cs:
+            assert c.attached.wait(30), c.errors
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1500)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1500), 60), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1  # only the owner consumes from the queue
+
+        # the owner's host dies (its process, SIGKILL): the others take over
+        d = rs.daemons[owner]
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait(10)
+        rest = [p for i, p in enumerate(rs.peers) if i != owner]
+        new_owner = rs.peers.index(owner_of(q, rest))
+        rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[owner]} is gone"), 10)
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1500, 1800)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1800), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+
+        # it comes back and owns the queue again
+        ups = {i: rs.daemons[i].log().count(f"replica {rs.peers[owner]} is up") for i in range(N) if i != owner}
+        rs.start(owner)
+        for i, n in ups.items():
+            rs.daemons[i].wait_for(rf"(?s)(?:replica {re.escape(rs.peers[owner])} is up.*){{{n + 1}}}", 30)
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1800, 2100)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 2100), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+        time.sleep(0.5)
+        for k, c in enumerate(cs):
+            assert set(c.got) == expected(k, 0, 2100), f"consumer {k}"
+    finally:
+        for c in cs:
+            c.stopping.set()
+        logs = rs.stop_all()
+        forwarder.close()
+    for log in logs:
+        assert "Traceback" not in log, log
+
+
+def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_owner_again(rabbitmq_broker,
+                                                                                          namespaces):
+    """The owner cut off from the other two replicas (blackhole routes both ways; every replica still
+    reaches RabbitMQ and the clients): after the heartbeat each side owns the queue, both consume
+    from it, and every consumer still gets exactly its messages; healed, one owner again."""
+    gateway, names, addrs = namespaces
+    forwarder = Forwarder(gateway, rabbitmq_broker.port)
+    forwarder.start()
+    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
+                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
+                    login=("replica", uuid.uuid4().hex), heartbeat=2.0)
+    cs: list[Consumer] = []
+    cut: list[tuple[str, str]] = []
+    try:
+        rs.start_all()
+        name = f"replicas-part-{uuid.uuid4().hex[:10]}"
+        q = f"/queue/{name}"
+        owner = rs.peers.index(owner_of(q, rs.peers))
+        others = [i for i in range(N) if i != owner]
+        cs = [Consumer([rs.url(k)], q, f"part = {k}") for k in range(N)]  # each stays on its replica
+        for c in cs:
+            c.start()
+        for c in cs:
+            assert c.attached.wait(30), c.errors
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(600)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 600), 60), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+
+        gone = {i: rs.daemons[i].log().count(" is gone") for i in range(N)}
+        for i in others:  # cut the owner off from the others, both ways
+            cut += [(names[owner], addrs[i]), (names[i], addrs[owner])]
+        for ns, addr in cut:
+            ip("-n", ns, "route", "add", "blackhole", f"{addr}/32")
+        for i in range(N):  # each side sees the other gone after the heartbeat (2 s)
+            want = gone[i] + (2 if i == owner else 1)
+            rs.daemons[i].wait_for(rf"(?s)(?:is gone.*){{{want}}}", 30)
+        assert wait_consumers(name, 2) == 2  # both sides own the queue now
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(600, 1200)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1200), 90), f"consumer {k}: {c.count()}; {c.errors}"
+
+        ups = {i: rs.daemons[i].log().count(" is up") for i in range(N)}
+        for ns, addr in cut:
+            ip("-n", ns, "route", "del", "blackhole", f"{addr}/32")
+        cut = []
+        for i in range(N):
+            want = ups[i] + (2 if i == owner else 1)
+            rs.daemons[i].wait_for(rf"(?s)(?:is up.*){{{want}}}", 30)
+        assert wait_consumers(name, 1) == 1  # one owner again
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1200, 1500)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1500), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        time.sleep(0.5)
+        for k, c in enumerate(cs):
+            assert set(c.got) == expected(k, 0, 1500), f"consumer {k}"
+            assert c.reconnects == 0, c.errors
+    finally:
+        for ns, addr in cut:
+            subprocess.run(["ip", "-n", ns, "route", "del", "blackhole", f"{addr}/32"], capture_output=True)
+        for c in cs:
+            c.stopping.set()
+        logs = rs.stop_all()
+        forwarder.close()
+    for log in logs:
+        assert "Traceback" not in log, log
+
+
+def write_hosts(names: list[str], addrs: list[str]) -> None:
+    """What `bf-replicas` resolves to in each namespace (`ip netns exec` mounts /etc/netns/NS/hosts
+    over /etc/hosts)."""
+    for ns in names:
+        folder = Path("/etc/netns") / ns
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{a} bf-replicas\n" for a in addrs))
+
+
+def test_replicas_named_by_dns_one_owner_failover_and_scale_in(rabbitmq_broker, namespaces):
+    """`replicas.dns`: every replica finds the others by resolving one name (as a Kubernetes headless
+    Service's), all on one port; the owner killed, the others take over; the name no longer
+    resolving to it, they drop it."""
+    gateway, names, addrs = namespaces
+    write_hosts(names, addrs)
+    forwarder = Forwarder(gateway, rabbitmq_broker.port)
+    forwarder.start()
+    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
+                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
+                    login=("replica", uuid.uuid4().hex), dns="bf-replicas")
+    cs: list[Consumer] = []
+    try:
+        rs.start_all()
+        for d in rs.daemons:
+            assert "replicas.dns bf-replicas" in d.log()
+        name = f"replicas-dns-{uuid.uuid4().hex[:10]}"
+        q = f"/queue/{name}"
+        owner = rs.peers.index(owner_of(q, rs.peers))
+        cs = [Consumer([rs.url(k), rs.url((k + 1) % N), rs.url((k + 2) % N)], q, f"part = {k}") for k in range(N)]
+        for c in cs:
+            c.start()
+        for c in cs:
+            assert c.attached.wait(30), c.errors
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 900), 60), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+
+        d = rs.daemons[owner]
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait(10)
+        rest = [i for i in range(N) if i != owner]
+        for i in rest:
+            rs.daemons[i].wait_for(re.escape(f"replica {rs.peers[owner]} is gone"), 10)
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900, 1200)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1200), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+
+        write_hosts(names, [a for i, a in enumerate(addrs) if i != owner])  # scaled in
+        for i in rest:
+            rs.daemons[i].wait_for(re.escape(f"gone {rs.peers[owner]}"), 20)
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1200, 1500)])
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 1500), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1
+        time.sleep(0.5)
+        for k, c in enumerate(cs):
+            assert set(c.got) == expected(k, 0, 1500), f"consumer {k}"
+    finally:
+        for c in cs:
+            c.stopping.set()
+        logs = rs.stop_all()
+        forwarder.close()
+        for ns in names:
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
+    for log in logs:
+        assert "Traceback" not in log, log
