@@ -142,11 +142,46 @@ class App:
         if port and self.worker is not None:  # one exporter per worker: the configured port + its index
             port += self.worker
         try:
+            from .proxy.introspect import LinksEndpoint
+
+            self.metrics.links = LinksEndpoint(self.container.loop.call_soon_threadsafe, self._links_report)
             self.exporter = serve_http(self.metrics, self.health, self.config.metrics.host, port)
         except OSError as e:
             raise StartError(f"metrics.listen: cannot listen on {self.config.metrics.host}:{port}: "
                              f"{e.strerror or e}") from None
         self.loop.call_later(1.0, self._publish_snapshot)
+
+    def _servers(self) -> list:
+        """The proxy servers of this daemon (with pass-through logins: the default and each tenant's)."""
+        passthrough = getattr(self, "passthrough", None)
+        if passthrough is None:
+            return [self.server]
+        return [passthrough.default] + [t.server for t in list(passthrough._tenants.values())]
+
+    def _links_report(self) -> dict:
+        """`GET /links`: every server's links (made on the loop's thread)."""
+        from .proxy.introspect import LINKS_LIMIT
+
+        links: list = []
+        truncated = False
+        for server in self._servers():
+            report = server.links_report(LINKS_LIMIT - len(links))
+            links += report["links"]
+            truncated = truncated or report["truncated"]
+        return {"instance": self.instance, "upstream": self.server.upstream.name,
+                "upstream_connected": self.server.upstream_up, "links": links, "truncated": truncated}
+
+    def _filter_stats(self) -> tuple[dict, tuple]:
+        top = self.config.metrics.costliest_filters
+        totals: dict = {}
+        costliest: list = []
+        for server in self._servers():
+            t, c = server.filter_stats(top)
+            for key, values in t.items():
+                have = totals.get(key)
+                totals[key] = values if have is None else tuple(a + b for a, b in zip(have, values))
+            costliest += c
+        return totals, tuple(costliest[:top])
 
     def _publish_snapshot(self) -> None:
         from .metrics import Snapshot
@@ -159,6 +194,7 @@ class App:
         passes: dict[str, int] = {}
         handed_back: dict[str, int] = {}
         waited: dict[str, float] = {}
+        filters, costliest = self._filter_stats()
         for f in snap["feeds"]:
             a = f["address"] or ""
             held[a] = held.get(a, 0) + f["held"]
@@ -169,8 +205,9 @@ class App:
             waited[a] = max(waited.get(a, 0.0), f.get("waited", 0.0))
         self.metrics.publish(Snapshot(connections=snap["connections"], links=snap["links"], held=held,
                                       credit=snap["credit"], stalled=stalled, moving=moving, passes=passes,
-                                      handed_back=handed_back,
-                                      waited=waited, upstream_connected=snap["upstream_connected"]))
+                                      handed_back=handed_back, waited=waited,
+                                      filters=filters, costliest=costliest,
+                                      upstream_connected=snap["upstream_connected"]))
         if self.health is not None:
             self.health.beat()
         draining = getattr(self, "shutdown", None) is not None and self.shutdown.requested_by is not None

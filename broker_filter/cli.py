@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "replay",
     "ingest",
     "hash_password",
+    "links",
 ]
 
 

@@ -343,8 +343,15 @@ class Limits:
 class Metrics:
     listen: str = setting(
         "",
-        "`HOST:PORT` of the HTTP exporter (`/metrics`, `/healthz`, `/readyz`); empty: off",
+        "`HOST:PORT` of the HTTP exporter (`/metrics`, `/healthz`, `/readyz`, `/links`); empty: off",
         kind="hostport",
+    )
+    costliest_filters: int = setting(
+        10,
+        "filters shown by `broker_filter_costliest_filter_info` (the links' filters that took the most "
+        "evaluation time); 0: none",
+        kind="int",
+        minimum=0,
     )
     address_labels: int = setting(
         100,

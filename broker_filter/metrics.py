@@ -22,6 +22,7 @@ reachable.
 from __future__ import annotations
 
 import logging
+import json
 import socket
 import sys
 import threading
@@ -32,7 +33,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, ProcessCollector, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
 log = logging.getLogger("broker_filter.metrics")
@@ -40,6 +41,7 @@ log = logging.getLogger("broker_filter.metrics")
 OTHER = "other"
 OUTCOMES = frozenset({"accepted", "rejected", "released", "modified"})
 LINK_KINDS = frozenset({"consumer", "producer", "upstream-consumer", "upstream-producer"})
+
 REFUSAL_REASONS = frozenset(
     {
         "invalid-filter",  # selector or filter-set that does not compile (amqp:invalid-field)
@@ -106,6 +108,9 @@ class Snapshot:
     passes: Mapping[str, int] = field(default_factory=dict)  # address -> searches completed by its feeds
     handed_back: Mapping[str, int] = field(default_factory=dict)  # address -> messages its feeds handed back
     waited: Mapping[str, float] = field(default_factory=dict)  # address -> longest wait of a link with credit
+    # (address, filter kind) -> (evaluations, matches, evaluation seconds) since the daemon started
+    filters: Mapping[tuple, tuple] = field(default_factory=dict)
+    costliest: tuple = ()  # (address, kind, filter text) of the costliest filters, costliest first
     upstream_connected: bool = False
     taken_at: float = field(default_factory=time.time)
 
@@ -228,6 +233,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._snapshot = Snapshot()
         r.register(_SnapshotCollector(self))
+        self.links: Callable[[], dict | None] | None = None  # `GET /links` (set by the daemon)
 
     # -- events (called on the daemon's thread) ----------------------------------------------------
 
@@ -308,6 +314,31 @@ class _SnapshotCollector:
         for label, n in _merge_max(snap.waited, labels).items():
             waited.add_metric([label], n)
         yield waited
+        families = [CounterMetricFamily(name, doc, labels=["address", "kind"]) for name, doc in (
+            ("broker_filter_filter_evaluations", "Evaluations of client links' filters here (not those pushed "
+             "down), by address and filter kind (a shared subscription's index counts every message for every "
+             "member)"),
+            ("broker_filter_filter_matches", "Evaluations that selected the message, by address and filter kind"),
+            ("broker_filter_filter_evaluation_seconds", "Time spent evaluating filters (one evaluation in 32 "
+             "timed), by address and filter kind"),
+        )]
+        merged: dict[tuple[str, str], list[float]] = {}
+        for (address, kind), values in snap.filters.items():
+            t = merged.setdefault((labels(address), kind), [0, 0, 0.0])  # (kinds: a fixed set, proxy/introspect.py)
+            for i, v in enumerate(values):
+                t[i] += v
+        for key, values in sorted(merged.items()):
+            for family, v in zip(families, values):
+                family.add_metric(list(key), v)
+        yield from families
+        costliest = GaugeMetricFamily("broker_filter_costliest_filter_info",
+                                      "1 for each of the links' filters that took the most evaluation time "
+                                      "(metrics.costliest_filters of them), rank 1 the costliest; the filter's "
+                                      "text cut to 60 characters and a hash of the whole",
+                                      labels=["rank", "address", "kind", "filter"])
+        for rank, (address, kind, text) in enumerate(snap.costliest, 1):
+            costliest.add_metric([str(rank), labels(address), kind, text], 1)
+        yield costliest
         yield GaugeMetricFamily(
             "broker_filter_upstream_connected", "1 while the upstream connection is open", value=int(snap.upstream_connected)
         )
@@ -401,10 +432,11 @@ _TEXT = [("Content-Type", "text/plain; charset=utf-8")]
 PROBES = {"/healthz": "alive", "/livez": "alive", "/readyz": "ready"}
 
 
-def make_app(registry: CollectorRegistry, health: Health) -> Callable:
+def make_app(registry: CollectorRegistry, health: Health, links: Callable[[], dict | None] | None = None) -> Callable:
     """The exporter as a WSGI application: `/metrics` is prometheus_client's own `make_wsgi_app`
     (content negotiation, gzip, `name[]` filters), `/healthz` (`/livez`) and `/readyz` answer 200 or
-    503 with the reason; HEAD answers like GET without a body; nothing is cached."""
+    503 with the reason; `/links` (when `links` is given) the daemon's client links as JSON (503 when
+    the daemon's loop does not answer in time); HEAD answers like GET without a body; nothing is cached."""
     metrics_app = make_wsgi_app(registry)
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
@@ -416,6 +448,14 @@ def make_app(registry: CollectorRegistry, health: Health) -> Callable:
         try:
             if path == "/metrics":
                 body = metrics_app({**environ, "REQUEST_METHOD": "GET"} if head else environ, respond)
+            elif path == "/links" and links is not None:
+                report = links()
+                if report is None:
+                    respond("503 Service Unavailable", _TEXT)
+                    body = [b"the daemon did not answer in time\n"]
+                else:
+                    respond("200 OK", [("Content-Type", "application/json")])
+                    body = [json.dumps(report, default=str).encode()]
             elif path in PROBES:
                 ok, reason = getattr(health, PROBES[path])()
                 respond("200 OK" if ok else "503 Service Unavailable", _TEXT)
@@ -488,9 +528,9 @@ def serve_http(metrics: Metrics, health: Health, host: str, port: int) -> Export
     """Start the exporter on host:port (port 0: any free port, see `Exporter.port`).  OSError if the
     address cannot be bound."""
     server_class = _ExporterServer6 if ":" in host else _ExporterServer
-    server = make_server(host, port, make_app(metrics.registry, health), server_class, _QuietHandler)
+    server = make_server(host, port, make_app(metrics.registry, health, metrics.links), server_class, _QuietHandler)
     exporter = Exporter(server)
-    log.info("metrics and health endpoints on %s (/metrics, /healthz, /readyz)", exporter.url)
+    log.info("metrics and health endpoints on %s (/metrics, /healthz, /readyz, /links)", exporter.url)
     return exporter
 
 
@@ -523,7 +563,8 @@ def reference_table() -> str:
     shared.subscribers.inc()
     metrics.publish(Snapshot(links={"consumer": 1}, held={"a": 1}, credit={"a": 1}, stalled={"a": True},
                              moving={"a": 1}, passes={"a": 1}, handed_back={"a": 1},
-                             waited={"a": 1.0}))
+                             waited={"a": 1.0}, filters={("a", "selector"): (1, 1, 0.1)},
+                             costliest=(("a", "selector", "x #0"),)))
     lines = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for family in metrics.registry.collect():
         name = {"counter": f"{family.name}_total", "info": f"{family.name}_info"}.get(family.type, family.name)

@@ -122,7 +122,7 @@ class Consumer:
 
     __slots__ = ("id", "queue", "filter", "receiver", "credit", "cursor", "recheck", "hint",
                  "outstanding", "context", "name", "closed", "evaluations", "needs_body", "recheck_set",
-                 "browse")
+                 "browse", "matches")
 
     def __init__(self, queue: "Queue", filter_: Any = None, receiver: Any = None, *,
                  context: Any = None, name: str | None = None, browse: bool = False):
@@ -143,6 +143,7 @@ class Consumer:
         self.name = name
         self.closed = False
         self.evaluations = 0
+        self.matches = 0  # messages its filter selected
         self.needs_body = _needs_body(filter_)
 
     def __repr__(self) -> str:
@@ -168,6 +169,8 @@ class Queue:
         self.shared = shared
         self.temporary = temporary
         self.pinned = False  # a temporary queue kept while its creator lives (a dynamic target)
+        self.evaluations = 0  # messages its filter was evaluated on (`accepts`), and the ones it took
+        self.matches = 0
         self.binding: str | None = None  # wildcard pattern this subscription queue is bound to
         self.consumers: list[Consumer] = []
         self.browsing = 0  # how many of them browse
@@ -197,10 +200,13 @@ class Queue:
         if self.filter is None:
             return True
         f = self.filter
+        self.evaluations += 1
         try:
-            return f.evaluate(stored.full if _needs_body(f) else stored.message, self.filter_receiver) is True
+            ok = f.evaluate(stored.full if _needs_body(f) else stored.message, self.filter_receiver) is True
         except Exception:  # a broken filter never takes the broker down: treat as no match
             return False
+        self.matches += ok
+        return ok
 
     def enqueue(self, stored: Stored) -> Entry:
         seq = next(self._seq)
@@ -319,9 +325,11 @@ class Queue:
         consumer.evaluations += 1
         stored = entry.stored
         try:
-            return f.evaluate(stored.full if consumer.needs_body else stored.message, consumer.receiver) is True
+            ok = f.evaluate(stored.full if consumer.needs_body else stored.message, consumer.receiver) is True
         except Exception:  # never let a broken filter stop the queue
             return False
+        consumer.matches += ok
+        return ok
 
     def _next_for(self, consumer: Consumer, budget: int) -> tuple[Entry | None, int, bool]:
         """(entry or None, evaluations spent, finished).  finished=False: budget ran out."""
@@ -377,6 +385,7 @@ class Queue:
                 verdict = None
             if verdict is True:
                 found = entry
+                consumer.matches += 1
                 break
         consumer.evaluations += scanned
         return found, spent + scanned, finished if found is None else True

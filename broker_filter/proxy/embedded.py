@@ -75,6 +75,15 @@ class EmbeddedConsumer:
     def credit(self) -> int:
         return self.broker_consumer.credit if self.broker_consumer is not None else self._credit
 
+    def filter_counts(self) -> tuple[int, int]:
+        """(evaluations, matches) of the filters pushed down to the broker for this consumer: its
+        consumer's on a queue, its subscription queue's on a topic."""
+        bc = self.broker_consumer
+        if bc is None:
+            return 0, 0
+        q = bc.queue
+        return bc.evaluations + q.evaluations, bc.matches + q.matches
+
     def _open(self) -> None:
         spec = self.spec
         broker = self._upstream.broker

@@ -60,8 +60,8 @@ from typing import Any, Callable, Protocol
 
 from ..amqp import redelivery_bytes
 from ..filters.index import SubscriptionIndex
-from .forwarding import (ACCEPTED, MESSAGE_SIZE_EXCEEDED, UNDECODABLE as _BAD, FeedStats, Outcome, Outlet,
-                         UpstreamCredit, decode_reads, too_large)
+from .forwarding import (ACCEPTED, EVAL_MASK, EVAL_SAMPLE, MESSAGE_SIZE_EXCEEDED, UNDECODABLE as _BAD, FeedStats,
+                         Outcome, Outlet, UpstreamCredit, _ns, decode_reads, too_large)
 
 SPREAD_BLOCK = 256  # upstream messages per measure of the spread
 MAX_SPREAD = 8.0  # the most upstream messages pulled per unit of client credit
@@ -189,6 +189,7 @@ class FanoutFeed(UpstreamCredit):
         self.stopping = False
         self.stats = FeedStats()
         self.fanout = FanoutStats()
+        self.eval_ns = 0  # the subscription index's sampled time, not yet shared among its members
         self._reads: frozenset = frozenset()
         self._read_counts: Counter = Counter()  # section -> members whose filter reads it
         self._eager: set[Outlet] = set()  # members in the group with credit (the group pulls for them)
@@ -231,6 +232,7 @@ class FanoutFeed(UpstreamCredit):
         if outlet in self.members:
             return
         self.members[outlet] = _Member(outlet)
+        outlet.shared_base = self.fanout.messages
         if outlet.max_size:
             self._limited += 1
         self._grant(None, 0)
@@ -241,8 +243,23 @@ class FanoutFeed(UpstreamCredit):
             self.counters.subscribers.inc()
         self._top_up()
 
+    def count_filters(self) -> None:
+        """Bring the members' filter counts up to date: each was evaluated (by the index) on every
+        message of the subscription since it joined; the index's time is shared among them."""
+        messages = self.fanout.messages
+        share = self.eval_ns // max(1, len(self.members))
+        for o, m in self.members.items():
+            base = o.shared_base if o.shared_base is not None else messages
+            if not m.switched:  # (one served by its own subscription counts there)
+                o.evaluated += messages - base
+            o.shared_base = messages
+            o.eval_ns += share
+        self.eval_ns = 0 if self.members else self.eval_ns
+
     def remove_outlet(self, outlet: Outlet) -> None:
         """The link is gone, and its subscription with it: every copy it had is done."""
+        if outlet in self.members:
+            self.count_filters()
         m = self.members.pop(outlet, None)
         if m is None:
             return
@@ -369,8 +386,15 @@ class FanoutFeed(UpstreamCredit):
         if message is _BAD:
             selected = [o for o in self.outlets if not o.filter.reads]
             index.messages += 1
+        elif self.fanout.messages & EVAL_MASK == 1:
+            # the index's time, shared among its members by `count_filters`
+            t = _ns()
+            selected = index.match(message)
+            self.eval_ns += (_ns() - t) * EVAL_SAMPLE
         else:
             selected = index.match(message)
+        for o in selected:
+            o.matched += 1
         self._block += 1
         if not selected:
             self._block_dropped += 1
@@ -464,6 +488,8 @@ class FanoutFeed(UpstreamCredit):
                 ok = outlet.filter.evaluate(shared.message, outlet.receiver) is True
             except Exception:
                 ok = False
+            outlet.evaluated += 1
+            outlet.matched += ok
         if not m.switched and m.marker is None:
             m.marker = delivery.data
         if ok and outlet.max_size and len(delivery.data) > outlet.max_size:

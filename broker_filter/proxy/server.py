@@ -47,7 +47,7 @@ from ..amqp import CodecError, decode_message, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from .forwarding import RELEASED, UNACQUIRED, Feed, FeedStats, Outcome, Outlet, filter_identity
-from . import fanout, sharing
+from . import fanout, introspect, sharing
 from .routing import Routing
 from .replicas import PROPERTY as REPLICA_PROPERTY
 from ..engine._cproton import lib
@@ -597,6 +597,7 @@ class ProxyServer(Handler):
         self.refused = 0
         self.upstream_up = False
         self._was_up = False
+        self.filter_totals = introspect.FilterTotals()  # the filter counts of links that are gone
         limits = getattr(config, "limits", None)
         self._max_message_size = getattr(limits, "max_message_size", 0) or 0
         self.replicas: Any = None  # proxy.replicas.Replicas when `[replicas]` is configured
@@ -646,6 +647,94 @@ class ProxyServer(Handler):
         return sum(b.feed.moving for b in list(self.feeds.values())) + sum(b.feed.moving for b in self.draining)
 
     # ---------------------------------------------------------------- stats
+    def live_outlets(self) -> list[tuple[str | None, Outlet]]:
+        """(address, outlet) of every client link a feed serves, their filter counts up to date."""
+        out = []
+        for b in list(self.feeds.values()):
+            count = getattr(b.feed, "count_filters", None)
+            if count is not None:
+                count()
+            out.extend((b.spec.address, o) for o in b.feed.outlets)
+        return out
+
+    def in_process_counts(self, binding: FeedBinding) -> tuple[int, int] | None:
+        """(evaluations, matches) of the filters `binding` pushed down to an in-process upstream
+        (the embedded broker evaluates them as the proxy's own), or None."""
+        counts = getattr(binding.consumer, "filter_counts", None)
+        return counts() if counts is not None and binding.spec.filters else None
+
+    def filter_stats(self, top: int) -> tuple[dict, list]:
+        """The filter counters by (address, kind), and the `top` costliest filters of live links."""
+        live = self.live_outlets()
+        feeds = []
+        for b in list(self.feeds.values()):
+            counts = self.in_process_counts(b)
+            if counts is not None:
+                feeds.append((b.spec.address, introspect.entries_kind(b.spec.filters), counts))
+        return self.filter_totals.totals(live, feeds), introspect.costliest(live, top)
+
+    def links_report(self, limit: int = introspect.LINKS_LIMIT) -> dict:
+        """Every client link: its connection, address, filters (where each is evaluated), credit,
+        counts and feed (`GET /links`)."""
+        now = time.monotonic()
+        records: list[dict] = []
+        truncated = False
+        seen = set()
+        for b in list(self.feeds.values()):
+            count = getattr(b.feed, "count_filters", None)
+            if count is not None:
+                count()
+            mode = b.key[0]
+            feed = {"kind": {"fanout": "shared subscription", "named": "shared named subscription"}.get(
+                        mode, "queue" if mode == "queue" and not b.feed.subscription else "own subscription"),
+                    "upstream_address": b.spec.address,
+                    "links": len(b.feed.outlets),
+                    "held": b.feed.stats.held}
+            for o in list(b.feed.outlets) + list(b.pending):
+                if len(records) >= limit:
+                    truncated = True
+                    break
+                seen.add(o)
+                records.append(self._link_record(o, b, feed, now))
+        for c in list(self.connections.values()):
+            for link in list(c.links):
+                inlet = _attr(link, "bf_inlet")
+                relay = _attr(link, "bf_relay")
+                if inlet is None and relay is None:
+                    continue
+                if len(records) >= limit:
+                    truncated = True
+                    break
+                records.append({"connection": c.id, "container": link.connection.remote_container,
+                                "link": link.name, "direction": "publisher",
+                                "address": inlet.address if inlet is not None else None,
+                                "anonymous_relay": relay is not None, "filters": []})
+        return {"links": records, "truncated": truncated, "upstream": self.upstream.name,
+                "upstream_connected": self.upstream_up}
+
+    def _link_record(self, o: Outlet, b: FeedBinding, feed: dict, now: float) -> dict:
+        link = o.io_ref
+        conn = _conn_state(link.connection) if link is not None else None
+        fs = _attr(link, "bf_fs") if link is not None else None
+        local = {id(e) for e in getattr(o.filter, "entries", ())}
+        pushed = "embedded broker" if getattr(b.consumer, "filter_counts", None) is not None else "upstream"
+        filters = [{"key": str(e.key), "kind": e.kind, "text": e.filter.description,
+                    "evaluated": "here" if id(e) in local else pushed}
+                   for e in getattr(fs, "entries", ())]
+        evaluated, matched = o.evaluated, o.matched
+        counts = self.in_process_counts(b)
+        if counts is not None and not local and len(b.feed.outlets) <= 1:
+            evaluated, matched = counts  # the link's own consumer in the embedded broker
+        waiting = now - o.waiting_since if o.waiting_since is not None and o.credit > 0 else 0.0
+        return {"connection": conn.id if conn is not None else None,
+                "container": link.connection.remote_container if link is not None else None,
+                "link": link.name if link is not None else o.name, "direction": "consumer",
+                "address": link.remote_source.address if link is not None else b.spec.address,
+                "filters": filters, "credit": o.credit, "unsettled": len(o.in_flight),
+                "delivered": o.delivered, "evaluated": evaluated, "matched": matched,
+                "evaluation_seconds": round(o.eval_ns / 1e9, 6), "waiting_with_credit_seconds": round(waiting, 3),
+                "attached": o not in b.pending, "feed": feed}
+
     def snapshot(self) -> dict:
         """Plain numbers for metrics: per-feed held / starved counts and totals."""
         feeds = []
@@ -1500,6 +1589,11 @@ class ProxyServer(Handler):
         holds by ending its upstream consumer."""
         if binding in self.draining:
             self.draining.discard(binding)
+        if not binding.closed:
+            counts = self.in_process_counts(binding)
+            if counts is not None:
+                self.filter_totals.retire_feed(binding.spec.address, introspect.entries_kind(binding.spec.filters),
+                                               counts)
         if binding.closed:
             return
         if binding.feed.moving:
@@ -1539,6 +1633,7 @@ class ProxyServer(Handler):
                 if outlet in binding.pending:
                     binding.pending.remove(outlet)
                 binding.feed.remove_outlet(outlet)
+                self.filter_totals.retire(binding.spec.address, outlet)
                 if not binding.feed.outlets and not binding.pending:
                     # The last link went: no move starts; the ones in flight finish (their originals
                     # are accepted), bounded by the shutdown grace; then what is held goes back.

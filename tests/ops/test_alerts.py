@@ -29,14 +29,6 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not insta
 
 # Names PromQL uses that are not the daemon's: `up` is Prometheus's own, per scrape target.
 PROMETHEUS_OWN = {"up"}
-# The per-filter metrics come from another branch (the introspection work of the same issue); this
-# allowance goes when it is merged.
-PENDING_MERGE = {
-    "broker_filter_filter_evaluations_total",
-    "broker_filter_filter_matches_total",
-    "broker_filter_filter_evaluation_seconds_total",
-    "broker_filter_costliest_filter_info",
-}
 
 _KEYWORDS = {"and", "or", "unless", "by", "on", "without", "ignoring", "bool", "offset", "group_left",
              "group_right", "inf", "nan"}
@@ -125,10 +117,6 @@ def test_every_metric_used_is_exported(daemon_metrics, source):
             if base != name and {base + "_bucket", base + "_count"} & exported:
                 continue
             missing.setdefault(name, []).append(where)
-    pending = {name: where for name, where in missing.items() if name in PENDING_MERGE}
-    if pending:  # see PENDING_MERGE
-        for name in pending:
-            del missing[name]
     assert not missing, f"{source} use metrics the daemon does not export: {missing}"
 
 
