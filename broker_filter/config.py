@@ -230,6 +230,13 @@ class Upstream:
         kind="float",
         minimum=0,
     )
+    answer_timeout: float = setting(
+        5.0,
+        "seconds the upstream may take to answer a session's begin, a link's attach or a session's end: "
+        "past it the client link is refused (a begin or attach) and the upstream connection is reconnected",
+        kind="float",
+        minimum=0.1,
+    )
     tls: UpstreamTLS = section(UpstreamTLS, "TLS to the upstream broker")
     reconnect: Reconnect = section(Reconnect, "reconnect backoff")
 

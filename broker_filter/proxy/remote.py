@@ -96,6 +96,7 @@ _TRACED_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 _TRACED_AVAILABLE = re.compile(r"<- @flow\(19\) \[[^\]]*available=(0x[0-9a-fA-F]+|\d+)[^\]]*drain=true")
 PROBE_TIMEOUT = 5.0  # seconds a count may take before it counts as unanswered
 STOP_ENDS = 1.0  # seconds a stop waits for ended sessions to be answered before closing the connection
+ANSWER_TIMEOUT = 5.0  # default `upstream.answer_timeout`: longest wait for a begin, attach or end to be answered
 
 
 def _caps(data) -> tuple[str, ...]:
@@ -339,6 +340,7 @@ class RemoteUpstream(Handler):
         backoff: Callable[[int], float] | None = None,
         ssl_domain: Any = None,
         heartbeat: float | None = None,
+        answer_timeout: float = ANSWER_TIMEOUT,
     ):
         super().__init__()
         urls = [url] if isinstance(url, str) else list(url)
@@ -368,6 +370,10 @@ class RemoteUpstream(Handler):
         self.configured_pushdown = pushdown_kinds
         self.max_backoff = max_backoff
         self.heartbeat = heartbeat
+        self.answer_timeout = answer_timeout
+        self._abandoned: dict[Any, float] = {}  # ended sessions given up on (`_give_up_ends`) -> when ended
+        self._abandoned_timer = None
+        self.stuck_reconnects = 0  # reconnects because a begin, attach or end went unanswered
         self.loop: Loop | None = None
         self.listener: UpstreamListener | None = None
         self.connection = None
@@ -542,6 +548,7 @@ class RemoteUpstream(Handler):
         self._ended[session] = time.monotonic()
 
     def _ended_answered(self, session: Any) -> None:
+        self._abandoned.pop(session, None)
         if self.stopped:
             self._ended.pop(session, None)
             if not self._ended and self._stop_timer is not None:
@@ -607,13 +614,15 @@ class RemoteUpstream(Handler):
                         self.name, len(stale), BEGIN_HOLD)
             self.unanswered_ends += len(stale)
             for ssn in stale:
-                del self._ended[ssn]
+                self._abandon(ssn, self._ended.pop(ssn))
 
     def _begin_waiting(self) -> None:
         self._give_up_ends()
         if self._ended:
             log.warning("upstream %s: %d ended session(s) unanswered; beginning %d waiting session(s)",
                         self.name, len(self._ended), len(self._waiting))
+            for ssn, at in list(self._ended.items()):
+                self._abandon(ssn, at)
             self._ended.clear()
         if self._hold_timer is not None:
             self._hold_timer.cancel()
@@ -623,6 +632,57 @@ class RemoteUpstream(Handler):
             session.open()
             # Opened only now: proton sends no attach for a link opened before its session began.
             session.bf_endpoint.link.open()
+            self._await_answer(session.bf_endpoint)
+
+    # ------------------------------------------------------------------ unanswered begins, attaches, ends
+    def _await_answer(self, endpoint: _RemoteLink) -> None:
+        """Bound the wait for the answer to the begin and attach just sent for `endpoint`."""
+        self.loop.call_later(self.answer_timeout,
+                             functools.partial(self._check_answer, endpoint, self.connection))
+
+    def _check_answer(self, endpoint: _RemoteLink, connection: Any) -> None:
+        """`answer_timeout` after an attach went out: if it is still unanswered, the client link is
+        refused and the upstream connection reconnected (a session the broker does not answer can be
+        neither ended nor trusted, and on RabbitMQ 3.10 only its end or the connection's close
+        returns what it holds unsettled)."""
+        if connection is not self.connection or endpoint.ready or endpoint.closed:
+            return
+        session = endpoint.session
+        what = "begin" if session is None or session.state & Endpoint.REMOTE_UNINIT else "attach"
+        link = endpoint.link.name if endpoint.link is not None else "?"
+        address = endpoint.spec.address if isinstance(endpoint, RemoteConsumer) else endpoint.address
+        reason = (f"upstream {self.name} did not answer the {what} of link {link} (address {address}) "
+                  f"within {self.answer_timeout:g} s")
+        endpoint._closed_by_upstream(ErrorInfo(
+            "amqp:link:detach-forced", f"{reason}; the daemon reconnects to it: attach again", transient=True))
+        self._reconnect_stuck(reason)
+
+    def _abandon(self, session: Any, ended_at: float) -> None:
+        """An ended session given up on: still unanswered `answer_timeout` after its end, the
+        upstream connection is reconnected (on RabbitMQ 3.10 its unsettled messages return only so)."""
+        self._abandoned[session] = ended_at
+        if self._abandoned_timer is None:
+            self._abandoned_timer = self.loop.call_later(
+                max(0.0, ended_at + self.answer_timeout - time.monotonic()), self._check_abandoned)
+
+    def _check_abandoned(self) -> None:
+        self._abandoned_timer = None
+        if not self._abandoned or self.connection is None:
+            return
+        oldest = min(self._abandoned.values())
+        if oldest + self.answer_timeout <= time.monotonic():
+            self._reconnect_stuck(f"upstream {self.name} did not answer the end of {len(self._abandoned)} "
+                                  f"session(s) within {self.answer_timeout:g} s")
+        else:
+            self._abandoned_timer = self.loop.call_later(
+                oldest + self.answer_timeout - time.monotonic(), self._check_abandoned)
+
+    def _reconnect_stuck(self, reason: str) -> None:
+        if self.stopped or self.connection is None:
+            return
+        log.warning("%s; reconnecting the upstream connection (its links are detached and attach again)", reason)
+        self.stuck_reconnects += 1
+        self._lost(_Reason(reason))
 
     def _drop_waiting(self, session: Any) -> bool:
         """Forget a session that never began (its endpoint closed while it waited)."""
@@ -648,6 +708,7 @@ class RemoteUpstream(Handler):
                                   functools.partial(self._publisher_credit, endpoint, link._impl), failed))
         if endpoint.session not in self._waiting:
             link.open()
+            self._await_answer(endpoint)
 
     def _forget(self, endpoint: Any) -> None:
         if endpoint.link is not None:
@@ -760,12 +821,13 @@ class RemoteUpstream(Handler):
         was_connected = self.connected
         self.connected = False
         self._ended.clear()
+        self._abandoned.clear()
         self._waiting.clear()
         self._idle.clear()
-        for timer in (self._hold_timer, self._idle_timer):
+        for timer in (self._hold_timer, self._idle_timer, self._abandoned_timer):
             if timer is not None:
                 timer.cancel()
-        self._hold_timer = self._idle_timer = None
+        self._hold_timer = self._idle_timer = self._abandoned_timer = None
         conn, self.connection = self.connection, None
         self._awaiting_trace = 0
         self._traced.clear()
@@ -1021,6 +1083,13 @@ def _put_routing_capabilities(terminus: Any, capabilities: Any) -> None:
     caps = [c for c in capabilities or () if c in ("topic", "queue")]
     if caps:
         put_value(terminus.capabilities, t.Array("symbol", [t.symbol(c) for c in caps]))
+
+
+class _Reason:
+    """A condition of the daemon's own for `_lost` (a reconnect it decided)."""
+
+    def __init__(self, description: str):
+        self.description = description
 
 
 def getattr_or_none(obj: Any, name: str) -> Any:
