@@ -374,6 +374,8 @@ class RemoteUpstream(Handler):
         self._abandoned: dict[Any, float] = {}  # ended sessions given up on (`_give_up_ends`) -> when ended
         self._abandoned_timer = None
         self.stuck_reconnects = 0  # reconnects because a begin, attach or end went unanswered
+        self.serves_management = False  # RabbitMQ 4: client `/management` link pairs pass through
+        self.pairs: set = set()  # `management.ManagementPair`s on this connection
         self.loop: Loop | None = None
         self.listener: UpstreamListener | None = None
         self.connection = None
@@ -837,6 +839,9 @@ class RemoteUpstream(Handler):
         if condition is not None and getattr(condition, "description", None):
             desc += f": {condition.description}"
         err = ErrorInfo("amqp:connection:forced", desc, transient=True)
+        pairs, self.pairs = list(self.pairs), set()
+        for pair in pairs:
+            pair.lost(err.condition, err.description)
         for ep in list(self._endpoints.values()):
             try:
                 ep._closed_by_upstream(err)
@@ -880,6 +885,7 @@ class RemoteUpstream(Handler):
         # send_drained), so it is never asked (see RemoteConsumer.probe).
         self.counts_queue = is_rabbit and _major(self.version) >= 4
         self.over_delivers = is_rabbit and _major(self.version) < 4  # rabbitmq-server#2597
+        self.serves_management = is_rabbit and not self.chained and _major(self.version) >= 4
         self.connected = True
         self._backoff = 0.1
         self._attempt = 0
@@ -903,6 +909,16 @@ class RemoteUpstream(Handler):
     def on_session_remote_close(self, event) -> None:
         ssn = event.session
         if event.connection != self.connection:
+            return
+        pair = getattr_or_none(ssn, "bf_pair")
+        if pair is not None:
+            ssn.bf_pair = None
+            if not (ssn.state & Endpoint.LOCAL_CLOSED):
+                ssn.close()
+                pair.session_ended(ssn.remote_condition)
+            else:
+                self._ended_answered(ssn)
+            ssn.free()
             return
         endpoint = getattr_or_none(ssn, "bf_endpoint")
         if ssn in self._idle:
@@ -938,6 +954,10 @@ class RemoteUpstream(Handler):
     @_guarded
     def on_link_remote_open(self, event) -> None:
         link = event.link
+        pair = getattr_or_none(link, "bf_pair")
+        if pair is not None:
+            pair.upstream_open(link)
+            return
         ep = _endpoint(link)
         if ep is None or ep.closed:
             return
@@ -978,6 +998,11 @@ class RemoteUpstream(Handler):
     @_guarded
     def on_link_remote_close(self, event) -> None:
         link = event.link
+        pair = getattr_or_none(link, "bf_pair")
+        if pair is not None:
+            link.bf_pair = None
+            pair.upstream_closed(link)
+            return
         ep = _endpoint(link)
         if not (link.state & Endpoint.LOCAL_CLOSED):
             link.close()
@@ -1004,6 +1029,10 @@ class RemoteUpstream(Handler):
     @_guarded
     def on_link_flow(self, event) -> None:
         link = event.link
+        pair = getattr_or_none(link, "bf_pair")
+        if pair is not None:
+            pair.upstream_flow(link)
+            return
         if link.is_sender:
             self._publisher_credit(_endpoint(link), link._impl)
         else:
@@ -1013,6 +1042,10 @@ class RemoteUpstream(Handler):
     def on_delivery(self, event) -> None:
         dlv = event.delivery
         link = dlv.link
+        pair = getattr_or_none(link, "bf_pair")
+        if pair is not None:
+            pair.upstream_delivery(link, dlv._impl)
+            return
         if link.is_receiver:
             self._received(_endpoint(link), link._impl, dlv._impl)
         else:
