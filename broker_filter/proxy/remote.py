@@ -169,8 +169,9 @@ class _RemoteLink:
             self.upstream._recycle_after_detach(self.session, self.link)
             return
         if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
+            holding = self.link.unsettled if self.link is not None else 0
             self.session.close()
-            self.upstream._ending(self.session)
+            self.upstream._ending(self.session, holding)
 
     def _closed_by_upstream(self, error: ErrorInfo) -> None:
         if not self._finish():
@@ -372,6 +373,7 @@ class RemoteUpstream(Handler):
         self.heartbeat = heartbeat
         self.answer_timeout = answer_timeout
         self._abandoned: dict[Any, float] = {}  # ended sessions given up on (`_give_up_ends`) -> when ended
+        self._holding: dict[Any, int] = {}  # ended sessions that held unsettled deliveries -> how many
         self._abandoned_timer = None
         self.stuck_reconnects = 0  # reconnects because a begin, attach or end went unanswered
         self.serves_management = False  # RabbitMQ 4: client `/management` link pairs pass through
@@ -546,11 +548,16 @@ class RemoteUpstream(Handler):
             session.open()
         return session
 
-    def _ending(self, session: Any) -> None:
+    def _ending(self, session: Any, holding: int = 0) -> None:
+        """`session` was ended here; `holding`: deliveries it had received and not settled (RabbitMQ
+        3.10 returns them to their queue when the end is handled)."""
         self._ended[session] = time.monotonic()
+        if holding:
+            self._holding[session] = holding
 
     def _ended_answered(self, session: Any) -> None:
         self._abandoned.pop(session, None)
+        self._holding.pop(session, None)
         if self.stopped:
             self._ended.pop(session, None)
             if not self._ended and self._stop_timer is not None:
@@ -660,8 +667,12 @@ class RemoteUpstream(Handler):
         self._reconnect_stuck(reason)
 
     def _abandon(self, session: Any, ended_at: float) -> None:
-        """An ended session given up on: still unanswered `answer_timeout` after its end, the
-        upstream connection is reconnected (on RabbitMQ 3.10 its unsettled messages return only so)."""
+        """An ended session given up on.  If it held unsettled deliveries and is still unanswered
+        `answer_timeout` after its end, the upstream connection is reconnected: on RabbitMQ 3.10
+        they return to their queue only so.  One that held nothing costs nothing and is forgotten
+        (RabbitMQ 3.10 leaves some ends unanswered in ordinary traffic)."""
+        if not self._holding.get(session):
+            return
         self._abandoned[session] = ended_at
         if self._abandoned_timer is None:
             self._abandoned_timer = self.loop.call_later(
@@ -674,7 +685,7 @@ class RemoteUpstream(Handler):
         oldest = min(self._abandoned.values())
         if oldest + self.answer_timeout <= time.monotonic():
             self._reconnect_stuck(f"upstream {self.name} did not answer the end of {len(self._abandoned)} "
-                                  f"session(s) within {self.answer_timeout:g} s")
+                                  f"session(s) holding unsettled messages within {self.answer_timeout:g} s")
         else:
             self._abandoned_timer = self.loop.call_later(
                 oldest + self.answer_timeout - time.monotonic(), self._check_abandoned)
@@ -824,6 +835,7 @@ class RemoteUpstream(Handler):
         self.connected = False
         self._ended.clear()
         self._abandoned.clear()
+        self._holding.clear()
         self._waiting.clear()
         self._idle.clear()
         for timer in (self._hold_timer, self._idle_timer, self._abandoned_timer):
