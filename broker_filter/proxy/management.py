@@ -71,9 +71,14 @@ class ManagementPair:
     def __init__(self, upstream: Any, client_session: Any):
         self.upstream = upstream
         self.client_session = client_session
-        self.session = upstream.connection.session()
+        idle = getattr(upstream, "_idle", None)
+        if idle:  # RabbitMQ 4: a begun session no link uses, rather than a begin that could reach a dying one
+            self.session = idle.pop()
+            self.session.bf_endpoint = None
+        else:
+            self.session = upstream.connection.session()
+            self.session.open()
         self.session.bf_pair = self
-        self.session.open()
         self.links: dict[Any, Any] = {}  # client link -> upstream link
         self.closed = False
         upstream.pairs.add(self)
