@@ -47,6 +47,7 @@ def build_upstream(config: Any) -> Any:
             pushdown_kinds=kinds,
             backoff=lambda attempt: rc.delay(attempt, random.random()),
             heartbeat=up.heartbeat or None,
+            answer_timeout=up.answer_timeout,
         )
     from .proxy.embedded import EmbeddedUpstream
 

@@ -230,6 +230,14 @@ class Upstream:
         kind="float",
         minimum=0,
     )
+    answer_timeout: float = setting(
+        5.0,
+        "seconds the upstream may take to answer a session's begin, a link's attach, or the end of a session "
+        "holding unsettled messages: past it the waiting client link is refused and the upstream connection "
+        "is reconnected",
+        kind="float",
+        minimum=0.1,
+    )
     tls: UpstreamTLS = section(UpstreamTLS, "TLS to the upstream broker")
     reconnect: Reconnect = section(Reconnect, "reconnect backoff")
 

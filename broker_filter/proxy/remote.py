@@ -96,6 +96,7 @@ _TRACED_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 _TRACED_AVAILABLE = re.compile(r"<- @flow\(19\) \[[^\]]*available=(0x[0-9a-fA-F]+|\d+)[^\]]*drain=true")
 PROBE_TIMEOUT = 5.0  # seconds a count may take before it counts as unanswered
 STOP_ENDS = 1.0  # seconds a stop waits for ended sessions to be answered before closing the connection
+ANSWER_TIMEOUT = 5.0  # default `upstream.answer_timeout`: longest wait for a begin, attach or end to be answered
 
 
 def _caps(data) -> tuple[str, ...]:
@@ -168,8 +169,9 @@ class _RemoteLink:
             self.upstream._recycle_after_detach(self.session, self.link)
             return
         if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
+            holding = self.link.unsettled if self.link is not None else 0
             self.session.close()
-            self.upstream._ending(self.session)
+            self.upstream._ending(self.session, holding)
 
     def _closed_by_upstream(self, error: ErrorInfo) -> None:
         if not self._finish():
@@ -340,6 +342,7 @@ class RemoteUpstream(Handler):
         ssl_domain: Any = None,
         heartbeat: float | None = None,
         properties: dict[str, str] | None = None,
+        answer_timeout: float = ANSWER_TIMEOUT,
     ):
         super().__init__()
         self.properties = dict(properties or {})  # more connection properties (a replica's name)
@@ -370,6 +373,13 @@ class RemoteUpstream(Handler):
         self.configured_pushdown = pushdown_kinds
         self.max_backoff = max_backoff
         self.heartbeat = heartbeat
+        self.answer_timeout = answer_timeout
+        self._abandoned: dict[Any, float] = {}  # ended sessions given up on (`_give_up_ends`) -> when ended
+        self._holding: dict[Any, int] = {}  # ended sessions that held unsettled deliveries -> how many
+        self._abandoned_timer = None
+        self.stuck_reconnects = 0  # reconnects because a begin, attach or end went unanswered
+        self.serves_management = False  # RabbitMQ 4: client `/management` link pairs pass through
+        self.pairs: set = set()  # `management.ManagementPair`s on this connection
         self.loop: Loop | None = None
         self.listener: UpstreamListener | None = None
         self.connection = None
@@ -540,10 +550,16 @@ class RemoteUpstream(Handler):
             session.open()
         return session
 
-    def _ending(self, session: Any) -> None:
+    def _ending(self, session: Any, holding: int = 0) -> None:
+        """`session` was ended here; `holding`: deliveries it had received and not settled (RabbitMQ
+        3.10 returns them to their queue when the end is handled)."""
         self._ended[session] = time.monotonic()
+        if holding:
+            self._holding[session] = holding
 
     def _ended_answered(self, session: Any) -> None:
+        self._abandoned.pop(session, None)
+        self._holding.pop(session, None)
         if self.stopped:
             self._ended.pop(session, None)
             if not self._ended and self._stop_timer is not None:
@@ -609,13 +625,15 @@ class RemoteUpstream(Handler):
                         self.name, len(stale), BEGIN_HOLD)
             self.unanswered_ends += len(stale)
             for ssn in stale:
-                del self._ended[ssn]
+                self._abandon(ssn, self._ended.pop(ssn))
 
     def _begin_waiting(self) -> None:
         self._give_up_ends()
         if self._ended:
             log.warning("upstream %s: %d ended session(s) unanswered; beginning %d waiting session(s)",
                         self.name, len(self._ended), len(self._waiting))
+            for ssn, at in list(self._ended.items()):
+                self._abandon(ssn, at)
             self._ended.clear()
         if self._hold_timer is not None:
             self._hold_timer.cancel()
@@ -625,6 +643,61 @@ class RemoteUpstream(Handler):
             session.open()
             # Opened only now: proton sends no attach for a link opened before its session began.
             session.bf_endpoint.link.open()
+            self._await_answer(session.bf_endpoint)
+
+    # ------------------------------------------------------------------ unanswered begins, attaches, ends
+    def _await_answer(self, endpoint: _RemoteLink) -> None:
+        """Bound the wait for the answer to the begin and attach just sent for `endpoint`."""
+        self.loop.call_later(self.answer_timeout,
+                             functools.partial(self._check_answer, endpoint, self.connection))
+
+    def _check_answer(self, endpoint: _RemoteLink, connection: Any) -> None:
+        """`answer_timeout` after an attach went out: if it is still unanswered, the client link is
+        refused and the upstream connection reconnected (a session the broker does not answer can be
+        neither ended nor trusted, and on RabbitMQ 3.10 only its end or the connection's close
+        returns what it holds unsettled)."""
+        if connection is not self.connection or endpoint.ready or endpoint.closed:
+            return
+        session = endpoint.session
+        what = "begin" if session is None or session.state & Endpoint.REMOTE_UNINIT else "attach"
+        link = endpoint.link.name if endpoint.link is not None else "?"
+        address = endpoint.spec.address if isinstance(endpoint, RemoteConsumer) else endpoint.address
+        reason = (f"upstream {self.name} did not answer the {what} of link {link} (address {address}) "
+                  f"within {self.answer_timeout:g} s")
+        endpoint._closed_by_upstream(ErrorInfo(
+            "amqp:link:detach-forced", f"{reason}; the daemon reconnects to it: attach again", transient=True))
+        self._reconnect_stuck(reason)
+
+    def _abandon(self, session: Any, ended_at: float) -> None:
+        """An ended session given up on.  If it held unsettled deliveries and is still unanswered
+        `answer_timeout` after its end, the upstream connection is reconnected: on RabbitMQ 3.10
+        they return to their queue only so.  One that held nothing costs nothing and is forgotten
+        (RabbitMQ 3.10 leaves some ends unanswered in ordinary traffic)."""
+        if not self._holding.get(session):
+            return
+        self._abandoned[session] = ended_at
+        if self._abandoned_timer is None:
+            self._abandoned_timer = self.loop.call_later(
+                max(0.0, ended_at + self.answer_timeout - time.monotonic()), self._check_abandoned)
+
+    def _check_abandoned(self) -> None:
+        self._abandoned_timer = None
+        if not self._abandoned or self.connection is None:
+            return
+        oldest = min(self._abandoned.values())
+        if oldest + self.answer_timeout <= time.monotonic():
+            self._reconnect_stuck(f"upstream {self.name} did not answer the end of {len(self._abandoned)} "
+                                  f"session(s) holding unsettled messages within {self.answer_timeout:g} s")
+        else:
+            self._abandoned_timer = self.loop.call_later(
+                oldest + self.answer_timeout - time.monotonic(), self._check_abandoned)
+
+    def _reconnect_stuck(self, reason: str) -> None:
+        if self.stopped or self.connection is None:
+            return
+        log.warning("%s; reconnecting the upstream connection (its links are detached and attach again)", reason)
+        self.stuck_reconnects += 1
+        self._lost(_Reason(reason))
 
     def _drop_waiting(self, session: Any) -> bool:
         """Forget a session that never began (its endpoint closed while it waited)."""
@@ -650,6 +723,7 @@ class RemoteUpstream(Handler):
                                   functools.partial(self._publisher_credit, endpoint, link._impl), failed))
         if endpoint.session not in self._waiting:
             link.open()
+            self._await_answer(endpoint)
 
     def _forget(self, endpoint: Any) -> None:
         if endpoint.link is not None:
@@ -763,12 +837,14 @@ class RemoteUpstream(Handler):
         was_connected = self.connected
         self.connected = False
         self._ended.clear()
+        self._abandoned.clear()
+        self._holding.clear()
         self._waiting.clear()
         self._idle.clear()
-        for timer in (self._hold_timer, self._idle_timer):
+        for timer in (self._hold_timer, self._idle_timer, self._abandoned_timer):
             if timer is not None:
                 timer.cancel()
-        self._hold_timer = self._idle_timer = None
+        self._hold_timer = self._idle_timer = self._abandoned_timer = None
         conn, self.connection = self.connection, None
         self._awaiting_trace = 0
         self._traced.clear()
@@ -778,6 +854,9 @@ class RemoteUpstream(Handler):
         if condition is not None and getattr(condition, "description", None):
             desc += f": {condition.description}"
         err = ErrorInfo("amqp:connection:forced", desc, transient=True)
+        pairs, self.pairs = list(self.pairs), set()
+        for pair in pairs:
+            pair.lost(err.condition, err.description)
         for ep in list(self._endpoints.values()):
             try:
                 ep._closed_by_upstream(err)
@@ -821,6 +900,7 @@ class RemoteUpstream(Handler):
         # send_drained), so it is never asked (see RemoteConsumer.probe).
         self.counts_queue = is_rabbit and _major(self.version) >= 4
         self.over_delivers = is_rabbit and _major(self.version) < 4  # rabbitmq-server#2597
+        self.serves_management = is_rabbit and not self.chained and _major(self.version) >= 4
         self.connected = True
         self._backoff = 0.1
         self._attempt = 0
@@ -844,6 +924,16 @@ class RemoteUpstream(Handler):
     def on_session_remote_close(self, event) -> None:
         ssn = event.session
         if event.connection != self.connection:
+            return
+        pair = getattr_or_none(ssn, "bf_pair")
+        if pair is not None:
+            ssn.bf_pair = None
+            if not (ssn.state & Endpoint.LOCAL_CLOSED):
+                ssn.close()
+                pair.session_ended(ssn.remote_condition)
+            else:
+                self._ended_answered(ssn)
+            ssn.free()
             return
         endpoint = getattr_or_none(ssn, "bf_endpoint")
         if ssn in self._idle:
@@ -879,6 +969,10 @@ class RemoteUpstream(Handler):
     @_guarded
     def on_link_remote_open(self, event) -> None:
         link = event.link
+        pair = getattr_or_none(link, "bf_pair")
+        if pair is not None:
+            pair.upstream_open(link)
+            return
         ep = _endpoint(link)
         if ep is None or ep.closed:
             return
@@ -919,6 +1013,11 @@ class RemoteUpstream(Handler):
     @_guarded
     def on_link_remote_close(self, event) -> None:
         link = event.link
+        pair = getattr_or_none(link, "bf_pair")
+        if pair is not None:
+            link.bf_pair = None
+            pair.upstream_closed(link)
+            return
         ep = _endpoint(link)
         if not (link.state & Endpoint.LOCAL_CLOSED):
             link.close()
@@ -945,6 +1044,10 @@ class RemoteUpstream(Handler):
     @_guarded
     def on_link_flow(self, event) -> None:
         link = event.link
+        pair = getattr_or_none(link, "bf_pair")
+        if pair is not None:
+            pair.upstream_flow(link)
+            return
         if link.is_sender:
             self._publisher_credit(_endpoint(link), link._impl)
         else:
@@ -954,6 +1057,10 @@ class RemoteUpstream(Handler):
     def on_delivery(self, event) -> None:
         dlv = event.delivery
         link = dlv.link
+        pair = getattr_or_none(link, "bf_pair")
+        if pair is not None:
+            pair.upstream_delivery(link, dlv._impl)
+            return
         if link.is_receiver:
             self._received(_endpoint(link), link._impl, dlv._impl)
         else:
@@ -1024,6 +1131,13 @@ def _put_routing_capabilities(terminus: Any, capabilities: Any) -> None:
     caps = [c for c in capabilities or () if c in ("topic", "queue")]
     if caps:
         put_value(terminus.capabilities, t.Array("symbol", [t.symbol(c) for c in caps]))
+
+
+class _Reason:
+    """A condition of the daemon's own for `_lost` (a reconnect it decided)."""
+
+    def __init__(self, description: str):
+        self.description = description
 
 
 def getattr_or_none(obj: Any, name: str) -> Any:

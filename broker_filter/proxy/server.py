@@ -53,6 +53,7 @@ from .replicas import PROPERTY as REPLICA_PROPERTY
 from ..engine._cproton import lib
 from ..engine.container import Typed
 from .wire import data_value, discard, put_value, receive, remote_outcome, send, settle_with
+from .management import ManagementPair, is_management, refusal
 from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Passthrough, Upstream, UpstreamDelivery
 
 log = logging.getLogger("broker_filter.proxy")
@@ -910,6 +911,14 @@ class ProxyServer(Handler):
             self._refuse(link, "amqp:resource-limit-exceeded",
                          f"at most {limits.links_per_connection} links per connection")
             return
+        if is_management(link):
+            why = refusal(self.upstream)
+            if why is not None:
+                self._refuse(link, "amqp:not-implemented", why)
+                return
+            conn.links.add(link)
+            ManagementPair.serve(self.upstream, link, self._route_link)
+            return
         if link.is_sender:
             self._attach_outlet(link, conn)
         else:
@@ -940,6 +949,10 @@ class ProxyServer(Handler):
     @boundary
     def on_link_flow(self, event) -> None:
         # (a link routed by the container gets its flow in _outlet_credit directly)
+        pair = _attr(event.link, "bf_pair")
+        if pair is not None:
+            pair._client_credit(event.link)
+            return
         if event.link.is_sender:
             self._outlet_credit(event.link)
 
@@ -1003,6 +1016,10 @@ class ProxyServer(Handler):
         # (a link routed by the container gets its deliveries in _client_outcome/_client_publish directly)
         dlv = event.delivery
         link = dlv.link
+        pair = _attr(link, "bf_pair")
+        if pair is not None:
+            pair._client_transfer(link, dlv._impl)
+            return
         if link.is_sender:
             self._client_outcome(link, dlv._impl)
         else:
@@ -1625,6 +1642,9 @@ class ProxyServer(Handler):
         c = _conn_state(link.connection)
         if c is not None:
             c.links.discard(link)
+        pair = _attr(link, "bf_pair")
+        if pair is not None:
+            pair.client_gone(link)
         outlet = _attr(link, "bf_outlet")
         if outlet is not None:
             link.bf_outlet = None

@@ -1,0 +1,257 @@
+"""RabbitMQ 4's `/management` node, passed through (issue 29 item 2).
+
+RabbitMQ 4's AMQP 1.0 clients manage topology (declare, bind, purge, delete) over a request/response
+link pair: a sender and a receiver, both attached to `/management` under one link name, both with
+the link property `paired = true`, on one session (RabbitMQ's `LINK_PAIR_V1_0`).  The proxy relays
+such a pair unchanged: for each client session that attaches to `/management` it begins one session
+of its own on the upstream connection (with pass-through credentials, the client's own login), and
+attaches there a link per client link with the client's link name, termini, settle modes and link
+properties; the upstream's attach reply is the client's.  Messages go through as bytes (properties,
+application-properties and bodies unchanged, nothing filtered), credit follows the upstream's
+(requests) and the client's (responses), and outcomes go back where a delivery was unsettled.
+
+Anywhere else (the embedded broker, RabbitMQ 3.x) a link to `/management` is refused with
+`amqp:not-implemented` (`refusal`): the node is RabbitMQ 4's own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+from proton import Condition, Endpoint, Terminus
+
+from ..engine._cproton import lib
+from .wire import receive, remote_outcome, send, settle_with
+
+log = logging.getLogger("broker_filter.proxy.management")
+
+MANAGEMENT = "/management"
+_tags = itertools.count(1)
+
+
+def is_management(link: Any) -> bool:
+    """A client link attached to `/management` (its source if it receives, else its target)."""
+    terminus = link.remote_source if link.is_sender else link.remote_target
+    return terminus.address == MANAGEMENT
+
+
+def refusal(upstream: Any) -> str | None:
+    """Why `/management` cannot be served in front of `upstream`, or None when it passes through."""
+    if getattr(upstream, "serves_management", False):
+        return None
+    return (f"/management is RabbitMQ 4's management node: it passes through only in front of RabbitMQ 4, "
+            f"and upstream {getattr(upstream, 'name', 'embedded')} is "
+            f"{_describe(upstream)}")
+
+
+def _describe(upstream: Any) -> str:
+    product = getattr(upstream, "product", None)
+    if product is None:
+        return "the embedded broker" if not hasattr(upstream, "connection") else "not connected"
+    version = getattr(upstream, "version", None)
+    return " ".join(p for p in (product, version) if p)
+
+
+def _copy_link(dst: Any, src: Any) -> None:
+    """dst's termini, settle modes and properties as src's peer sent them."""
+    dst.source.copy(src.remote_source)
+    dst.target.copy(src.remote_target)
+    dst.snd_settle_mode = src.remote_snd_settle_mode
+    dst.rcv_settle_mode = src.remote_rcv_settle_mode
+    props = src.remote_properties
+    if props:
+        dst.properties = props
+
+
+class ManagementPair:
+    """One client session's `/management` links and their upstream session."""
+
+    def __init__(self, upstream: Any, client_session: Any):
+        self.upstream = upstream
+        self.client_session = client_session
+        idle = getattr(upstream, "_idle", None)
+        if idle:  # RabbitMQ 4: a begun session no link uses, rather than a begin that could reach a dying one
+            self.session = idle.pop()
+            self.session.bf_endpoint = None
+        else:
+            self.session = upstream.connection.session()
+            self.session.open()
+        self.session.bf_pair = self
+        self.links: dict[Any, Any] = {}  # client link -> upstream link
+        self.closed = False
+        upstream.pairs.add(self)
+
+    @classmethod
+    def serve(cls, upstream: Any, client_link: Any, route: Any) -> None:
+        """Relay `client_link` (a client's attach to `/management`): on its session's pair."""
+        session = client_link.session
+        pair = getattr(session, "bf_management", None)
+        if pair is None or pair.closed:
+            pair = cls(upstream, session)
+            session.bf_management = pair
+        pair.attach(client_link, route)
+
+    def attach(self, client: Any, route: Any) -> None:
+        up = self.session.sender(client.name) if client.is_receiver else self.session.receiver(client.name)
+        _copy_link(up, client)
+        up.bf_pair = self
+        up.bf_peer = client
+        client.bf_pair = self
+        client.bf_peer = up
+        self.links[client] = up
+        route(client, self._client_transfer, self._client_credit)
+        up.open()
+
+    # ------------------------------------------------------------------ upstream events
+    def upstream_open(self, up: Any) -> None:
+        client = getattr(up, "bf_peer", None)
+        if client is None or not (client.state & Endpoint.LOCAL_UNINIT):
+            return
+        _copy_link(client, up)
+        if up.is_sender and up.remote_target.type == Terminus.UNSPECIFIED:
+            client.target.type = Terminus.UNSPECIFIED
+        client.open()
+        if up.is_sender:
+            self._upstream_credit(up)
+
+    def upstream_closed(self, up: Any) -> None:
+        client = getattr(up, "bf_peer", None)
+        if not (up.state & Endpoint.LOCAL_CLOSED):
+            up.close()
+        up.bf_peer = None
+        if client is not None:
+            self.links.pop(client, None)
+            client.bf_peer = None
+            c = up.remote_condition
+            log.warning("upstream %s detached /management link %s: %s", self.upstream.name, client.name,
+                        f"{c.name}: {c.description}" if c is not None else "no error")
+            self._close_client(client, c.name if c is not None else "amqp:link:detach-forced",
+                               c.description if c is not None else "the upstream detached the link")
+        up.free()
+        self._end_if_done()
+
+    def upstream_flow(self, up: Any) -> None:
+        if up.is_sender:
+            self._upstream_credit(up)
+
+    def upstream_delivery(self, up: Any, dlv: Any) -> None:
+        client = getattr(up, "bf_peer", None)
+        if up.is_receiver:
+            data = receive(up._impl, dlv)
+            if data is None:
+                return
+            if client is None or client.state & Endpoint.LOCAL_CLOSED:
+                lib.pn_delivery_settle(dlv)
+                return
+            settled = bool(lib.pn_delivery_settled(dlv)) or up.remote_snd_settle_mode == 1
+            out = send(client._impl, str(next(_tags)).encode(), data, settled=settled)
+            if settled:
+                lib.pn_delivery_settle(dlv)
+            else:
+                client.bf_unsettled = getattr(client, "bf_unsettled", None) or {}
+                client.bf_unsettled[out] = dlv
+        else:  # the broker's outcome of a request the client sent unsettled
+            outcome = remote_outcome(dlv)
+            if outcome is None and not lib.pn_delivery_settled(dlv):
+                return
+            origin = getattr(up, "bf_unsettled", {}).pop(dlv, None)
+            lib.pn_delivery_settle(dlv)
+            if origin is not None and outcome is not None:
+                settle_with(origin, outcome)
+
+    # ------------------------------------------------------------------ client events
+    def _client_transfer(self, client: Any, dlv: Any) -> None:
+        up = getattr(client, "bf_peer", None)
+        if client.is_receiver:  # a request
+            data = receive(client._impl, dlv)
+            if data is None:
+                return
+            if up is None:
+                lib.pn_delivery_settle(dlv)
+                return
+            settled = bool(lib.pn_delivery_settled(dlv))
+            out = send(up._impl, str(next(_tags)).encode(), data, settled=settled)
+            if settled:
+                lib.pn_delivery_settle(dlv)
+            else:
+                up.bf_unsettled = getattr(up, "bf_unsettled", None) or {}
+                up.bf_unsettled[out] = dlv
+        else:  # the client's outcome of a response
+            outcome = remote_outcome(dlv)
+            if outcome is None and not lib.pn_delivery_settled(dlv):
+                return
+            origin = getattr(client, "bf_unsettled", {}).pop(dlv, None)
+            lib.pn_delivery_settle(dlv)
+            if origin is not None and outcome is not None:
+                settle_with(origin, outcome)
+
+    def _client_credit(self, client: Any) -> None:
+        up = getattr(client, "bf_peer", None)
+        if client.is_sender and up is not None and up.state & Endpoint.LOCAL_ACTIVE:
+            add = client.credit - up.credit - up.queued
+            if add > 0:
+                up.flow(add)
+
+    def _upstream_credit(self, up: Any) -> None:
+        client = getattr(up, "bf_peer", None)
+        if client is None or not (client.state & Endpoint.LOCAL_ACTIVE):
+            return
+        add = up.credit - client.credit - client.queued
+        if add > 0:
+            client.flow(add)
+
+    def client_gone(self, client: Any) -> None:
+        """The client detached `client`: so does its upstream link."""
+        client.bf_pair = None
+        up = self.links.pop(client, None)
+        client.bf_peer = None
+        if up is not None:
+            up.bf_peer = None
+            if not (up.state & Endpoint.LOCAL_CLOSED):
+                up.close()
+        self._end_if_done()
+
+    def lost(self, condition: str, description: str) -> None:
+        """The upstream connection went: every client link of the pair is detached."""
+        self.closed = True
+        for client in list(self.links):
+            self._close_client(client, condition, description)
+        self.links.clear()
+
+    def session_ended(self, condition: Any) -> None:
+        self.closed = True
+        self.upstream.pairs.discard(self)
+        for client, up in list(self.links.items()):
+            up.bf_peer = None
+            self._close_client(client, condition.name if condition is not None else "amqp:session:unattached-handle",
+                               condition.description if condition is not None else "the upstream ended the session")
+        self.links.clear()
+
+    def _close_client(self, client: Any, condition: str, description: str | None) -> None:
+        client.bf_peer = None
+        client.bf_pair = None
+        if client.state & Endpoint.LOCAL_CLOSED:
+            return
+        if client.state & Endpoint.LOCAL_UNINIT:
+            if client.is_sender:
+                client.source.type = Terminus.UNSPECIFIED
+                client.target.copy(client.remote_target)
+            else:
+                client.target.type = Terminus.UNSPECIFIED
+                client.source.copy(client.remote_source)
+            client.open()
+        client.condition = Condition(condition, description)
+        client.close()
+
+    def _end_if_done(self) -> None:
+        if self.links or self.closed:
+            return
+        self.closed = True
+        self.upstream.pairs.discard(self)
+        if getattr(self.client_session, "bf_management", None) is self:
+            self.client_session.bf_management = None
+        if not (self.session.state & Endpoint.LOCAL_CLOSED):
+            self.session.close()
+            self.upstream._ending(self.session)  # a later begin waits for its answer (remote.py)
