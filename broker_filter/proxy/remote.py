@@ -61,6 +61,7 @@ from ..engine._cproton import lib
 from ..engine.container import Typed
 from .wire import data_value, put_value, receive, remote_outcome, send, settle_with
 from .sharing import address_form_routing
+from .traits import Traits, traits_of
 from .upstream import (
     ConsumerHandler,
     ConsumerInfo,
@@ -387,6 +388,7 @@ class RemoteUpstream(Handler):
         self.stopped = False
         self.remote_capabilities: frozenset[str] = frozenset()
         self.product: str | None = None
+        self.traits = Traits()  # from the open frame (on_connection_remote_open)
         self.chained = False  # the upstream is another broker-filter
         self.version: str | None = None
         self.binds_exchange_keys = False
@@ -887,20 +889,18 @@ class RemoteUpstream(Handler):
         version = props.get(psymbol("version")) if hasattr(props, "get") else None
         self.version = str(version) if version is not None else None
         # another broker-filter (it stands in for a RabbitMQ behind it under RabbitMQ's product name)
-        self.chained = self.product == "broker-filter" or (hasattr(props, "get") and
-                                                           props.get(psymbol("broker-filter")) is not None)
-        is_rabbit = self.product is not None and "rabbitmq" in self.product.lower()
-        self.binds_exchange_keys = is_rabbit
-        self.modified_ok = not is_rabbit or _major(self.version) >= 4
-        self.recycles_sessions = is_rabbit and _major(self.version) >= 4
-        # modified{undeliverable-here} dead-letters on RabbitMQ 4 (its clients' discard)
-        self.dead_letters_undeliverable = is_rabbit and _major(self.version) >= 4
-        # A drain without credit is answered with the queue's ready count by RabbitMQ 4; RabbitMQ
-        # 3.10 answers it too, but its classic queue then fails the channel (function_clause on
-        # send_drained), so it is never asked (see RemoteConsumer.probe).
-        self.counts_queue = is_rabbit and _major(self.version) >= 4
-        self.over_delivers = is_rabbit and _major(self.version) < 4  # rabbitmq-server#2597
-        self.serves_management = is_rabbit and not self.chained and _major(self.version) >= 4
+        marked = hasattr(props, "get") and props.get(psymbol("broker-filter")) is not None
+        self.traits = traits = traits_of(self.product, self.version, marked)  # see broker_filter/proxy/traits.py
+        self.chained = traits.chained
+        self.binds_exchange_keys = traits.binds_exchange_keys
+        self.modified_ok = traits.modified_ok
+        self.recycles_sessions = traits.recycles_sessions
+        self.dead_letters_undeliverable = traits.dead_letters_undeliverable
+        # A drain without credit is answered with the queue's ready count by RabbitMQ 4 only (see
+        # RemoteConsumer.probe and Traits.counts_queue).
+        self.counts_queue = traits.counts_queue
+        self.over_delivers = traits.over_delivers  # rabbitmq-server#2597
+        self.serves_management = traits.serves_management
         self.connected = True
         self._backoff = 0.1
         self._attempt = 0
@@ -1152,12 +1152,6 @@ def _endpoint(link) -> Any:
         return link.bf_endpoint
     except AttributeError:
         return None
-
-
-def _major(version: str | None) -> int:
-    """The major number of a `version` connection property ("4.0.5" -> 4); 0 when absent or unreadable."""
-    head = (version or "").split(".", 1)[0].strip()
-    return int(head) if head.isdigit() else 0
 
 
 def _key(k: Any) -> Any:

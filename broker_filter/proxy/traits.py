@@ -1,0 +1,49 @@
+"""What the upstream broker does, from its open frame alone: one pure function from the `product` and
+`version` connection properties (and whether it announced itself as another broker-filter) to a
+frozen record.  No sockets, no proton: tested as a table (tests/proxy/test_traits.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Traits:
+    """The upstream's behaviour the proxy adapts to.
+
+    chained: another broker-filter (it stands in for a RabbitMQ behind it, maybe under its name).
+    binds_exchange_keys: takes `/exchange/X/key` addresses with a binding key (RabbitMQ).
+    modified_ok: honours a `modified` outcome (RabbitMQ 3.x ends the session on one).
+    recycles_sessions: sessions outlive their links (RabbitMQ 4).
+    dead_letters_undeliverable: modified{undeliverable-here} dead-letters (RabbitMQ 4).
+    counts_queue: answers a drain without credit with the queue's ready count, safely (RabbitMQ 4;
+        3.10's classic queue fails the channel on it).
+    over_delivers: sends a consumer more than its credit (RabbitMQ 3.x, rabbitmq-server#2597).
+    serves_management: serves the `/management` link pair (RabbitMQ 4, not through another daemon).
+    """
+
+    chained: bool = False
+    binds_exchange_keys: bool = False
+    modified_ok: bool = True
+    recycles_sessions: bool = False
+    dead_letters_undeliverable: bool = False
+    counts_queue: bool = False
+    over_delivers: bool = False
+    serves_management: bool = False
+
+
+def major(version: str | None) -> int:
+    """The major number of a `version` connection property ("4.0.5" -> 4); 0 when absent or unreadable."""
+    head = (version or "").split(".", 1)[0].strip()
+    return int(head) if head.isdigit() else 0
+
+
+def traits_of(product: str | None, version: str | None, chained: bool = False) -> Traits:
+    """The traits of an upstream whose open frame carried `product` and `version` (None when absent);
+    `chained`: it also carried the `broker-filter` property (a broker-filter under another name)."""
+    chained = chained or product == "broker-filter"
+    rabbit = product is not None and "rabbitmq" in product.lower()
+    four = rabbit and major(version) >= 4
+    return Traits(chained=chained, binds_exchange_keys=rabbit, modified_ok=not rabbit or four,
+                  recycles_sessions=four, dead_letters_undeliverable=four, counts_queue=four,
+                  over_delivers=rabbit and not four, serves_management=four and not chained)
