@@ -181,3 +181,65 @@ def test_termination_grace_covers_the_prestop_pause_and_the_drain(objects):
     assert pause > 0  # time for the pod's removal from the Service's endpoints to reach every node
     assert tomllib.loads((KUBE / "broker-filter.toml").read_text())["shutdown"]["grace_period"] == \
         config.shutdown.grace_period
+
+
+REPLICAS = ROOT / "docker" / "kubernetes-replicas"
+
+
+@pytest.fixture(scope="module")
+def replica_objects() -> list[dict]:
+    if KUBECTL is None:
+        pytest.skip("kubectl not installed (not in Debian 12's archive): the replicas overlay's patch needs "
+                    "kustomize to apply it")
+    result = subprocess.run([KUBECTL, "kustomize", str(REPLICAS)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def test_the_replicas_overlay_validates(replica_objects):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (test extra)")
+    for obj in replica_objects:
+        if obj["kind"] in OPERATOR_KINDS:
+            continue
+        for version in VERSIONS:
+            version = kubernetes_validate.latest_version() if version == "latest" else version
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} (Kubernetes {version}): {e.message}")
+
+
+def test_the_replicas_overlay_gives_each_pod_an_owner_configuration(replica_objects):
+    """The daemon in a pod of the overlay loads [replicas] with the headless Service's name, its own
+    IP as `self`, the proxy's own account upstream, and a replica login its listener accepts."""
+    from broker_filter.security import parse_password_hash
+
+    template = one(replica_objects, "Deployment")["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    secrets = {s["metadata"]["name"]: s["stringData"] for s in replica_objects if s["kind"] == "Secret"}
+    env, names = {}, [v["name"] for v in container["env"]]
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = var["value"].replace("$(POD_IP)", "10.1.2.3")
+        elif "secretKeyRef" in var["valueFrom"]:
+            ref = var["valueFrom"]["secretKeyRef"]
+            env[var["name"]] = secrets[ref["name"]][ref["key"]]
+    assert names.index("POD_IP") < names.index("BROKER_FILTER_REPLICAS_SELF")  # $(POD_IP) is expanded
+    env["BROKER_FILTER_CONFIG"] = str(REPLICAS / "broker-filter.toml")
+    env.pop("POD_IP", None)
+    config = load(None, env)
+    assert config.upstream.credentials == "configured"
+    headless = [s for s in replica_objects if s["kind"] == "Service" and s["spec"].get("clusterIP") == "None"]
+    (service,) = headless
+    assert config.replicas.dns == f"{service['metadata']['name']}:{config.listener.port}"
+    assert config.replicas.self == f"10.1.2.3:{config.listener.port}"
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    assert parse_password_hash(config.listener.users[config.replicas.user]).verify(config.replicas.password)
+
+
+def test_the_replicas_overlay_config_is_the_shipped_one_with_the_replica_login():
+    shipped = (ROOT / "config" / "broker-filter.toml").read_text()
+    overlay = (REPLICAS / "broker-filter.toml").read_text()
+    added = [line for line in overlay.splitlines() if line not in shipped.splitlines()]
+    assert all(line.startswith("#") or line.startswith("replica = ") for line in added), added
+    assert set(shipped.splitlines()) <= set(overlay.splitlines())
