@@ -232,9 +232,8 @@ class Upstream:
     )
     answer_timeout: float = setting(
         5.0,
-        "seconds the upstream may take to answer a session's begin, a link's attach, or the end of a session "
-        "holding unsettled messages: past it the waiting client link is refused and the upstream connection "
-        "is reconnected",
+        "seconds the upstream may take to answer a session's begin or a link's attach: past it the waiting "
+        "client link is refused and the upstream connection is reconnected",
         kind="float",
         minimum=0.1,
     )

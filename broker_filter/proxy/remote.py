@@ -97,6 +97,8 @@ _TRACED_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 _TRACED_AVAILABLE = re.compile(r"<- @flow\(19\) \[[^\]]*available=(0x[0-9a-fA-F]+|\d+)[^\]]*drain=true")
 PROBE_TIMEOUT = 5.0  # seconds a count may take before it counts as unanswered
 STOP_ENDS = 1.0  # seconds a stop waits for ended sessions to be answered before closing the connection
+# Reconnect when an ended session holding unsettled deliveries stays unanswered: off (see `_abandon`).
+RECONNECT_FOR_ENDS = False
 ANSWER_TIMEOUT = 5.0  # default `upstream.answer_timeout`: longest wait for a begin, attach or end to be answered
 
 
@@ -671,11 +673,11 @@ class RemoteUpstream(Handler):
         self._reconnect_stuck(reason)
 
     def _abandon(self, session: Any, ended_at: float) -> None:
-        """An ended session given up on.  If it held unsettled deliveries and is still unanswered
-        `answer_timeout` after its end, the upstream connection is reconnected: on RabbitMQ 3.10
-        they return to their queue only so.  One that held nothing costs nothing and is forgotten
-        (RabbitMQ 3.10 leaves some ends unanswered in ordinary traffic)."""
-        if not self._holding.get(session):
+        """An ended session given up on: forgotten.  What it held unsettled RabbitMQ 3.10 returns when
+        the upstream connection closes.  (Reconnecting for it, `_check_abandoned`, detached every link
+        of the connection each time a queue feed ended holding messages, which 3.10 does in ordinary
+        traffic: it is off, `RECONNECT_FOR_ENDS`.)"""
+        if not RECONNECT_FOR_ENDS or not self._holding.get(session):
             return
         self._abandoned[session] = ended_at
         if self._abandoned_timer is None:
