@@ -20,9 +20,10 @@ import itertools
 import logging
 from typing import Any
 
-from proton import Condition, Endpoint, Terminus
+from proton import Endpoint, Terminus
 
 from ..engine._cproton import lib
+from .refusal import refuse_link
 from .wire import receive, remote_outcome, send, settle_with
 
 log = logging.getLogger("broker_filter.proxy.management")
@@ -232,18 +233,7 @@ class ManagementPair:
     def _close_client(self, client: Any, condition: str, description: str | None) -> None:
         client.bf_peer = None
         client.bf_pair = None
-        if client.state & Endpoint.LOCAL_CLOSED:
-            return
-        if client.state & Endpoint.LOCAL_UNINIT:
-            if client.is_sender:
-                client.source.type = Terminus.UNSPECIFIED
-                client.target.copy(client.remote_target)
-            else:
-                client.target.type = Terminus.UNSPECIFIED
-                client.source.copy(client.remote_source)
-            client.open()
-        client.condition = Condition(condition, description)
-        client.close()
+        refuse_link(client, condition, description)
 
     def _end_if_done(self) -> None:
         if self.links or self.closed:

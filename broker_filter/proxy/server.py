@@ -48,6 +48,7 @@ from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from .forwarding import RELEASED, UNACQUIRED, Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import fanout, introspect, sharing
+from .refusal import close_link, refuse_link
 from .routing import Routing
 from .replicas import PROPERTY as REPLICA_PROPERTY
 from ..engine._cproton import lib
@@ -545,15 +546,6 @@ class Relay:
         self.top_up()
 
 
-def close_link(link, condition: str, description: str | None, info: dict | None = None) -> None:
-    if link.state & Endpoint.LOCAL_CLOSED:
-        return
-    if link.state & Endpoint.LOCAL_UNINIT:
-        link.open()
-    link.condition = Condition(condition, description, info)
-    link.close()
-
-
 class ProxyServer(Handler):
     """Handler for every client connection accepted by the proxy's listener."""
 
@@ -1046,14 +1038,7 @@ class ProxyServer(Handler):
         self.refused += 1
         if self.metrics is not None:
             self.metrics.refuse_attach(_REFUSAL_REASONS.get(condition, "other"))
-        if link.is_sender:
-            link.source.type = Terminus.UNSPECIFIED
-            link.target.copy(link.remote_target)
-        else:
-            link.target.type = Terminus.UNSPECIFIED
-            link.source.copy(link.remote_source)
-        link.open()
-        close_link(link, condition, description, info)
+        refuse_link(link, condition, description, info)
         log.info("refused link %r: %s: %s", link.name, condition, description)
 
     # ---------------------------------------------------------------- receiving (outlets)
