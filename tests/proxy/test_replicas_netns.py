@@ -10,7 +10,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 from proton import Message
 
 from clients import publish_many
-from replicas import Consumer, Forwarder, ReplicaSet, expected, wait_consumers
+from replicas import Consumer, Forwarder, ReplicaSet, all_arrive, no_more_arrive, wait_consumers
 
 from broker_filter.proxy.replicas import owner_of
 
@@ -91,8 +90,7 @@ def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_bro
         for c in cs:
             assert c.attached.wait(30), c.errors
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1500)])
-        for k, c in enumerate(cs):
-            assert c.wait_set(expected(k, 0, 1500), 60), f"consumer {k}: {c.count()}; {c.errors}"
+        all_arrive(cs, 1500, 60)
         assert wait_consumers(name, 1) == 1  # only the owner consumes from the queue
 
         # the owner's host dies (its process, SIGKILL): the others take over
@@ -103,8 +101,7 @@ def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_bro
         new_owner = rs.peers.index(owner_of(q, rest))
         rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[owner]} is gone"), 10)
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1500, 1800)])
-        for k, c in enumerate(cs):
-            assert c.wait_set(expected(k, 0, 1800), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        all_arrive(cs, 1800, 90)
         assert wait_consumers(name, 1) == 1
 
         # it comes back and owns the queue again
@@ -113,12 +110,9 @@ def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_bro
         for i, n in ups.items():
             rs.daemons[i].wait_for(rf"(?s)(?:replica {re.escape(rs.peers[owner])} is up.*){{{n + 1}}}", 30)
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1800, 2100)])
-        for k, c in enumerate(cs):
-            assert c.wait_set(expected(k, 0, 2100), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        all_arrive(cs, 2100, 90)
         assert wait_consumers(name, 1) == 1
-        time.sleep(0.5)
-        for k, c in enumerate(cs):
-            assert set(c.got) == expected(k, 0, 2100), f"consumer {k}"
+        no_more_arrive(cs, 2100)
     finally:
         for c in cs:
             c.stopping.set()
@@ -153,8 +147,7 @@ def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_own
         for c in cs:
             assert c.attached.wait(30), c.errors
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(600)])
-        for k, c in enumerate(cs):
-            assert c.wait_set(expected(k, 0, 600), 60), f"consumer {k}: {c.count()}; {c.errors}"
+        all_arrive(cs, 600, 60)
         assert wait_consumers(name, 1) == 1
 
         gone = {i: rs.daemons[i].log().count(" is gone") for i in range(N)}
@@ -167,8 +160,7 @@ def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_own
             rs.daemons[i].wait_for(rf"(?s)(?:is gone.*){{{want}}}", 30)
         assert wait_consumers(name, 2) == 2  # both sides own the queue now
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(600, 1200)])
-        for k, c in enumerate(cs):
-            assert c.wait_set(expected(k, 0, 1200), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        all_arrive(cs, 1200, 90)
 
         ups = {i: rs.daemons[i].log().count(" is up") for i in range(N)}
         for ns, addr in cut:
@@ -179,11 +171,9 @@ def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_own
             rs.daemons[i].wait_for(rf"(?s)(?:is up.*){{{want}}}", 30)
         assert wait_consumers(name, 1) == 1  # one owner again
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1200, 1500)])
-        for k, c in enumerate(cs):
-            assert c.wait_set(expected(k, 0, 1500), 90), f"consumer {k}: {c.count()}; {c.errors}"
-        time.sleep(0.5)
-        for k, c in enumerate(cs):
-            assert set(c.got) == expected(k, 0, 1500), f"consumer {k}"
+        all_arrive(cs, 1500, 90)
+        no_more_arrive(cs, 1500)
+        for c in cs:
             assert c.reconnects == 0, c.errors
     finally:
         for ns, addr in cut:
@@ -230,8 +220,7 @@ def test_replicas_named_by_dns_one_owner_failover_and_scale_in(rabbitmq_broker, 
         for c in cs:
             assert c.attached.wait(30), c.errors
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900)])
-        for k, c in enumerate(cs):
-            assert c.wait_set(expected(k, 0, 900), 60), f"consumer {k}: {c.count()}; {c.errors}"
+        all_arrive(cs, 900, 60)
         assert wait_consumers(name, 1) == 1
 
         d = rs.daemons[owner]
@@ -241,20 +230,16 @@ def test_replicas_named_by_dns_one_owner_failover_and_scale_in(rabbitmq_broker, 
         for i in rest:
             rs.daemons[i].wait_for(re.escape(f"replica {rs.peers[owner]} is gone"), 10)
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900, 1200)])
-        for k, c in enumerate(cs):
-            assert c.wait_set(expected(k, 0, 1200), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        all_arrive(cs, 1200, 90)
         assert wait_consumers(name, 1) == 1
 
         write_hosts(names, [a for i, a in enumerate(addrs) if i != owner])  # scaled in
         for i in rest:
             rs.daemons[i].wait_for(re.escape(f"gone {rs.peers[owner]}"), 20)
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1200, 1500)])
-        for k, c in enumerate(cs):
-            assert c.wait_set(expected(k, 0, 1500), 90), f"consumer {k}: {c.count()}; {c.errors}"
+        all_arrive(cs, 1500, 90)
         assert wait_consumers(name, 1) == 1
-        time.sleep(0.5)
-        for k, c in enumerate(cs):
-            assert set(c.got) == expected(k, 0, 1500), f"consumer {k}"
+        no_more_arrive(cs, 1500)
     finally:
         for c in cs:
             c.stopping.set()

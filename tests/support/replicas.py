@@ -198,6 +198,19 @@ def expected(k: int, start: int, stop: int, n: int = 3) -> set:
     return {i for i in range(start, stop) if i % n == k}
 
 
+def all_arrive(consumers: list, upto: int, timeout: float) -> None:
+    """Each consumer k has got every message of its part among 0..upto-1 within `timeout` seconds."""
+    for k, c in enumerate(consumers):
+        assert c.wait_set(expected(k, 0, upto), timeout), f"consumer {k}: {c.count()}; {c.errors}"
+
+
+def no_more_arrive(consumers: list, upto: int) -> None:
+    """A moment later each consumer still has exactly its part of 0..upto-1 (extras would show)."""
+    time.sleep(0.5)
+    for k, c in enumerate(consumers):
+        assert set(c.got) == expected(k, 0, upto), f"consumer {k}"
+
+
 class Forwarder(threading.Thread):
     """TCP from (host, port) to 127.0.0.1:target, a thread per direction; `close()` stops it."""
 
