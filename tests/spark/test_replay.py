@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 
 import pytest
@@ -13,6 +12,7 @@ from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from broker_filter.cli import main
 from broker_filter.spark.replay import parse_target
+from launcher import free_port
 
 pytestmark = pytest.mark.spark
 
@@ -59,12 +59,6 @@ class Receiver(MessagingHandler):
         for conn in self.connections:
             conn.close()
         self.container.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -153,10 +153,39 @@ def user_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, for a process started later that must be told its port up front.
+
+    A port the kernel picks for `bind(0)` is in the ephemeral range, where any outbound connection
+    (a client's, a broker's) may take it before the daemon binds it: a CI run lost a replica so.  So
+    the port comes from below that range, at random, never the same twice in one test run."""
+    import random
+
+    low, _high = _ephemeral_range()
+    floor = 10000 if low > 12000 else 1024
+    for _ in range(200):
+        port = random.randrange(floor, low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port below the ephemeral range ({low}) after 200 tries")
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
