@@ -265,13 +265,20 @@ class App:
             self.metrics.authentication_failed(mechanism or "none")
         self.metrics.refuse_connection(reason)
 
-    def _tenant_server(self, user: str, password: str, n: int) -> tuple[Any, Any]:
-        """A ProxyServer and its upstream logged in as one pass-through client identity."""
+    def _tenant_server(self, user: str, password: str, n: int, vhost: str | None = None) -> tuple[Any, Any]:
+        """A ProxyServer and its upstream logged in as one pass-through client identity, opening
+        `vhost` (None: the upstream URL's own)."""
         import dataclasses
-        from urllib.parse import urlsplit, urlunsplit
+        from urllib.parse import quote, urlsplit, urlunsplit
 
         up = self.config.upstream
-        bare = tuple(urlunsplit(urlsplit(u)._replace(netloc=urlsplit(u).netloc.rpartition("@")[2])) for u in up.urls)
+
+        def login_free(url: str) -> str:
+            parts = urlsplit(url)
+            parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
+            return urlunsplit(parts._replace(path="/" + quote(vhost, safe="")) if vhost is not None else parts)
+
+        bare = tuple(login_free(u) for u in up.urls)
         config = dataclasses.replace(self.config, upstream=dataclasses.replace(up, urls=bare, user=user,
                                                                                  password=password))
         upstream = self._journaled(build_upstream(config))

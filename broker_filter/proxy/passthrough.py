@@ -9,7 +9,12 @@ client's user and password -- at the identity's first connection.  Until that up
 up, the client connection's events wait in order (the client's open is answered only then), so a
 client never sees "upstream not connected" for its own fresh login; if the upstream refuses, the
 client connection is closed with the upstream's error.  An identity's server and upstream connection
-stop `idle` seconds after its last client connection ended.  Clients without a password (ANONYMOUS
+stop `idle` seconds after its last client connection ended.
+
+A tenant is one identity in one vhost: a client whose open frame names a vhost (`vhost:NAME`, as
+RabbitMQ's clients send it) is served by an upstream connection that opens that vhost, with its own
+credentials, so RabbitMQ decides (a vhost that does not exist, or that the user may not use, closes
+the client's connection with RabbitMQ's own error); a client that names none gets the upstream URL's.  Clients without a password (ANONYMOUS
 on a loopback listener) are served by the default server, which uses the configured credentials.
 
 So the broker's own permissions apply to everything a client does through the proxy; the proxy
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..security import identity_of
+from .routing import vhost_asked
 
 log = logging.getLogger("broker_filter.passthrough")
 
@@ -51,7 +57,7 @@ class _Refusal:
 class _Tenant:
     """One identity's server, its upstream, and the client connections it serves."""
 
-    key: tuple[str, str]
+    key: tuple[str, str, str | None]
     user: str
     server: Any
     upstream: Any
@@ -77,6 +83,11 @@ class _UpstreamTap:
         self._tenant.server.on_upstream_down(upstream, error)
         self._owner._down(self._tenant, error)
 
+    def on_upstream_failed(self, upstream: Any, error: Any) -> None:
+        """An attempt that never opened: a tenant never up gives up at once (its clients get the
+        upstream's reason now, not after the connect timeout)."""
+        self._owner._down(self._tenant, error)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tenant.server, name)
 
@@ -84,15 +95,16 @@ class _UpstreamTap:
 class PassThrough:
     """Routes client connection events to per-identity proxy servers (see the module docstring).
 
-    make_server(user, password, n) -> (server, upstream): a ProxyServer and its not yet started
-    upstream for those credentials (`n` numbers the tenants, for a distinct instance name).
+    make_server(user, password, n, vhost) -> (server, upstream): a ProxyServer and its not yet
+    started upstream for those credentials and that vhost (None: the upstream URL's) (`n` numbers the
+    tenants, for a distinct instance name).
     start_upstream(upstream, listener): start it on the loop.  call_later(delay, fn): the loop's timer.
     """
 
     def __init__(
         self,
         default: Any,
-        make_server: Callable[[str, str, int], tuple[Any, Any]],
+        make_server: Callable[[str, str, int, str | None], tuple[Any, Any]],
         start_upstream: Callable[[Any, Any], None],
         call_later: Callable[[float, Callable[[], None]], Any],
         *,
@@ -105,7 +117,7 @@ class PassThrough:
         self._call_later = call_later
         self._idle = idle
         self._connect_timeout = connect_timeout
-        self._tenants: dict[tuple[str, str], _Tenant] = {}
+        self._tenants: dict[tuple[str, str, str | None], _Tenant] = {}
         self._numbers = itertools.count(1)
         self._stopped = False
         self._quiesced = False
@@ -129,7 +141,11 @@ class PassThrough:
         if identity.password is None or self._stopped:
             _dispatch(self.default, "on_connection_remote_open", event)
             return
-        key = (identity.user or "", hashlib.sha256(identity.password.encode("utf-8", "surrogatepass")).hexdigest())
+        vhost = vhost_asked(connection.remote_hostname)
+        if vhost == getattr(getattr(self.default, "upstream", None), "vhost", None):
+            vhost = None  # the upstream URL's own: one tenant whether it was named or not
+        key = (identity.user or "", hashlib.sha256(identity.password.encode("utf-8", "surrogatepass")).hexdigest(),
+               vhost)
         tenant = self._tenants.get(key)
         if tenant is None:
             tenant = self._open_tenant(key, identity.user or "", identity.password)
@@ -154,13 +170,14 @@ class PassThrough:
     def _tenant_of(self, connection: Any) -> _Tenant | None:
         return getattr(connection, "bf_tenant", None)
 
-    def _open_tenant(self, key: tuple[str, str], user: str, password: str) -> _Tenant:
-        server, upstream = self._make_server(user, password, next(self._numbers))
+    def _open_tenant(self, key: tuple[str, str, str | None], user: str, password: str) -> _Tenant:
+        server, upstream = self._make_server(user, password, next(self._numbers), key[2])
         if self._quiesced:
             server.quiesce()
         tenant = _Tenant(key, user, server, upstream)
         self._tenants[key] = tenant
-        log.info("pass-through: opening an upstream connection", extra={"fields": {"user": user}})
+        log.info("pass-through: opening an upstream connection",
+                 extra={"fields": {"user": user, **({"vhost": key[2]} if key[2] is not None else {})}})
         self._start_upstream(upstream, _UpstreamTap(self, tenant))
         self._call_later(self._connect_timeout, lambda: self._give_up(tenant))
         return tenant
@@ -184,6 +201,9 @@ class PassThrough:
         from proton import Condition, Endpoint
 
         tenant.failed = error
+        log.warning("pass-through: the upstream connection failed before it opened; its clients are refused: %s",
+                    getattr(error, "description", error),
+                    extra={"fields": {"user": tenant.user, **({"vhost": tenant.key[2]} if tenant.key[2] is not None else {})}})
         condition = Condition(getattr(error, "condition", "amqp:connection:forced"),
                               getattr(error, "description", "upstream connection failed"))
         for connection in list(tenant.connections):

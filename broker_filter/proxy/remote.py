@@ -875,6 +875,12 @@ class RemoteUpstream(Handler):
         if was_connected:
             log.warning("%s", desc)
             self.listener.on_upstream_down(self, err)
+        else:
+            # An attempt that never opened: a listener that would rather give up than wait for the
+            # next (a pass-through client whose vhost or login the broker refuses) is told.
+            failed = getattr(self.listener, "on_upstream_failed", None)
+            if failed is not None:
+                failed(self, err)
         self._schedule_reconnect()
 
     # ------------------------------------------------------------------ proton events

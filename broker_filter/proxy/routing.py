@@ -103,3 +103,9 @@ class Routing:
         return None
 
 
+def vhost_asked(hostname: str | None) -> str | None:
+    """The vhost a client's open frame asks for in its hostname (`vhost:NAME`, RabbitMQ's form; an
+    empty name is `/`), or None when it names none (then the upstream URL's vhost is served)."""
+    if hostname and hostname.startswith("vhost:"):
+        return hostname[len("vhost:"):] or "/"
+    return None

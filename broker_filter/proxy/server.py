@@ -49,7 +49,7 @@ from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_
 from .forwarding import RELEASED, UNACQUIRED, Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import fanout, introspect, sharing
 from .refusal import close_link, refuse_link
-from .routing import Routing
+from .routing import Routing, vhost_asked
 from .replicas import PROPERTY as REPLICA_PROPERTY
 from ..engine._cproton import lib
 from ..engine.container import Typed
@@ -811,7 +811,7 @@ class ProxyServer(Handler):
             if self.metrics is not None:
                 self.metrics.refuse_connection("limit")
             return
-        asked = _vhost_asked(conn.remote_hostname)
+        asked = vhost_asked(conn.remote_hostname)
         served = getattr(self.upstream, "vhost", None)
         if asked is not None and served is not None and asked != served:
             # Never another vhost than the one asked for (RabbitMQ's clients name it in the hostname)
@@ -1733,13 +1733,6 @@ def _identity(upstream: Any) -> dict:
         return {psymbol("product"): product, psymbol("version"): getattr(upstream, "version", None) or "",
                 psymbol("broker-filter"): __version__}
     return {psymbol("product"): "broker-filter", psymbol("broker-filter"): __version__}
-
-
-def _vhost_asked(hostname: str | None) -> str | None:
-    """The vhost an open frame's hostname asks for (`vhost:NAME`, RabbitMQ's form), or None."""
-    if hostname and hostname.startswith("vhost:"):
-        return hostname[len("vhost:"):] or "/"
-    return None
 
 
 def _offer_identity(entry: Any) -> tuple:
