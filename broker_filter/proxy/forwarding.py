@@ -232,7 +232,7 @@ class Custody:
     outlets it must not go to again, and its redelivery state."""
 
     __slots__ = ("delivery", "message", "reads", "excluded", "mark", "redelivered", "failed", "refused",
-                 "kept", "offered")
+                 "kept", "offered", "annotations")
 
     def __init__(self, delivery: Any, message: Any, reads: frozenset, mark: dict | None = None):
         self.delivery = delivery
@@ -245,6 +245,7 @@ class Custody:
         self.refused = 0  # the pass in which the broker refused its copy (not moved again in it)
         self.kept = False  # held for links that select it and have no credit (see `Feed.reserve`)
         self.offered = -1  # the feed's `_offers` when every outlet with credit last turned it down
+        self.annotations: dict | None = None  # what clients' `modified` outcomes added (3.4.5)
 
     def data(self) -> bytes:
         if not self.redelivered:
@@ -558,6 +559,7 @@ class Feed(UpstreamCredit):
                 # AMQP 1.0 3.4.5: the modified outcome's message-annotations are merged into the
                 # message for its next deliveries (RabbitMQ's requeue with annotations)
                 data = c.delivery.data
+                c.annotations = {**(c.annotations or {}), **outcome.annotations}
                 for key, value in outcome.annotations.items():
                     data = set_message_annotation(data, symbol(key) if isinstance(key, str) else key, value)
                 c.delivery.data = data
@@ -587,10 +589,20 @@ class Feed(UpstreamCredit):
         self.pass_open = False
         self.stats.starved = 0
 
-    def untouched(self) -> list[Any]:
-        """The upstream deliveries held that no client ever received (before `close`): they go back
-        as `UNACQUIRED`, not as deliveries a consumer had (first-acquirer stays true)."""
-        return [c.delivery for c in self.held if not c.redelivered]
+    def returns(self) -> list[tuple[Any, Outcome]]:
+        """Before `close`: the held upstream deliveries that must not go back as a plain release.
+        One no client ever received goes back `UNACQUIRED`, not as a delivery a consumer had
+        (first-acquirer stays true); one a client gave back with annotations (a requeue with
+        annotations) goes back `modified` with them, so the broker's copy carries them as a consumer
+        of the broker's own would find it (an upstream that cannot take `modified` releases it)."""
+        out = []
+        for c in self.held:
+            if not c.redelivered:
+                out.append((c.delivery, UNACQUIRED))
+            elif c.annotations:
+                out.append((c.delivery, Outcome("modified", delivery_failed=c.failed > 0,
+                                                annotations=dict(c.annotations))))
+        return out
 
     def close(self) -> list[Any]:
         """Forget everything; returns upstream deliveries still unsettled (closing the upstream

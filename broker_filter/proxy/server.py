@@ -46,7 +46,7 @@ from ..amqp import types as t
 from ..amqp import CodecError, decode_message, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
-from .forwarding import RELEASED, UNACQUIRED, Feed, FeedStats, Outcome, Outlet, filter_identity
+from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import fanout, introspect, sharing
 from .refusal import close_link, refuse_link
 from .routing import Routing, vhost_asked
@@ -1602,12 +1602,12 @@ class ProxyServer(Handler):
             log.warning("shutdown grace over with %d moves to %s in flight: their originals go back to the queue "
                         "beside copies the broker may accept", binding.feed.moving, binding.spec.address)
         binding.closed = True
-        untouched = getattr(binding.feed, "untouched", None)
-        untouched = untouched() if untouched is not None else ()
+        returns = getattr(binding.feed, "returns", None)
+        returns = returns() if returns is not None else ()
         binding.feed.close()
         if binding.consumer is not None:
-            for delivery in untouched:  # never received by a client: not an acquisition (3.2.1)
-                binding.consumer.settle(delivery, UNACQUIRED)
+            for delivery, outcome in returns:  # unacquired (3.2.1), or modified with a client's annotations
+                binding.consumer.settle(delivery, outcome)
             binding.consumer.close(closed=binding.draining_closed)
         self._forget_recycler(binding.spec.address)
 

@@ -44,6 +44,34 @@ def test_requeue_with_annotations_merges_them_into_the_next_delivery(daemon):
         c.close()
 
 
+def test_a_requeue_with_annotations_keeps_them_after_the_consumer_leaves(daemon, request):
+    """The proxy held the requeued message for the link; the link goes: the message goes back
+    upstream `modified` with the client's annotations, so the next consumer finds them (as RabbitMQ
+    4's own consumers do, and its client's test suite checks; RabbitMQ 4.0 keeps a requeue's
+    annotations on quorum queues only, checked directly).  RabbitMQ 3.10 takes no `modified`: there
+    the message goes back released, without them, and is not lost."""
+    name = f"ann-{uuid.uuid4().hex[:8]}"
+    q = daemon.forms[1].format(name)
+    if "rabbitmq4" in request.node.callspec.id:
+        declare_queue(request.getfixturevalue("rabbitmq4").url, name, "quorum")
+        q = f"/queues/{name}"
+    c = connect(daemon.url)
+    try:
+        c.create_sender(q).send(Message(body="m"))
+        first = c.create_receiver(q, credit=1)
+        assert first.receive(timeout=10).body == "m"
+        modify(first, undeliverable=False, annotations={symbol("x-opt-reason"): "retry"})
+        first.close()
+        (again,) = receive_n(c.create_receiver(q, credit=1), 1, timeout=10)
+        assert again.body == "m"
+        if "rabbitmq3" in request.node.callspec.id:
+            assert symbol("x-opt-reason") not in (again.annotations or {})
+        else:
+            assert again.annotations[symbol("x-opt-reason")] == "retry", again.annotations
+    finally:
+        c.close()
+
+
 @pytest.mark.rabbitmq
 def test_a_discard_is_dead_lettered_by_rabbitmq_4(rabbitmq4):
     from launcher import Daemon
