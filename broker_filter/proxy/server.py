@@ -796,7 +796,8 @@ class ProxyServer(Handler):
                                                        f"upstream {self.upstream.name} is not connected")
                     c.connection.close()
         for b in list(self.feeds.values()):
-            self.fail_feed(b, error)
+            if b.via is None:  # a feed consuming through a queue's owner does not use this upstream
+                self.fail_feed(b, error)
 
     # ---------------------------------------------------------------- connections
     @boundary

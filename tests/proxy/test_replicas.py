@@ -197,3 +197,37 @@ def test_replica_without_its_upstream_owns_nothing_until_it_is_back(rabbitmq, ra
         forwarder.close()
     for log in logs:
         assert "Traceback" not in log, log
+
+
+def test_a_replica_losing_its_upstream_keeps_the_links_it_serves_through_the_owner(rabbitmq, rabbitmq_broker):
+    """Replica 2's own RabbitMQ connection goes while a queue replica 0 owns is consumed on every
+    replica: replica 2's consumer is served through the owner, which still has its upstream, so
+    its link stays attached (no reconnect) and every message arrives, exactly its set."""
+    forwarder = Forwarder("127.0.0.1", rabbitmq_broker.port)
+    forwarder.start()
+    user = rabbitmq.split("://", 1)[1].rsplit("@", 1)[0]
+    rs = ReplicaSet(rabbitmq, N, upstreams=[rabbitmq, rabbitmq, f"amqp://{user}@127.0.0.1:{forwarder.port}"])
+    cs: list[Consumer] = []
+    try:
+        rs.start_all()
+        while True:  # a queue replica 0 owns
+            name, q = fresh()
+            if owner_of(q, rs.peers) == rs.peers[0]:
+                break
+        cs = start_consumers(rs, q)
+        publish(rabbitmq, q, 0, 300)
+        all_arrive(cs, 300, 60)
+        forwarder.close()
+        rs.daemons[2].wait_for(r"connection lost", 30)
+        publish(rabbitmq, q, 300, 900)
+        all_arrive(cs, 900, 60)
+        assert cs[2].reconnects == 0, cs[2].errors
+        no_more_arrive(cs, 900)
+        assert wait_consumers(name, 1) == 1
+    finally:
+        for c in cs:
+            c.stopping.set()
+        logs = rs.stop_all()
+        forwarder.close()
+    for log in logs:
+        assert "Traceback" not in log, log
