@@ -202,6 +202,10 @@ class FeedBinding:
         self.closed = False
         self.draining = False  # the last link went: waiting for moves in flight before closing
         self.draining_closed = False  # ... and it was closed (not only detached)
+        # a durable subscription the proxy keeps across its subscriber's detaches (its name), and the
+        # address its subscriber attached to (the source a null-source lookup is answered with)
+        self.kept_name: str | None = None
+        self.kept_address: str | None = None
         self.consumer = None
         self.info: ConsumerInfo | None = None
         self.evaluated: frozenset = frozenset()  # `_offer_identity` of each offered filter the upstream evaluates
@@ -584,6 +588,9 @@ class ProxyServer(Handler):
         self._recyclers: dict[str, Any] = {}
         self._feed_ids = itertools.count(1)
         self.draining: set[FeedBinding] = set()  # feeds whose last link went, finishing their moves
+        # durable subscriptions kept while their subscriber is detached (an upstream without named
+        # subscriptions: RabbitMQ), by name: their upstream consumer stays attached, holding
+        self.kept: dict[str, FeedBinding] = {}
         # how long a feed whose last link went waits for its moves in flight
         self.grace = float(getattr(getattr(config, "shutdown", None), "grace_period", 10.0))
         self.stopping = False
@@ -1061,11 +1068,9 @@ class ProxyServer(Handler):
                          f"dynamic sources are not supported by upstream {self.upstream.name}")
             return
         if src.type == Terminus.UNSPECIFIED and not getattr(self.upstream, "named_subscriptions", False):
-            # Qpid JMS's unsubscribe (a null source, the subscription's link name): in front of a
-            # broker the subscription lasted only while its link was attached.
-            self._refuse(link, "amqp:not-found",
-                         f"no subscription named {link.name!r}: in front of upstream {self.upstream.name} a "
-                         "subscription lasts only while its link is attached")
+            # Qpid JMS's unsubscribe (a null source, the subscription's link name): the durable
+            # subscription the proxy keeps under that name, if any.
+            self._look_up_kept(link, conn)
             return
         route = self._route(address)
         try:
@@ -1120,6 +1125,27 @@ class ProxyServer(Handler):
                                    browse, owned)
         self._place(link, outlet)
 
+    def _look_up_kept(self, link, conn: _Conn) -> None:
+        """A null-source attach names a durable subscription (Qpid JMS's unsubscribe): answered with
+        the kept subscription's source (Qpid JMS requires one); closing the link ends it."""
+        name = sharing.kept_name(link.name, link.connection.remote_container)
+        binding = self.kept.get(name) if name is not None else None
+        if binding is None:
+            self._refuse(link, "amqp:not-found",
+                         f"no durable subscription named {link.name!r} is kept for a detached subscriber here "
+                         f"(in front of upstream {self.upstream.name} the proxy keeps one from its subscriber's "
+                         "detach until the upstream connection goes)")
+            return
+        link.source.type = Terminus.SOURCE
+        link.source.address = binding.kept_address
+        link.source.durability = Terminus.DELIVERIES
+        link.source.expiry_policy = Terminus.EXPIRE_NEVER
+        link.source.distribution_mode = Terminus.DIST_MODE_COPY
+        link.target.copy(link.remote_target)
+        link.bf_unsubscribe = name
+        conn.links.add(link)
+        link.open()
+
     def _place(self, link, outlet: Outlet) -> None:
         """Serve a client's receiving link: join the feed of its kind on its upstream, or open one
         (a queue link under `[replicas]`: on the upstream of the queue's owner)."""
@@ -1155,11 +1181,23 @@ class ProxyServer(Handler):
             passthrough=passthrough,
         )
         # The offered filters are in the key: links on one upstream consumer ask it the same.
+        # A durable subscription in front of an upstream without named subscriptions: the proxy
+        # keeps it across its subscriber's detaches (its upstream consumer stays attached).
+        kept = (subscription and via is None and not browse and not spec.dynamic
+                and not getattr(upstream, "named_subscriptions", False))
         key = sharing.feed_key(decision, address=up_address, pushed=pushed + offered + passthrough, local=local,
                                serial=next(self._sub_ids), link_name=link.name,
                                container_id=spec.container_id, capabilities=caps,
                                durable=bool(src.durability) or spec.expiry_policy == "never",
-                               dynamic=spec.dynamic)
+                               dynamic=spec.dynamic, kept=kept)
+        kept_name = key[2] if key[0] == sharing.KEPT else None
+        if kept_name is not None:
+            old = self.kept.pop(kept_name, None)
+            if old is not None and old.key != key:
+                # JMS: subscribing again under the name with another selector or topic replaces it
+                log.info("durable subscription %r resubscribed with another address or selector: the "
+                         "one kept is ended", kept_name)
+                self._end_feed(old, closed=True)
         if browse:  # a browser reads the queue from its head on an upstream consumer of its own
             key = ("subscription", next(self._sub_ids))
         if via is not None:  # consuming through the queue's owner: not the feed of one consuming here
@@ -1183,6 +1221,7 @@ class ProxyServer(Handler):
                     return
         if binding is None or binding.closed:
             opened = self._open_feed(key, spec, subscription, outlet, upstream, via)
+            opened.kept_name, opened.kept_address = kept_name, src.address
             if offered and base is not None and base not in self.deciding:
                 self.deciding[base] = opened
                 opened.deciding_key = base
@@ -1397,6 +1436,10 @@ class ProxyServer(Handler):
         if binding.closed:
             return
         binding.closed = True
+        if binding.kept_name is not None and self.kept.get(binding.kept_name) is binding:
+            del self.kept[binding.kept_name]
+            log.warning("durable subscription %r kept for a detached subscriber is lost: %s", binding.kept_name,
+                        error.description)
         self.draining.discard(binding)
         self._unregister(binding)
         if binding.deciding_key is not None and self.deciding.get(binding.deciding_key) is binding:
@@ -1612,6 +1655,19 @@ class ProxyServer(Handler):
             binding.consumer.close(closed=binding.draining_closed)
         self._forget_recycler(binding.spec.address)
 
+    def _end_feed(self, binding: FeedBinding, closed: bool) -> None:
+        """The last link of `binding` went: no move starts; the ones in flight finish (their
+        originals are accepted), bounded by the shutdown grace; then what is held goes back."""
+        self._unregister(binding)
+        binding.feed.stop()
+        binding.draining = True
+        binding.draining_closed = closed
+        if binding.feed.moving == 0:
+            self.finish_feed(binding)
+        else:
+            self.draining.add(binding)
+            self.upstream.loop.call_later(self.grace, lambda b=binding: self.finish_feed(b))
+
     def _forget_recycler(self, address: str | None) -> None:
         """Close the recycling publisher of an address no feed uses any more."""
         if self._at_address.get(address):
@@ -1641,17 +1697,23 @@ class ProxyServer(Handler):
                 binding.feed.remove_outlet(outlet)
                 self.filter_totals.retire(binding.spec.address, outlet)
                 if not binding.feed.outlets and not binding.pending:
-                    # The last link went: no move starts; the ones in flight finish (their originals
-                    # are accepted), bounded by the shutdown grace; then what is held goes back.
-                    self._unregister(binding)
-                    binding.feed.stop()
-                    binding.draining = True
-                    binding.draining_closed = closed
-                    if binding.feed.moving == 0:
-                        self.finish_feed(binding)
+                    if binding.kept_name is not None and not closed and not self.stopping and self.upstream_up:
+                        # A durable subscriber detached without closing (JMS consumer.close()): the
+                        # subscription stays, its upstream consumer attached, until it comes back,
+                        # unsubscribes, or the upstream connection goes.
+                        self.kept[binding.kept_name] = binding
+                        log.info("durable subscription %r kept while its subscriber is detached (%s)",
+                                 binding.kept_name, binding.spec.address)
                     else:
-                        self.draining.add(binding)
-                        self.upstream.loop.call_later(self.grace, lambda b=binding: self.finish_feed(b))
+                        self._end_feed(binding, closed)
+        unsubscribing = _attr(link, "bf_unsubscribe")
+        if unsubscribing is not None:
+            link.bf_unsubscribe = None
+            binding = self.kept.get(unsubscribing)
+            if closed and binding is not None:
+                del self.kept[unsubscribing]
+                log.info("durable subscription %r unsubscribed", unsubscribing)
+                self._end_feed(binding, closed=True)
         relay = _attr(link, "bf_relay")
         if relay is not None:
             link.bf_relay = None

@@ -47,6 +47,7 @@ from ..broker.addresses import subscription_name
 
 QUEUE = "queue"
 SUBSCRIPTION = "subscription"
+KEPT = "durable"  # the first item of a feed key of a durable subscription the proxy keeps
 ANYCAST = "anycast"
 MULTICAST = "multicast"
 
@@ -129,7 +130,8 @@ def decide(*, address: str | None, capabilities: Iterable[str] = (), copy: bool 
 
 def feed_key(decision: Decision, *, address: str | None, pushed: Iterable[Any], local: Any, serial: int,
              link_name: str | None = None, container_id: str | None = None,
-             capabilities: Iterable[str] = (), durable: bool = False, dynamic: bool = False) -> tuple:
+             capabilities: Iterable[str] = (), durable: bool = False, dynamic: bool = False,
+             kept: bool = False) -> tuple:
     """The key of the feed a link joins: links with equal keys share one upstream consumer.
 
     Queues: the upstream address and the pushed-down filters (the upstream applies those, so only
@@ -138,7 +140,9 @@ def feed_key(decision: Decision, *, address: str | None, pushed: Iterable[Any], 
     lives in the broker), a named shared subscription's links sharing by name (and by their filters:
     a JMS subscription has one selector); every other subscription link joins the address's shared
     upstream subscription (`broker_filter.proxy.fanout`), by the upstream address and pushed-down
-    filters."""
+    filters.  `kept`: the proxy itself keeps a durable (non-shared) subscription across its
+    subscriber's detaches (an upstream without named subscriptions): its key is its name, address and
+    filters, so the subscriber's next attach finds the same feed."""
     pushed_key = tuple((str(e.key), repr(e.value)) for e in pushed)
     if dynamic and address is None:
         return ("subscription", serial)  # a dynamic node of its own: never shared
@@ -147,6 +151,8 @@ def feed_key(decision: Decision, *, address: str | None, pushed: Iterable[Any], 
     named = subscription_name(link_name, container_id, capabilities, durable)
     if named is not None and named.shared:
         return ("named", address, named.queue_name, pushed_key, _canonical(local))
+    if named is not None and kept:
+        return (KEPT, address, named.queue_name, pushed_key, _canonical(local))
     if named is None and not durable and not dynamic:
         return ("fanout", address, pushed_key)
     return ("subscription", serial)
@@ -155,3 +161,10 @@ def feed_key(decision: Decision, *, address: str | None, pushed: Iterable[Any], 
 def _canonical(filter_set: Any) -> tuple:
     entries = getattr(filter_set, "entries", ()) or ()
     return tuple(sorted((getattr(e, "kind", ""), repr(getattr(e, "value", None))) for e in entries))
+
+
+def kept_name(link_name: str | None, container_id: str | None) -> str | None:
+    """The name under which the proxy keeps the durable subscription a link names (a null-source
+    lookup, which carries no durability or capabilities: Qpid JMS's unsubscribe)."""
+    named = subscription_name(link_name, container_id, (), True)
+    return None if named is None else named.queue_name
