@@ -12,6 +12,13 @@ application-properties and bodies unchanged, nothing filtered), credit follows t
 
 Anywhere else (the embedded broker, RabbitMQ 3.x) a link to `/management` is refused with
 `amqp:not-implemented` (`refusal`): the node is RabbitMQ 4's own.
+
+Order.  Directly, RabbitMQ answers a management call before it detaches the links the call
+removed (a deleted queue's publishers, `amqp:resource-deleted`), and RabbitMQ's clients rely on it
+(the detach would otherwise break the call waiting for its answer).  The proxy's pair is on a
+session of its own upstream, so the broker may send the two in either order there: while a request
+of a client connection is unanswered, a detach of that connection's links by the broker waits
+(`after_calls`) until the answer has been relayed, or `ORDER_WAIT` seconds.
 """
 
 from __future__ import annotations
@@ -29,7 +36,50 @@ from .wire import receive, remote_outcome, send, settle_with
 log = logging.getLogger("broker_filter.proxy.management")
 
 MANAGEMENT = "/management"
+ORDER_WAIT = 2.0  # at most this long a broker's detach waits for a management answer (see Order)
 _tags = itertools.count(1)
+
+
+class _Calls:
+    """A client connection's management requests in flight and what waits for their answers."""
+
+    __slots__ = ("waiting", "after")
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.after: list = []
+
+    def answered(self) -> None:
+        self.waiting = max(0, self.waiting - 1)
+        if not self.waiting:
+            self.flush()
+
+    def flush(self) -> None:
+        after, self.after = self.after, []
+        for fn in after:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one detach must not keep the others
+                log.exception("relaying a detach after a management answer failed")
+
+
+def _calls(connection: Any) -> _Calls:
+    calls = getattr(connection, "bf_management_calls", None)
+    if calls is None:
+        calls = _Calls()
+        connection.bf_management_calls = calls
+    return calls
+
+
+def after_calls(connection: Any, fn: Any, call_later: Any) -> None:
+    """Run `fn` (relaying a detach the broker sent) once the management requests in flight on the
+    client `connection` are answered, at the latest after ORDER_WAIT seconds; at once if none is."""
+    calls = getattr(connection, "bf_management_calls", None)
+    if calls is None or not calls.waiting:
+        fn()
+        return
+    calls.after.append(fn)
+    call_later(ORDER_WAIT, calls.flush)
 
 
 def is_management(link: Any) -> bool:
@@ -153,6 +203,7 @@ class ManagementPair:
             else:
                 client.bf_unsettled = getattr(client, "bf_unsettled", None) or {}
                 client.bf_unsettled[out] = dlv
+            _calls(client.connection).answered()
         else:  # the broker's outcome of a request the client sent unsettled
             outcome = remote_outcome(dlv)
             if outcome is None and not lib.pn_delivery_settled(dlv):
@@ -173,6 +224,7 @@ class ManagementPair:
                 lib.pn_delivery_settle(dlv)
                 return
             settled = bool(lib.pn_delivery_settled(dlv))
+            _calls(client.connection).waiting += 1
             out = send(up._impl, str(next(_tags)).encode(), data, settled=settled)
             if settled:
                 lib.pn_delivery_settle(dlv)
@@ -217,6 +269,7 @@ class ManagementPair:
     def lost(self, condition: str, description: str) -> None:
         """The upstream connection went: every client link of the pair is detached."""
         self.closed = True
+        _calls(self.client_session.connection).flush()
         for client in list(self.links):
             self._close_client(client, condition, description)
         self.links.clear()

@@ -47,7 +47,7 @@ from ..amqp import CodecError, decode_message, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
-from . import fanout, introspect, sharing
+from . import fanout, introspect, management, sharing
 from .refusal import close_link, refuse_link
 from .routing import Routing, vhost_asked
 from .replicas import PROPERTY as REPLICA_PROPERTY
@@ -142,11 +142,12 @@ def push_down(upstream: Upstream, address: str | None, fs: FilterSet,
 
 
 class _Conn:
-    __slots__ = ("id", "links", "closed", "peer", "connection")
+    __slots__ = ("id", "links", "producers", "closed", "peer", "connection")
 
     def __init__(self, id: str, connection: Any = None):
         self.id = id
         self.links: set = set()
+        self.producers: set = set()  # the links of `links` a client sends on (an inlet or a relay)
         self.closed = False
         self.peer: str | None = None  # the replica that opened it (`[replicas]`), else None
         self.connection = connection
@@ -358,11 +359,21 @@ class Inlet:
         if self.closed:
             return
         err = error or ErrorInfo("amqp:link:detach-forced", "upstream detached")
+        self.closed = True
         if not self.ready:
             self.link.target.type = Terminus.UNSPECIFIED
             self.link.open()
-        close_link(self.link, err.condition, err.description)
-        self.closed = True
+        loop = getattr(getattr(publisher, "upstream", None), "loop", None)
+        if err.condition == "amqp:resource-deleted" and loop is not None:
+            # (the broker removed the node, maybe by a management call of this client's, whose
+            # answer the client must see first, as directly: see management.py, Order)
+            management.after_calls(self.link.connection, lambda: self._detach(err), loop.call_later)
+        else:
+            self._detach(err)
+
+    def _detach(self, err: ErrorInfo) -> None:
+        if not (self.link.state & Endpoint.LOCAL_CLOSED):
+            close_link(self.link, err.condition, err.description)
 
     def top_up(self) -> None:
         if self.closed or not self.ready or self.publisher is None:
@@ -766,9 +777,8 @@ class ProxyServer(Handler):
             a = b.spec.address or ""
             credit[a] = credit.get(a, 0) + sum(o.credit for o in b.feed.outlets)
         links["upstream-consumer"] = len(self.feeds)
-        for c in self.connections.values():
-            links["producer"] += sum(1 for link in c.links
-                                     if _attr(link, "bf_inlet") is not None or _attr(link, "bf_relay") is not None)
+        for c in self.connections.values():  # (once a second with metrics on: no walk over every link)
+            links["producer"] += len(c.producers)
         links["upstream-producer"] = links["producer"]
         return {
             "links": links,
@@ -1517,6 +1527,7 @@ class ProxyServer(Handler):
         if self.max_message_size:
             link.max_message_size = self.max_message_size  # advertised in the attach reply
         conn.links.add(link)
+        conn.producers.add(link)
         self._route_link(link, functools.partial(self._publish, inlet))
         inlet.publisher = self.upstream.open_publisher(address, inlet, caps, durable=link.remote_target.durability)
 
@@ -1530,6 +1541,7 @@ class ProxyServer(Handler):
         if self.max_message_size:
             link.max_message_size = self.max_message_size
         conn.links.add(link)
+        conn.producers.add(link)
         self._route_link(link, relay.on_transfer)
         link.target.type = Terminus.TARGET
         link.source.copy(link.remote_source)
@@ -1684,6 +1696,7 @@ class ProxyServer(Handler):
         c = _conn_state(link.connection)
         if c is not None:
             c.links.discard(link)
+            c.producers.discard(link)
         pair = _attr(link, "bf_pair")
         if pair is not None:
             pair.client_gone(link)

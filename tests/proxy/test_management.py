@@ -140,6 +140,29 @@ def test_rabbitmqs_client_declares_binds_publishes_and_consumes_with_a_selector(
         env.close()
 
 
+def test_deleting_a_queue_with_a_publisher_attached_answers_the_call_first(passthrough4):
+    """RabbitMQ's client deletes a queue its publisher is still attached to (as its own tests do):
+    the broker detaches the publisher (`amqp:resource-deleted`) and answers the call; the client
+    must see the answer first, as directly, or the detach breaks the call waiting for it."""
+    rmq = pytest.importorskip("rabbitmq_amqp_python_client",
+                              reason="RabbitMQ's Python client is in pyproject's `test` extra")
+    for round in range(3):  # (a connection each: directly too, the detach reaches the client's next call)
+        env = rmq.Environment(uri=f"amqp://guest:guest@127.0.0.1:{passthrough4.port}/")
+        try:
+            connection = env.connection()
+            connection.dial()
+            management = connection.management()
+            queue = f"mgmt-del-{round}-{uuid.uuid4().hex[:8]}"
+            management.declare_queue(rmq.QuorumQueueSpecification(name=queue))
+            publisher = connection.publisher(rmq.AddressHelper.queue_address(queue))
+            status = publisher.publish(rmq.Message(body=rmq.Converter.string_to_bytes("m")))
+            assert status.remote_state == rmq.OutcomeState.ACCEPTED
+            assert management.purge_queue(queue) == 1
+            management.delete_queue(queue)  # raised LinkDetached when the detach came first
+        finally:
+            env.close()
+
+
 @pytest.mark.parametrize("where", ["embedded", pytest.param("rabbitmq3", marks=pytest.mark.rabbitmq)])
 def test_elsewhere_management_is_refused_as_rabbitmq_4s(request, where):
     d = Daemon() if where == "embedded" else Daemon(upstream=request.getfixturevalue("rabbitmq3").url)
