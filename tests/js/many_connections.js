@@ -1,14 +1,18 @@
 // Many rhea connections at once, for the engine's scale tests.  Usage:
-//   node many_connections.js PORT COUNT [PREFIX]
+//   node many_connections.js PORT COUNT [PREFIX] [LINKS] [SELECTOR]
 // Opens COUNT connections (AMQP without SASL), each with a session, a receiver on "<PREFIX><i % 10>"
-// (PREFIX "scale-" unless given; "-": no session and no receiver, the connection only) and credit 1.  Prints {"opened": n, "failed": m, "errors": {...}} once every connection opened or
+// (PREFIX "scale-" unless given; "-": no session and no receiver, the connection only) and credit 1;
+// with LINKS, that many receivers per connection, each with the JMS selector SELECTOR if given, in
+// which "{k}" stands for the receiver's number on its connection; then {"attached": n} is printed once
+// every receiver's attach was answered (after the "opened" line).  Prints {"opened": n, "failed": m, "errors": {...}} once every connection opened or
 // failed, then {"alive": n} for each line read on stdin, and closes everything when stdin ends,
 // printing {"closed": n}.
 'use strict';
 const rhea = require('rhea');
 const readline = require('readline');
 
-const [port, countText, prefixArg] = process.argv.slice(2);
+const [port, countText, prefixArg, linksText, selectorArg] = process.argv.slice(2);
+const links = linksText === undefined ? 1 : parseInt(linksText, 10);
 const prefix = prefixArg === undefined ? 'scale-' : prefixArg;
 const count = parseInt(countText, 10);
 const container = rhea.create_container({ id: 'rhea-many' });
@@ -16,6 +20,11 @@ const connections = [];
 let opened = 0;
 let failed = 0;
 let reported = false;
+let attached = 0;
+function linkAttached() {
+  attached += 1;
+  if (attached === count * links) out({ attached: attached });
+}
 const errors = {};
 
 function out(obj) { process.stdout.write(JSON.stringify(obj) + '\n'); }
@@ -36,7 +45,14 @@ function openOne(i) {
   conn.on('connection_open', () => {
     conn.phase = 'open';
     opened += 1;
-    if (prefix !== '-') conn.open_receiver({ source: prefix + (i % 10), credit_window: 1 });
+    if (prefix !== '-') {
+      for (let k = 0; k < links; k++) {
+        const source = { address: prefix + (i % 10) };
+        if (selectorArg) source.filter = rhea.filter.selector(selectorArg.split('{k}').join(String(k)));
+        const receiver = conn.open_receiver({ source: source, credit_window: 1 });
+        if (linksText !== undefined) receiver.once('receiver_open', linkAttached);
+      }
+    }
     maybeReport();
   });
   const fail = (why) => {
