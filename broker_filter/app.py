@@ -111,7 +111,7 @@ class App:
 
             self.passthrough = PassThrough(self.server, self._tenant_server,
                                            lambda upstream, listener: upstream.start(self.loop, listener),
-                                           self.loop.call_later)
+                                           self.loop.call_later, abort=self.container.abort)
             handler = self.passthrough
             from .engine.container import UpstreamLogin  # one more connection of the loop
 

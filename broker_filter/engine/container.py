@@ -222,6 +222,15 @@ class EngineContainer:
         connection.open(hostname=virtual_host or host, properties=_symbol_keys(properties))
         return ProtonConnection.wrap(connection.ptr)
 
+    def abort(self, connection: Any, condition: str, description: str) -> bool:
+        """Drop a connection's transport without a close frame (as a peer whose socket closes), the
+        reason logged and kept as its error; `connection` is proton's wrapper.  False if it is gone."""
+        engine_connection = self.loop.connections.get(getattr(connection, "_impl", None))
+        if engine_connection is None:
+            return False
+        self.loop.abort(engine_connection, Condition(condition, description))
+        return True
+
     def adopt(self, connection: Connection, handler: Any) -> None:
         """Dispatch a server connection's events to a proton handler."""
         connection.handler = _BRIDGE

@@ -110,6 +110,7 @@ class PassThrough:
         *,
         idle: float = 30.0,
         connect_timeout: float = 10.0,
+        abort: Callable[[Any, str, str], bool] | None = None,
     ):
         self.default = default
         self._make_server = make_server
@@ -117,6 +118,8 @@ class PassThrough:
         self._call_later = call_later
         self._idle = idle
         self._connect_timeout = connect_timeout
+        # abort(connection, condition, description): drop a client connection without a close frame
+        self._abort = abort
         self._tenants: dict[tuple[str, str, str | None], _Tenant] = {}
         self._numbers = itertools.count(1)
         self._stopped = False
@@ -206,7 +209,13 @@ class PassThrough:
                     extra={"fields": {"user": tenant.user, **({"vhost": tenant.key[2]} if tenant.key[2] is not None else {})}})
         condition = Condition(getattr(error, "condition", "amqp:connection:forced"),
                               getattr(error, "description", "upstream connection failed"))
+        aborted = bool(getattr(error, "aborted", False)) and self._abort is not None
         for connection in list(tenant.connections):
+            if aborted and self._abort(connection, condition.name, condition.description):
+                # The broker refused the open by closing its socket (RabbitMQ 4: a vhost it does not
+                # have): the client's connection goes the same way, as it would directly (RabbitMQ's
+                # clients take a close frame for a connection to recover, and retry)
+                continue
             if not connection.state & Endpoint.LOCAL_CLOSED:
                 if connection.state & Endpoint.LOCAL_UNINIT:
                     connection.open()

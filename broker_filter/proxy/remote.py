@@ -837,7 +837,7 @@ class RemoteUpstream(Handler):
         log.info("upstream %s: reconnecting in %.1fs", self.name, delay)
         self._reconnect_timer = self.loop.call_later(delay, self._connect)
 
-    def _lost(self, condition: Any) -> None:
+    def _lost(self, condition: Any, aborted: bool = False) -> None:
         was_connected = self.connected
         self.connected = False
         self._ended.clear()
@@ -857,7 +857,7 @@ class RemoteUpstream(Handler):
         desc = f"upstream {self.name} connection lost"
         if condition is not None and getattr(condition, "description", None):
             desc += f": {condition.description}"
-        err = ErrorInfo("amqp:connection:forced", desc, transient=True)
+        err = ErrorInfo("amqp:connection:forced", desc, transient=True, aborted=aborted)
         pairs, self.pairs = list(self.pairs), set()
         for pair in pairs:
             pair.lost(err.condition, err.description)
@@ -879,7 +879,7 @@ class RemoteUpstream(Handler):
             # An attempt that never opened: a listener that would rather give up than wait for the
             # next (a pass-through client whose vhost or login the broker refuses) is told.
             failed = getattr(self.listener, "on_upstream_failed", None)
-            if failed is not None:
+            if failed is not None and conn is not None:
                 failed(self, err)
         self._schedule_reconnect()
 
@@ -967,7 +967,7 @@ class RemoteUpstream(Handler):
     @_guarded
     def on_transport_closed(self, event) -> None:
         if event.connection is None or event.connection == self.connection or self.connection is None:
-            self._lost(event.transport.condition)
+            self._lost(event.transport.condition, aborted=True)
 
     @_guarded
     def on_transport_error(self, event) -> None:

@@ -82,13 +82,16 @@ class ErrorInfo:
     """Why something ended: an AMQP error condition.
 
     `transient` is True when the cause is the upstream connection going away (the upstream is
-    reconnecting); False when the upstream refused or ended this link for good.
+    reconnecting); False when the upstream refused or ended this link for good.  `aborted`: the
+    upstream connection went without a close frame (the socket closed: RabbitMQ 4 refuses an open
+    for a vhost it does not have so).
     """
 
     condition: str
     description: str | None = None
     transient: bool = False
     info: dict[Any, Any] | None = None
+    aborted: bool = False
 
 
 @dataclass(frozen=True)

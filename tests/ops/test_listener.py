@@ -253,7 +253,7 @@ def test_pass_through_client_is_closed_when_its_upstream_never_comes_up():
 
     upstreams = []
 
-    def make_server(user, password, n):
+    def make_server(user, password, n, vhost=None):
         upstreams.append(_SilentUpstream())
         return Server(), upstreams[-1]
 
