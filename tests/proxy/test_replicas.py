@@ -16,7 +16,8 @@ from proton import Message
 
 from clients import publish_many
 from launcher import metric_value, scrape
-from replicas import Consumer, Forwarder, ReplicaSet, all_arrive, expected, no_more_arrive, wait_consumers
+from replicas import (Consumer, Forwarder, ReplicaSet, all_arrive, expected, no_more_arrive, no_traceback,
+                      stop_everything, wait_consumers)
 
 from broker_filter.proxy.replicas import owner_of
 
@@ -141,6 +142,22 @@ def test_replica_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_s
             c.stopping.set()
 
 
+def third_through_a_forwarder(rabbitmq: str, port: int) -> tuple[Forwarder, ReplicaSet]:
+    """N replicas (not started), replica 2's upstream through a forwarder the test can close."""
+    forwarder = Forwarder("127.0.0.1", port)
+    forwarder.start()
+    user = rabbitmq.split("://", 1)[1].rsplit("@", 1)[0]
+    return forwarder, ReplicaSet(rabbitmq, N, upstreams=[rabbitmq, rabbitmq, f"amqp://{user}@127.0.0.1:{forwarder.port}"])
+
+
+def queue_owned_by(rs: ReplicaSet, i: int) -> tuple[str, str]:
+    """A fresh queue (name, address) whose owner is replica i."""
+    while True:
+        name, q = fresh()
+        if owner_of(q, rs.peers) == rs.peers[i]:
+            return name, q
+
+
 def count_in_log(d, text: str) -> int:
     return d.log().count(text)
 
@@ -153,17 +170,11 @@ def wait_more(d, text: str, than: int, timeout: float = 30) -> None:
 def test_replica_without_its_upstream_owns_nothing_until_it_is_back(rabbitmq, rabbitmq_broker):
     """The owner's own RabbitMQ connection goes (its forwarder closes): it closes its peer
     connections, the others take the queue; back, it owns it again."""
-    forwarder = Forwarder("127.0.0.1", rabbitmq_broker.port)
-    forwarder.start()
-    user = rabbitmq.split("://", 1)[1].rsplit("@", 1)[0]
-    rs = ReplicaSet(rabbitmq, N, upstreams=[rabbitmq, rabbitmq, f"amqp://{user}@127.0.0.1:{forwarder.port}"])
+    forwarder, rs = third_through_a_forwarder(rabbitmq, rabbitmq_broker.port)
     cs: list[Consumer] = []
     try:
         rs.start_all()
-        while True:  # a queue replica 2 owns
-            name, q = fresh()
-            if owner_of(q, rs.peers) == rs.peers[2]:
-                break
+        name, q = queue_owned_by(rs, 2)
         cs = start_consumers(rs, q)
         publish(rabbitmq, q, 0, 600)
         all_arrive(cs, 600, 60)
@@ -191,29 +202,19 @@ def test_replica_without_its_upstream_owns_nothing_until_it_is_back(rabbitmq, ra
         received = metric_value(scrape(rs.metrics_ports[2]), "broker_filter_messages_received_total", address=q)
         assert received >= 300  # the last messages came through it
     finally:
-        for c in cs:
-            c.stopping.set()
-        logs = rs.stop_all()
-        forwarder.close()
-    for log in logs:
-        assert "Traceback" not in log, log
+        logs = stop_everything(cs, rs, forwarder)
+    no_traceback(logs)
 
 
 def test_a_replica_losing_its_upstream_keeps_the_links_it_serves_through_the_owner(rabbitmq, rabbitmq_broker):
     """Replica 2's own RabbitMQ connection goes while a queue replica 0 owns is consumed on every
     replica: replica 2's consumer is served through the owner, which still has its upstream, so
     its link stays attached (no reconnect) and every message arrives, exactly its set."""
-    forwarder = Forwarder("127.0.0.1", rabbitmq_broker.port)
-    forwarder.start()
-    user = rabbitmq.split("://", 1)[1].rsplit("@", 1)[0]
-    rs = ReplicaSet(rabbitmq, N, upstreams=[rabbitmq, rabbitmq, f"amqp://{user}@127.0.0.1:{forwarder.port}"])
+    forwarder, rs = third_through_a_forwarder(rabbitmq, rabbitmq_broker.port)
     cs: list[Consumer] = []
     try:
         rs.start_all()
-        while True:  # a queue replica 0 owns
-            name, q = fresh()
-            if owner_of(q, rs.peers) == rs.peers[0]:
-                break
+        name, q = queue_owned_by(rs, 0)
         cs = start_consumers(rs, q)
         publish(rabbitmq, q, 0, 300)
         all_arrive(cs, 300, 60)
@@ -225,9 +226,5 @@ def test_a_replica_losing_its_upstream_keeps_the_links_it_serves_through_the_own
         no_more_arrive(cs, 900)
         assert wait_consumers(name, 1) == 1
     finally:
-        for c in cs:
-            c.stopping.set()
-        logs = rs.stop_all()
-        forwarder.close()
-    for log in logs:
-        assert "Traceback" not in log, log
+        logs = stop_everything(cs, rs, forwarder)
+    no_traceback(logs)

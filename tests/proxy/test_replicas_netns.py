@@ -17,7 +17,8 @@ import pytest
 from proton import Message
 
 from clients import publish_many
-from replicas import Consumer, Forwarder, ReplicaSet, all_arrive, no_more_arrive, wait_consumers
+from replicas import (Consumer, Forwarder, ReplicaSet, all_arrive, no_more_arrive, no_traceback, stop_everything,
+                      wait_consumers)
 
 from broker_filter.proxy.replicas import owner_of
 
@@ -114,12 +115,8 @@ def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_bro
         assert wait_consumers(name, 1) == 1
         no_more_arrive(cs, 2100)
     finally:
-        for c in cs:
-            c.stopping.set()
-        logs = rs.stop_all()
-        forwarder.close()
-    for log in logs:
-        assert "Traceback" not in log, log
+        logs = stop_everything(cs, rs, forwarder)
+    no_traceback(logs)
 
 
 def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_owner_again(rabbitmq_broker,
@@ -178,12 +175,8 @@ def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_own
     finally:
         for ns, addr in cut:
             subprocess.run(["ip", "-n", ns, "route", "del", "blackhole", f"{addr}/32"], capture_output=True)
-        for c in cs:
-            c.stopping.set()
-        logs = rs.stop_all()
-        forwarder.close()
-    for log in logs:
-        assert "Traceback" not in log, log
+        logs = stop_everything(cs, rs, forwarder)
+    no_traceback(logs)
 
 
 def write_hosts(names: list[str], addrs: list[str]) -> None:
@@ -241,11 +234,7 @@ def test_replicas_named_by_dns_one_owner_failover_and_scale_in(rabbitmq_broker, 
         assert wait_consumers(name, 1) == 1
         no_more_arrive(cs, 1500)
     finally:
-        for c in cs:
-            c.stopping.set()
-        logs = rs.stop_all()
-        forwarder.close()
+        logs = stop_everything(cs, rs, forwarder)
         for ns in names:
             shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
-    for log in logs:
-        assert "Traceback" not in log, log
+    no_traceback(logs)

@@ -269,3 +269,18 @@ class Forwarder(threading.Thread):
                     end()
                 except OSError:
                     pass
+
+
+def stop_everything(consumers: list, rs: ReplicaSet, forwarder) -> list[str]:
+    """The end of a replicas test: its consumers, its replicas and the forwarder in front of the
+    broker stopped; returns the replicas' logs."""
+    for c in consumers:
+        c.stopping.set()
+    logs = rs.stop_all()
+    forwarder.close()
+    return logs
+
+
+def no_traceback(logs: list[str]) -> None:
+    for log in logs:
+        assert "Traceback" not in log, log
