@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections import OrderedDict
 import logging
 import re
 import time
@@ -60,6 +59,7 @@ from ..security import redact_url
 from ..engine._cproton import lib
 from ..engine.container import Typed
 from .wire import data_value, put_value, receive, remote_outcome, send, settle_with
+from .settlement import SettlementOrder
 from .sharing import address_form_routing
 from .traits import Traits, traits_of
 from .upstream import (
@@ -82,10 +82,6 @@ log = logging.getLogger("broker_filter.proxy.upstream")
 BEGIN_HOLD = 1.0  # longest wait for an ended session's answer, counted from its end (see the module docstring)
 SESSION_IDLE = 30.0  # RabbitMQ 4: how long a session whose link detached waits for another link before it ends
 END_SETTLE = 0.25  # RabbitMQ 4: how long after an end is answered its channel is still taken to be busy
-# Ordered settlement (`RemoteConsumer.settle_in_order`): at most this many decided outcomes wait
-# behind an undecided delivery; past it they are settled at once, out of order.
-ORDER_LIMIT = 1000
-_UNDECIDED = object()
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
 # An attach reply in proton's frame trace: the link name, and the attach's own offered-capabilities
@@ -192,15 +188,14 @@ class RemoteConsumer(_RemoteLink):
     `settle_in_order()` was called (subscription feeds, where every delivery is decided within the
     feed's window), in delivery-id order: proton-c then sends one disposition frame for a run of
     consecutive deliveries instead of one per message.  A decided outcome waits behind undecided
-    ones at most until ORDER_LIMIT of them wait, and never past `close()`."""
+    ones at most until `settlement.ORDER_LIMIT` of them wait, and never past `close()`; the order
+    is kept by a `settlement.SettlementOrder`, this class applies what it releases."""
 
     def __init__(self, upstream: "RemoteUpstream", spec: ConsumerSpec, handler: ConsumerHandler):
         super().__init__(upstream, handler)
         self.spec = spec
         self.offer_pending = False  # its attach offers filters and the reply is not in yet
-        # ordered settlement: delivery -> its outcome (_UNDECIDED), in arrival order; None: off
-        self.order: OrderedDict | None = None
-        self.waiting = 0  # decided outcomes in `order`
+        self.order: SettlementOrder | None = None  # ordered settlement; None: off
 
     @property
     def credit(self) -> int:
@@ -221,7 +216,7 @@ class RemoteConsumer(_RemoteLink):
 
     def settle_in_order(self) -> None:
         if self.order is None:
-            self.order = OrderedDict()
+            self.order = SettlementOrder()
 
     def probe(self, answer: Callable[[int | None], None]) -> bool | None:
         """Ask how many messages the queue has ready: a drain without credit, which RabbitMQ 4
@@ -244,37 +239,17 @@ class RemoteConsumer(_RemoteLink):
     def settle(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
         if outcome.kind == "modified" and not self.upstream.modified_ok:
             outcome = RELEASED
-        order = self.order
-        if order is None or order.get(delivery, outcome) is not _UNDECIDED:
+        if self.order is None:
             self._apply(delivery, outcome)
             return
-        if not self.waiting and next(iter(order)) is delivery:  # the usual: decided in arrival order
-            del order[delivery]
-            self._apply(delivery, outcome)
-            return
-        order[delivery] = outcome
-        self.waiting += 1
-        while order:  # settle the decided run at the head
-            head = next(iter(order))
-            decided = order[head]
-            if decided is _UNDECIDED:
-                break
-            del order[head]
-            self.waiting -= 1
-            self._apply(head, decided)
-        if self.waiting > ORDER_LIMIT:
-            self._settle_decided()
+        for d, o in self.order.decided(delivery, outcome):
+            self._apply(d, o)
 
     def _settle_decided(self) -> None:
         """Settle every decided outcome now, out of order."""
-        order = self.order
-        if not order or not self.waiting:
-            return
-        decided = [(d, o) for d, o in order.items() if o is not _UNDECIDED]
-        for d, o in decided:
-            del order[d]
-            self._apply(d, o)
-        self.waiting = 0
+        if self.order is not None:
+            for d, o in self.order.flush():
+                self._apply(d, o)
 
     def _apply(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
         dlv = delivery.ref
@@ -286,7 +261,6 @@ class RemoteConsumer(_RemoteLink):
     def _discard(self) -> None:
         if self.order is not None:
             self.order.clear()
-            self.waiting = 0
 
     def close(self, closed: bool | None = None) -> None:
         # `closed` does not matter here: the remote link is private to the proxy (see open_consumer).
@@ -1102,7 +1076,7 @@ class RemoteUpstream(Handler):
             return
         ud = UpstreamDelivery(data, dlv)
         if ep.order is not None:
-            ep.order[ud] = _UNDECIDED
+            ep.order.arrived(ud)
         ep.handler.on_delivery(ep, ud)
 
     def _published(self, ep: Any, dlv: Any) -> None:
