@@ -84,7 +84,7 @@ RELAY_PUBLISHERS = 16
 # A feed consuming through a queue's owner (`[replicas]`) holds up to this many times
 # `limits.upstream_window` beyond its clients' credit.
 VIA_WINDOW = 4
-RELAY_WINDOW = 100  # credit an anonymous-relay link keeps granted (messages not yet settled count)
+RELAY_WINDOW = 1000  # credit an anonymous-relay link keeps granted (messages not yet settled count)
 _COORDINATOR = 3  # PN_COORDINATOR: a transaction coordinator target
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
 
