@@ -239,10 +239,11 @@ class RemoteConsumer(_RemoteLink):
     def settle(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
         if outcome.kind == "modified" and not self.upstream.modified_ok:
             outcome = RELEASED
-        if self.order is None:
+        order = self.order
+        if order is None or order.decided_first(delivery):
             self._apply(delivery, outcome)
             return
-        for d, o in self.order.decided(delivery, outcome):
+        for d, o in order.decided(delivery, outcome):
             self._apply(d, o)
 
     def _settle_decided(self) -> None:

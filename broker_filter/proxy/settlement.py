@@ -44,6 +44,16 @@ class SettlementOrder:
         """Register `delivery`, undecided, behind every delivery registered before it."""
         self._order[delivery] = _UNDECIDED
 
+    def decided_first(self, delivery: Hashable) -> bool:
+        """The usual case, without a generator (once per message): `delivery` is the oldest
+        undecided one and no decided one waits: it is forgotten, and True says to apply its outcome
+        now.  False: nothing changed; hand the decision to `decided`."""
+        order = self._order
+        if self.waiting or not order or next(iter(order)) is not delivery:
+            return False
+        del order[delivery]
+        return True
+
     def decided(self, delivery: Hashable, outcome: Any) -> Iterator[tuple[Hashable, Any]]:
         """Record `outcome` for `delivery`; yield the (delivery, outcome) pairs to apply now, in order.
 

@@ -190,6 +190,22 @@ def test_the_state_moves_only_as_far_as_the_pairs_taken():
     assert (len(order), order.waiting) == (0, 0)
 
 
+def test_decided_first_takes_only_the_head_while_nothing_waits():
+    """The fast path: True (and the head forgotten) exactly where `decided` would yield the one
+    pair at once; otherwise False and nothing changes."""
+    a, b, c = Delivery("a"), Delivery("b"), Delivery("c")
+    order = SettlementOrder()
+    assert order.decided_first(a) is False  # nothing registered
+    for d in (a, b, c):
+        order.arrived(d)
+    assert order.decided_first(b) is False and len(order) == 3  # not the head
+    assert order.decided_first(a) is True and len(order) == 2
+    assert list(order.decided(c, "rejected")) == []  # c waits behind b
+    assert order.decided_first(b) is False and (len(order), order.waiting) == (2, 1)  # something waits
+    assert list(order.decided(b, "accepted")) == [(b, "accepted"), (c, "rejected")]
+    assert (len(order), order.waiting) == (0, 0)
+
+
 def test_the_default_limit():
     order = SettlementOrder()
     assert order.limit == ORDER_LIMIT == 1000
