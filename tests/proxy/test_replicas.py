@@ -17,7 +17,7 @@ from proton import Message
 from clients import publish_many
 from launcher import metric_value, scrape
 from replicas import (Consumer, Forwarder, ReplicaSet, all_arrive, expected, no_more_arrive, no_traceback,
-                      stop_everything, wait_consumers)
+                      start_consumers, stop_everything, wait_consumers)
 
 from broker_filter.proxy.replicas import owner_of
 
@@ -38,16 +38,6 @@ def replica_set(rabbitmq):
 def fresh() -> tuple[str, str]:
     name = f"replicas-{uuid.uuid4().hex[:10]}"
     return name, f"/queue/{name}"
-
-
-def start_consumers(rs: ReplicaSet, q: str) -> list[Consumer]:
-    # consumer k on replica k, moving to the next replica when its own goes
-    cs = [Consumer([rs.url(k), rs.url((k + 1) % N), rs.url((k + 2) % N)], q, f"part = {k}") for k in range(N)]
-    for c in cs:
-        c.start()
-    for c in cs:
-        assert c.attached.wait(30), c.errors
-    return cs
 
 
 def publish(upstream: str, q: str, start: int, stop: int) -> None:

@@ -17,8 +17,8 @@ import pytest
 from proton import Message
 
 from clients import publish_many
-from replicas import (Consumer, Forwarder, ReplicaSet, all_arrive, no_more_arrive, no_traceback, stop_everything,
-                      wait_consumers)
+from replicas import (Consumer, Forwarder, ReplicaSet, all_arrive, no_more_arrive, no_traceback, start_consumers,
+                      stop_everything, wait_consumers)
 
 from broker_filter.proxy.replicas import owner_of
 
@@ -85,11 +85,7 @@ def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_bro
         name = f"replicas-ns-{uuid.uuid4().hex[:10]}"
         q = f"/queue/{name}"
         owner = rs.peers.index(owner_of(q, rs.peers))
-        cs = [Consumer([rs.url(k), rs.url((k + 1) % N), rs.url((k + 2) % N)], q, f"part = {k}") for k in range(N)]
-        for c in cs:
-            c.start()
-        for c in cs:
-            assert c.attached.wait(30), c.errors
+        cs = start_consumers(rs, q)
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1500)])
         all_arrive(cs, 1500, 60)
         assert wait_consumers(name, 1) == 1  # only the owner consumes from the queue
@@ -138,11 +134,7 @@ def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_own
         q = f"/queue/{name}"
         owner = rs.peers.index(owner_of(q, rs.peers))
         others = [i for i in range(N) if i != owner]
-        cs = [Consumer([rs.url(k)], q, f"part = {k}") for k in range(N)]  # each stays on its replica
-        for c in cs:
-            c.start()
-        for c in cs:
-            assert c.attached.wait(30), c.errors
+        cs = start_consumers(rs, q, moving=False)  # each stays on its replica
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(600)])
         all_arrive(cs, 600, 60)
         assert wait_consumers(name, 1) == 1
@@ -207,11 +199,7 @@ def test_replicas_named_by_dns_one_owner_failover_and_scale_in(rabbitmq_broker, 
         name = f"replicas-dns-{uuid.uuid4().hex[:10]}"
         q = f"/queue/{name}"
         owner = rs.peers.index(owner_of(q, rs.peers))
-        cs = [Consumer([rs.url(k), rs.url((k + 1) % N), rs.url((k + 2) % N)], q, f"part = {k}") for k in range(N)]
-        for c in cs:
-            c.start()
-        for c in cs:
-            assert c.attached.wait(30), c.errors
+        cs = start_consumers(rs, q)
         publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900)])
         all_arrive(cs, 900, 60)
         assert wait_consumers(name, 1) == 1

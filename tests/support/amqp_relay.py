@@ -87,11 +87,7 @@ class Relay:
                 dst.sendall(data)
         except OSError:
             pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _shut(src, dst)
 
     def _inspect(self, src: socket.socket, dst: socket.socket) -> None:
         """The daemon's side: frame by frame, dropping the chosen link's."""
@@ -120,11 +116,7 @@ class Relay:
                     dst.sendall(b"".join(out))
         except OSError:
             pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _shut(src, dst)
 
     def _frame(self, frame: bytes, silent: set[int], held: dict[int, list[bytes]]) -> list[bytes]:
         if len(frame) <= 8 or frame[5] != 0:  # an empty frame (heartbeat) or a SASL frame
@@ -148,3 +140,12 @@ class Relay:
             self.dropped.set()
             return []
         return [frame]
+
+
+def _shut(*sockets: socket.socket) -> None:
+    """Both directions of each socket ended (the other side's copy loop then ends too)."""
+    for s in sockets:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

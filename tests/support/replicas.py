@@ -284,3 +284,15 @@ def stop_everything(consumers: list, rs: ReplicaSet, forwarder) -> list[str]:
 def no_traceback(logs: list[str]) -> None:
     for log in logs:
         assert "Traceback" not in log, log
+
+
+def start_consumers(rs: ReplicaSet, q: str, moving: bool = True) -> list[Consumer]:
+    """Consumer k on replica k with the selector `part = k`, started and attached; `moving`: it goes
+    to the next replicas in turn when its own goes, else it stays on its replica."""
+    n = len(rs.peers)
+    cs = [Consumer([rs.url((k + i) % n) for i in range(n if moving else 1)], q, f"part = {k}") for k in range(n)]
+    for c in cs:
+        c.start()
+    for c in cs:
+        assert c.attached.wait(30), c.errors
+    return cs
