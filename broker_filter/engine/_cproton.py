@@ -51,6 +51,8 @@ pn_condition_set_description
 pn_data_encoded_size pn_data_encode pn_data_decode pn_data_clear pn_data_rewind pn_data_error pn_error_code
 pn_event_type pn_event_type_name pn_event_connection pn_event_session pn_event_link pn_event_delivery pn_event_transport
 pn_incref pn_decref
+pn_terminus_copy pn_link_set_drain pn_link_remote_rcv_settle_mode pn_link_remote_max_message_size
+pn_transport_trace pn_transport_set_tracer pn_transport_attachments pn_pytracer
 """.split()
 
 _missing = sorted({name for name in NEEDED if not hasattr(lib, name)})

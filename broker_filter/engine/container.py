@@ -28,11 +28,12 @@ from __future__ import annotations
 import logging
 import ssl
 from typing import Any, Callable
+from urllib.parse import unquote, urlsplit
 
 from ..amqp import types as t
 from ..security import IDENTITY_ATTRIBUTE, UserDatabase, server_ssl_context
 from ._cproton import ffi, lib
-from .endpoints import Condition, Connection, Handler, SaslClient, read_data
+from .endpoints import Condition, Connection, Handler, Link, SaslClient, read_data
 from .loop import EVENT_READ, EventLoop, Limits
 from .streams import ServerSasl, Verify
 
@@ -83,7 +84,9 @@ class Typed:
 
 
 def link_pointer(link: Any) -> Any:
-    """The `pn_link_t` of a proton Link wrapper (or the pointer itself)."""
+    """The `pn_link_t` of an engine Link or a proton Link wrapper (or the pointer itself)."""
+    if isinstance(link, Link):
+        return link.ptr
     return getattr(link, "_impl", link)
 
 
@@ -199,33 +202,38 @@ class EngineContainer:
                 ssl_domain: Any = None, heartbeat: float | None = None, user: str | None = None,
                 password: str | None = None, allow_insecure_mechs: bool = True,
                 allowed_mechs: str | None = None, virtual_host: str | None = None, **ignored: Any) -> Any:
-        """A client connection like `Container.connect` (no reconnect: the caller reconnects);
-        returns proton's Connection wrapper."""
-        from proton import Connection as ProtonConnection
-        from proton import Url
-
-        parsed = Url(url)
-        user = user if user is not None else parsed.username
-        password = password if password is not None else parsed.password
-        secure = parsed.scheme == "amqps"
+        """A client connection like `Container.connect` (no reconnect: the caller reconnects).
+        `handler`: an engine `Handler` (the connection is the engine's, returned as it is) or a
+        proton handler (its events cross the bridge; returns proton's Connection wrapper)."""
+        parts = urlsplit(url)
+        user = user if user is not None else (unquote(parts.username) if parts.username else None)
+        password = password if password is not None else (unquote(parts.password) if parts.password else None)
+        secure = parts.scheme == "amqps"
         if secure and self.client_tls is None:
             raise ValueError(f"{url}: amqps needs [upstream.tls] for the engine's TLS")
         if user is not None:
             sasl = SaslClient("PLAIN", user, password or "")
         else:
             sasl = SaslClient(allowed_mechs or "ANONYMOUS")
-        host = parsed.host or "127.0.0.1"
-        port = int(parsed.port or (5671 if secure else 5672))
-        connection = self.loop.connect(host, port, _BRIDGE, sasl=sasl, tls=self.client_tls if secure else None,
-                                       idle_timeout=heartbeat or 0.0)
-        self._proton[connection.ptr] = handler
+        host = parts.hostname or "127.0.0.1"
+        port = int(parts.port or (5671 if secure else 5672))
+        typed = isinstance(handler, Handler)
+        connection = self.loop.connect(host, port, handler if typed else _BRIDGE, sasl=sasl,
+                                       tls=self.client_tls if secure else None, idle_timeout=heartbeat or 0.0)
+        if not typed:
+            self._proton[connection.ptr] = handler
         connection.open(hostname=virtual_host or host, properties=_symbol_keys(properties))
+        if typed:
+            return connection
+        from proton import Connection as ProtonConnection
+
         return ProtonConnection.wrap(connection.ptr)
 
     def abort(self, connection: Any, condition: str, description: str) -> bool:
         """Drop a connection's transport without a close frame (as a peer whose socket closes), the
-        reason logged and kept as its error; `connection` is proton's wrapper.  False if it is gone."""
-        engine_connection = self.loop.connections.get(getattr(connection, "_impl", None))
+        reason logged and kept as its error; `connection`: the engine's or proton's wrapper.  False if it is gone."""
+        pointer = connection.ptr if isinstance(connection, Connection) else getattr(connection, "_impl", None)
+        engine_connection = self.loop.connections.get(pointer)
         if engine_connection is None:
             return False
         self.loop.abort(engine_connection, Condition(condition, description))

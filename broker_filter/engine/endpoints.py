@@ -180,9 +180,12 @@ class Terminus:
     filter_error: str | None = None  # why the peer's filter could not be read
     capabilities: tuple[str, ...] = ()
     dynamic_node_properties: Any = None
+    null: bool = False  # no terminus at all (an attach refused by its sender carries a null source)
 
 
 def read_terminus(pointer: Any) -> Terminus:
+    if lib.pn_terminus_get_type(pointer) == lib.PN_UNSPECIFIED:
+        return _NULL_TERMINUS
     filter_value, filter_error = read_data(lib.pn_terminus_filter(pointer))
     if filter_error is None and filter_value is not None and not isinstance(filter_value, dict):
         filter_error = f"a filter must be a map, not {t.amqp_type(filter_value)}"
@@ -203,7 +206,13 @@ def read_terminus(pointer: Any) -> Terminus:
     )
 
 
+_NULL_TERMINUS = Terminus(null=True)
+
+
 def write_terminus(pointer: Any, terminus: Terminus) -> None:
+    if terminus.null:
+        lib.pn_terminus_set_type(pointer, lib.PN_UNSPECIFIED)
+        return
     if terminus.address is not None:
         lib.pn_terminus_set_address(pointer, terminus.address.encode())
     lib.pn_terminus_set_dynamic(pointer, terminus.dynamic)
@@ -375,6 +384,29 @@ class Connection(_Endpoint):
     def remote_idle_timeout(self) -> float:
         return lib.pn_transport_get_remote_idle_timeout(self.transport) / 1000 if self.ptr is not None else 0.0
 
+    def trace(self, tracer: Callable[[str], None] | None) -> None:
+        """Hand every frame this connection sends or receives to `tracer`, as proton's trace text
+        (`<- @attach(18) [name="...", ...]`); None stops.  For the few answers proton has no
+        accessor for (a link's remote offered-capabilities, a flow's `available`): tracing costs a
+        formatted line a frame, so trace only while such an answer is awaited."""
+        if self.ptr is None:
+            return
+        transport = self.transport
+        if tracer is None:
+            lib.pn_transport_trace(transport, lib.PN_TRACE_OFF)
+            return
+        import cproton  # python-qpid-proton's C binding module (not the `proton` package): its tracer hook
+
+        record = lib.pn_transport_attachments(transport)
+        attributes = cproton.pn_record_get_py(record)
+        if attributes is None:  # (proton's wrappers keep their attributes in this record too)
+            attributes = {}
+            cproton.pn_record_def_py(record)
+            cproton.pn_record_set_py(record, attributes)
+        attributes["_tracer"] = lambda _transport, message: tracer(message)
+        lib.pn_transport_set_tracer(transport, lib.pn_pytracer)
+        lib.pn_transport_trace(transport, lib.PN_TRACE_FRM)
+
     def __repr__(self) -> str:
         return f"<Connection {self.name or hex(id(self))}{' closed' if self.ptr is None else ''}>"
 
@@ -416,6 +448,11 @@ class Session(_Endpoint):
         assert link is not None
         link.handler = handler
         return link
+
+    def free(self) -> None:
+        """Forget a session that was never opened (its links with it)."""
+        if self.ptr is not None and self.local_state == LOCAL_UNINIT:
+            self.connection.engine._free_session(self)
 
 
 class Link(_Endpoint):
@@ -483,6 +520,27 @@ class Link(_Endpoint):
     def drain_mode(self) -> bool:
         return bool(lib.pn_link_get_drain(self.ptr)) if self.ptr is not None else False
 
+    @property
+    def unsettled_count(self) -> int:
+        """Deliveries on this link not settled here (proton's count, routed links included)."""
+        return lib.pn_link_unsettled(self.ptr) if self.ptr is not None else 0
+
+    @property
+    def remote_max_message_size(self) -> int:
+        return int(lib.pn_link_remote_max_message_size(self.ptr)) if self.ptr is not None else 0
+
+    def copy_remote(self, other: Any) -> None:
+        """This link's termini, settle modes and properties as `other`'s peer sent them (`other`: a
+        `pn_link_t`), e.g. to attach upstream what a client attached."""
+        pointer = self.ptr
+        lib.pn_terminus_copy(lib.pn_link_source(pointer), lib.pn_link_remote_source(other))
+        lib.pn_terminus_copy(lib.pn_link_target(pointer), lib.pn_link_remote_target(other))
+        lib.pn_link_set_snd_settle_mode(pointer, lib.pn_link_remote_snd_settle_mode(other))
+        lib.pn_link_set_rcv_settle_mode(pointer, lib.pn_link_remote_rcv_settle_mode(other))
+        properties, _ = read_data(lib.pn_link_remote_properties(other))
+        if properties:
+            write_data(lib.pn_link_properties(pointer), properties)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}{' closed' if self.ptr is None else ''}>"
 
@@ -535,6 +593,11 @@ class Receiver(Link):
     def drain(self, credit: int = 0) -> None:
         if self.ptr is not None:
             lib.pn_link_drain(self.ptr, credit)
+
+    def set_drain(self, drain: bool) -> None:
+        """Set or clear the drain flag the next flow carries (without granting credit)."""
+        if self.ptr is not None:
+            lib.pn_link_set_drain(self.ptr, drain)
 
 
 class Delivery:
@@ -1035,12 +1098,16 @@ class Engine:
                 self._forget_link(endpoint)
                 lib.pn_link_free(pointer)
             else:
-                for link in list(endpoint.links):
-                    self._forget_link(link)
-                self.sessions.pop(pointer, None)
-                endpoint.connection.sessions.discard(endpoint)
-                endpoint.ptr = None
-                lib.pn_session_free(pointer)
+                self._free_session(endpoint)
+
+    def _free_session(self, session: Session) -> None:
+        pointer = session.ptr
+        for link in list(session.links):
+            self._forget_link(link)
+        self.sessions.pop(pointer, None)
+        session.connection.sessions.discard(session)
+        session.ptr = None
+        lib.pn_session_free(pointer)
 
     def _forget_link(self, link: Link) -> None:
         for delivery in link.unsettled.values():

@@ -322,3 +322,94 @@ def test_a_failing_handler_closes_its_link_with_internal_error_and_nothing_else(
     assert closed == [("broken", Condition("amqp:internal-error", "handling PN_DELIVERY failed"))]
     assert "a bug in the handler" in caplog.text
     assert fine.ptr is not None and client.ptr is not None and sender.credit > 0
+
+
+def test_a_refused_attach_reads_as_a_null_source():
+    """A sender that refuses an attach answers with a null source (then detaches): the client side
+    reads it as `Terminus.null`, not as a source without an address; an ordinary answer is not null."""
+
+    class Refusing(EchoServer):
+        def on_link_open(self, link):
+            if link.remote_source.address == "nope":
+                link.set_source(Terminus(null=True))
+                link.open()
+                link.close(Condition("amqp:not-found", "no"))
+                return
+            super().on_link_open(link)
+
+    engine, client, server, session, rec, echo = connect(Refusing())
+    session.receiver("r", source=Terminus(address="nope")).open()
+    session.receiver("ok", source=Terminus(address="q")).open()
+    pump(engine, client, server)
+    refused, answered = rec.sources
+    assert refused.null and refused.address is None
+    assert not answered.null and answered.address == "q"
+
+
+def test_copy_remote_attaches_what_the_peer_attached():
+    """`copy_remote`: a link attached with another link's remote termini, settle modes and link
+    properties (how a relay passes a client's attach on)."""
+    engine, client, server, session, rec, echo = connect()
+    source = Terminus(address="/management", capabilities=("queue",), distribution_mode="copy")
+    original = session.sender("pair", target=Terminus(address="/management"), source=source, settled=True,
+                              properties={t.symbol("paired"): True})
+    original.open()
+    pump(engine, client, server)
+    incoming = echo.opened_links[-1]  # the server's end of `original`
+    copy = session.receiver("copy")
+    copy.copy_remote(incoming.ptr)
+    copy.open()
+    pump(engine, client, server)
+    theirs = echo.opened_links[-1]
+    assert theirs.remote_target.address == "/management"
+    assert theirs.remote_source.capabilities == ("queue",) and theirs.remote_source.distribution_mode == "copy"
+    assert theirs.remote_settled_mode
+    assert theirs.remote_properties == {t.symbol("paired"): True}
+
+
+def test_trace_hands_over_each_frame_until_stopped():
+    engine, client, server, session, rec, echo = connect()
+    lines: list[str] = []
+    client.trace(lines.append)
+    receiver = session.receiver("traced", source=Terminus(address="q"))
+    receiver.open()
+    pump(engine, client, server)
+    assert any("<- @attach(18)" in line and 'name="traced"' in line for line in lines), lines
+    assert any("-> @attach(18)" in line for line in lines)
+    client.trace(None)
+    count = len(lines)
+    receiver.flow(5)
+    pump(engine, client, server)
+    assert len(lines) == count  # stopped
+
+
+def test_drain_flag_cleared_and_unsettled_counted():
+    engine, client, server, session, rec, echo = connect(client_handler=Recorder(accept=False))
+    sender = session.sender("s", target=Terminus(address="q"))
+    sender.open()
+    receiver = session.receiver("r", source=Terminus(address="q"))
+    receiver.open()
+    pump(engine, client, server)
+    for i in range(3):
+        sender.send(body(str(i)))
+    pump(engine, client, server)
+    receiver.drain(2)
+    pump(engine, client, server)
+    assert len(rec.deliveries) == 2 and receiver.unsettled_count == 2 and receiver.drain_mode
+    rec.deliveries[0].accept()
+    assert receiver.unsettled_count == 1
+    receiver.set_drain(False)
+    assert not receiver.drain_mode
+
+
+def test_a_session_never_opened_is_freed_with_its_links():
+    engine, client, server, session, rec, echo = connect()
+    idle = client.session()
+    link = idle.receiver("never", source=Terminus(address="q"))
+    idle.free()
+    assert idle.ptr is None and link.ptr is None and idle not in client.sessions
+    pump(engine, client, server)  # nothing goes out for it, and the connection carries on
+    live = session.receiver("live", source=Terminus(address="q"))
+    live.open()
+    pump(engine, client, server)
+    assert live.remote_source.address == "q"
