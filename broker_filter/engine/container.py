@@ -249,7 +249,8 @@ class EngineContainer:
         pointer = link_pointer(link)
         typed.connection = lib.pn_session_connection(lib.pn_link_session(pointer))
         self.typed[pointer] = typed
-        self._routed.setdefault(typed.connection, set()).add(pointer)
+        if not isinstance(link, Link):  # (an engine link's route goes when the engine forgets the link)
+            self._routed.setdefault(typed.connection, set()).add(pointer)
 
     def unroute(self, link: Any) -> None:
         self._forget_route(link_pointer(link))

@@ -226,6 +226,18 @@ def write_terminus(pointer: Any, terminus: Terminus) -> None:
         write_data(lib.pn_terminus_properties(pointer), terminus.dynamic_node_properties)
 
 
+def copy_remote(pointer: Any, other: Any) -> None:
+    """`pointer`'s (a `pn_link_t`) termini, settle modes and link properties set to what `other`'s
+    peer attached with."""
+    lib.pn_terminus_copy(lib.pn_link_source(pointer), lib.pn_link_remote_source(other))
+    lib.pn_terminus_copy(lib.pn_link_target(pointer), lib.pn_link_remote_target(other))
+    lib.pn_link_set_snd_settle_mode(pointer, lib.pn_link_remote_snd_settle_mode(other))
+    lib.pn_link_set_rcv_settle_mode(pointer, lib.pn_link_remote_rcv_settle_mode(other))
+    properties, _ = read_data(lib.pn_link_remote_properties(other))
+    if properties:
+        write_data(lib.pn_link_properties(pointer), properties)
+
+
 # --------------------------------------------------------------------------------------------------
 # Handlers
 
@@ -425,6 +437,10 @@ class Session(_Endpoint):
     _close_of = lib.pn_session_close
     _condition_of = lib.pn_session_condition
 
+    @property
+    def remote_condition(self) -> Condition | None:
+        return condition_of(lib.pn_session_remote_condition(self.ptr)) if self.ptr is not None else None
+
     def sender(self, name: str, *, target: Terminus | None = None, source: Terminus | None = None,
                settled: bool = False, handler: Handler | None = None, properties: dict | None = None) -> Sender:
         return self._link(lib.pn_sender, name, source, target, settled, handler, properties)  # type: ignore
@@ -532,14 +548,8 @@ class Link(_Endpoint):
     def copy_remote(self, other: Any) -> None:
         """This link's termini, settle modes and properties as `other`'s peer sent them (`other`: a
         `pn_link_t`), e.g. to attach upstream what a client attached."""
-        pointer = self.ptr
-        lib.pn_terminus_copy(lib.pn_link_source(pointer), lib.pn_link_remote_source(other))
-        lib.pn_terminus_copy(lib.pn_link_target(pointer), lib.pn_link_remote_target(other))
-        lib.pn_link_set_snd_settle_mode(pointer, lib.pn_link_remote_snd_settle_mode(other))
-        lib.pn_link_set_rcv_settle_mode(pointer, lib.pn_link_remote_rcv_settle_mode(other))
-        properties, _ = read_data(lib.pn_link_remote_properties(other))
-        if properties:
-            write_data(lib.pn_link_properties(pointer), properties)
+        if self.ptr is not None:
+            copy_remote(self.ptr, other)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}{' closed' if self.ptr is None else ''}>"
@@ -1114,6 +1124,7 @@ class Engine:
             delivery.ptr = None
         link.unsettled.clear()
         self.links.pop(link.ptr, None)
+        self.typed.pop(link.ptr, None)  # its route, before proton can reuse the address
         link.session.links.discard(link)
         link.ptr = None
 

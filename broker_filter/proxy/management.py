@@ -27,9 +27,9 @@ import itertools
 import logging
 from typing import Any
 
-from proton import Endpoint, Terminus
-
 from ..engine._cproton import lib
+from ..engine.container import Typed
+from ..engine.endpoints import LOCAL_CLOSED, Link, copy_remote
 from .refusal import refuse_link
 from .wire import receive, remote_outcome, send, settle_with
 
@@ -105,15 +105,19 @@ def _describe(upstream: Any) -> str:
     return " ".join(p for p in (product, version) if p)
 
 
+def _ptr(link: Any) -> Any:
+    """The `pn_link_t` of a link: the upstream's (an engine Link) or a client's (proton's wrapper)."""
+    return link.ptr if isinstance(link, Link) else link._impl
+
+
+def _state(link: Any) -> int:
+    pointer = _ptr(link)
+    return lib.pn_link_state(pointer) if pointer is not None else lib.PN_LOCAL_CLOSED | lib.PN_REMOTE_CLOSED
+
+
 def _copy_link(dst: Any, src: Any) -> None:
     """dst's termini, settle modes and properties as src's peer sent them."""
-    dst.source.copy(src.remote_source)
-    dst.target.copy(src.remote_target)
-    dst.snd_settle_mode = src.remote_snd_settle_mode
-    dst.rcv_settle_mode = src.remote_rcv_settle_mode
-    props = src.remote_properties
-    if props:
-        dst.properties = props
+    copy_remote(_ptr(dst), _ptr(src))
 
 
 class ManagementPair:
@@ -122,14 +126,17 @@ class ManagementPair:
     def __init__(self, upstream: Any, client_session: Any):
         self.upstream = upstream
         self.client_session = client_session
+        from .remote import session_state
+
         idle = getattr(upstream, "_idle", None)
         if idle:  # RabbitMQ 4: a begun session no link uses, rather than a begin that could reach a dying one
             self.session = idle.pop()
-            self.session.bf_endpoint = None
         else:
             self.session = upstream.connection.session()
             self.session.open()
-        self.session.bf_pair = self
+        state = session_state(self.session)
+        state.endpoint = None
+        state.pair = self
         self.links: dict[Any, Any] = {}  # client link -> upstream link
         self.closed = False
         upstream.pairs.add(self)
@@ -145,33 +152,37 @@ class ManagementPair:
         pair.attach(client_link, route)
 
     def attach(self, client: Any, route: Any) -> None:
+        from .remote import link_state
+
         up = self.session.sender(client.name) if client.is_receiver else self.session.receiver(client.name)
         _copy_link(up, client)
-        up.bf_pair = self
-        up.bf_peer = client
+        state = link_state(up)
+        state.pair, state.peer = self, client
         client.bf_pair = self
         client.bf_peer = up
         self.links[client] = up
         route(client, self._client_transfer, self._client_credit)
+        # the broker's deliveries and outcomes on it as raw pointers (its flow: RemoteUpstream.on_flow)
+        self.upstream.loop.container.route(up, Typed(lambda dlv, up=up: self.upstream_delivery(up, dlv)))
         up.open()
 
     # ------------------------------------------------------------------ upstream events
     def upstream_open(self, up: Any) -> None:
-        client = getattr(up, "bf_peer", None)
-        if client is None or not (client.state & Endpoint.LOCAL_UNINIT):
+        client = up.context.peer
+        if client is None or not (_state(client) & lib.PN_LOCAL_UNINIT):
             return
         _copy_link(client, up)
-        if up.is_sender and up.remote_target.type == Terminus.UNSPECIFIED:
-            client.target.type = Terminus.UNSPECIFIED
+        if up.is_sender and up.remote_target.null:
+            lib.pn_terminus_set_type(lib.pn_link_target(_ptr(client)), lib.PN_UNSPECIFIED)
         client.open()
         if up.is_sender:
             self._upstream_credit(up)
 
     def upstream_closed(self, up: Any) -> None:
-        client = getattr(up, "bf_peer", None)
-        if not (up.state & Endpoint.LOCAL_CLOSED):
-            up.close()
-        up.bf_peer = None
+        client = up.context.peer
+        if up.local_state != LOCAL_CLOSED:
+            up.close()  # detached on both ends: the engine frees it
+        up.context.peer = None
         if client is not None:
             self.links.pop(client, None)
             client.bf_peer = None
@@ -180,7 +191,6 @@ class ManagementPair:
                         f"{c.name}: {c.description}" if c is not None else "no error")
             self._close_client(client, c.name if c is not None else "amqp:link:detach-forced",
                                c.description if c is not None else "the upstream detached the link")
-        up.free()
         self._end_if_done()
 
     def upstream_flow(self, up: Any) -> None:
@@ -188,15 +198,16 @@ class ManagementPair:
             self._upstream_credit(up)
 
     def upstream_delivery(self, up: Any, dlv: Any) -> None:
-        client = getattr(up, "bf_peer", None)
-        if up.is_receiver:
-            data = receive(up._impl, dlv)
+        state = up.context
+        client = state.peer
+        if not up.is_sender:
+            data = receive(up.ptr, dlv)
             if data is None:
                 return
-            if client is None or client.state & Endpoint.LOCAL_CLOSED:
+            if client is None or _state(client) & lib.PN_LOCAL_CLOSED:
                 lib.pn_delivery_settle(dlv)
                 return
-            settled = bool(lib.pn_delivery_settled(dlv)) or up.remote_snd_settle_mode == 1
+            settled = bool(lib.pn_delivery_settled(dlv)) or up.remote_settled_mode
             out = send(client._impl, str(next(_tags)).encode(), data, settled=settled)
             if settled:
                 lib.pn_delivery_settle(dlv)
@@ -208,7 +219,7 @@ class ManagementPair:
             outcome = remote_outcome(dlv)
             if outcome is None and not lib.pn_delivery_settled(dlv):
                 return
-            origin = getattr(up, "bf_unsettled", {}).pop(dlv, None)
+            origin = (state.unsettled or {}).pop(dlv, None)
             lib.pn_delivery_settle(dlv)
             if origin is not None and outcome is not None:
                 settle_with(origin, outcome)
@@ -225,12 +236,13 @@ class ManagementPair:
                 return
             settled = bool(lib.pn_delivery_settled(dlv))
             _calls(client.connection).waiting += 1
-            out = send(up._impl, str(next(_tags)).encode(), data, settled=settled)
+            out = send(up.ptr, str(next(_tags)).encode(), data, settled=settled)
             if settled:
                 lib.pn_delivery_settle(dlv)
             else:
-                up.bf_unsettled = getattr(up, "bf_unsettled", None) or {}
-                up.bf_unsettled[out] = dlv
+                state = up.context
+                state.unsettled = state.unsettled or {}
+                state.unsettled[out] = dlv
         else:  # the client's outcome of a response
             outcome = remote_outcome(dlv)
             if outcome is None and not lib.pn_delivery_settled(dlv):
@@ -242,14 +254,14 @@ class ManagementPair:
 
     def _client_credit(self, client: Any) -> None:
         up = getattr(client, "bf_peer", None)
-        if client.is_sender and up is not None and up.state & Endpoint.LOCAL_ACTIVE:
+        if client.is_sender and up is not None and up.ptr is not None and up.local_state == lib.PN_LOCAL_ACTIVE:
             add = client.credit - up.credit - up.queued
             if add > 0:
                 up.flow(add)
 
     def _upstream_credit(self, up: Any) -> None:
-        client = getattr(up, "bf_peer", None)
-        if client is None or not (client.state & Endpoint.LOCAL_ACTIVE):
+        client = up.context.peer
+        if client is None or not (_state(client) & lib.PN_LOCAL_ACTIVE):
             return
         add = up.credit - client.credit - client.queued
         if add > 0:
@@ -261,8 +273,8 @@ class ManagementPair:
         up = self.links.pop(client, None)
         client.bf_peer = None
         if up is not None:
-            up.bf_peer = None
-            if not (up.state & Endpoint.LOCAL_CLOSED):
+            up.context.peer = None
+            if up.local_state != LOCAL_CLOSED:
                 up.close()
         self._end_if_done()
 
@@ -278,7 +290,7 @@ class ManagementPair:
         self.closed = True
         self.upstream.pairs.discard(self)
         for client, up in list(self.links.items()):
-            up.bf_peer = None
+            up.context.peer = None
             self._close_client(client, condition.name if condition is not None else "amqp:session:unattached-handle",
                                condition.description if condition is not None else "the upstream ended the session")
         self.links.clear()
@@ -295,6 +307,6 @@ class ManagementPair:
         self.upstream.pairs.discard(self)
         if getattr(self.client_session, "bf_management", None) is self:
             self.client_session.bf_management = None
-        if not (self.session.state & Endpoint.LOCAL_CLOSED):
+        if self.session.local_state != LOCAL_CLOSED:
             self.session.close()
             self.upstream._ending(self.session)  # a later begin waits for its answer (remote.py)

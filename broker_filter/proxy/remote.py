@@ -51,14 +51,13 @@ import time
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
-from proton import Endpoint, Handler, Terminus, Transport
-from proton import symbol as psymbol
-
 from ..amqp import types as t
 from ..security import redact_url
 from ..engine._cproton import lib
 from ..engine.container import Typed
-from .wire import data_value, put_value, receive, remote_outcome, send, settle_with
+from ..engine.endpoints import (LOCAL_CLOSED, LOCAL_UNINIT, REMOTE_CLOSED, REMOTE_UNINIT, Connection, Handler,
+                                Link, Session, Terminus)
+from .wire import receive, remote_outcome, send, settle_with
 from .settlement import SettlementOrder
 from .sharing import address_form_routing
 from .traits import Traits, traits_of
@@ -98,28 +97,57 @@ RECONNECT_FOR_ENDS = False
 ANSWER_TIMEOUT = 5.0  # default `upstream.answer_timeout`: longest wait for a begin, attach or end to be answered
 
 
-def _caps(data) -> tuple[str, ...]:
-    v = data_value(data)
-    if v is None:
-        return ()
-    if isinstance(v, list):
-        return tuple(str(x) for x in v)
-    return (str(v),)
+class _SessionState:
+    """What the upstream keeps on each of its sessions (`Session.context`)."""
+
+    __slots__ = ("endpoint", "pair", "end_when_begun", "idle_since")
+
+    def __init__(self) -> None:
+        self.endpoint: _RemoteLink | None = None  # the link's own endpoint using the session
+        self.pair: Any = None  # a `management.ManagementPair` using it
+        self.end_when_begun: _RemoteLink | None = None  # ended before its begin was answered
+        self.idle_since = 0.0  # RabbitMQ 4: parked for the next link since (`_park`)
+
+
+class _LinkState:
+    """What the upstream keeps on each of its links (`Link.context`)."""
+
+    __slots__ = ("endpoint", "pair", "peer", "recycle", "unsettled")
+
+    def __init__(self) -> None:
+        self.endpoint: _RemoteLink | None = None
+        self.pair: Any = None  # a `management.ManagementPair` relaying it
+        self.peer: Any = None  # ... and the client link it relays
+        self.recycle: Session | None = None  # RabbitMQ 4: park this session once the detach is answered
+        self.unsettled: dict | None = None  # a pair's relayed unsettled deliveries -> their origins
+
+
+def session_state(session: Session) -> _SessionState:
+    state = session.context
+    if state is None:
+        state = session.context = _SessionState()
+    return state
+
+
+def link_state(link: Link) -> _LinkState:
+    state = link.context
+    if state is None:
+        state = link.context = _LinkState()
+    return state
 
 
 def _guarded(fn: Callable) -> Callable:
-    """Error boundary for the upstream connection's proton callbacks: an unexpected failure ends the
+    """Error boundary for the upstream connection's engine callbacks: an unexpected failure ends the
     consumer or publisher concerned (its client links see amqp:internal-error), never the daemon."""
 
     @functools.wraps(fn)
-    def wrapper(self: "RemoteUpstream", event) -> None:
+    def wrapper(self: "RemoteUpstream", subject: Any, *rest: Any) -> None:
         try:
-            fn(self, event)
+            fn(self, subject, *rest)
         except Exception:
             log.exception("upstream %s: %s failed", self.name, fn.__name__)
             try:
-                link = event.link
-                ep = _endpoint(link) if link is not None else None
+                ep = _endpoint(subject) if isinstance(subject, Link) else None
                 if ep is not None and not ep.closed:
                     ep._closed_by_upstream(ErrorInfo("amqp:internal-error", "proxy failure on the upstream link"))
             except Exception:
@@ -157,18 +185,18 @@ class _RemoteLink:
     def _end(self) -> None:
         if self.upstream._drop_waiting(self.session):
             return  # it never began: nothing to end
-        if self.session is not None and self.session.state & Endpoint.REMOTE_UNINIT:
+        if self.session is not None and self.session.remote_state == REMOTE_UNINIT:
             # Its begin is not answered yet: ending it now frees the channel, and the answer would
             # then name a channel proton no longer knows, which fails the whole upstream connection.
-            self.session.bf_end_when_begun = self
+            session_state(self.session).end_when_begun = self
             return
-        if self.link is not None and not (self.link.state & Endpoint.LOCAL_CLOSED):
+        if self.link is not None and self.link.local_state != LOCAL_CLOSED:
             self.link.close()
         if self.upstream.recycles_sessions and self.link is not None and self.session is not None:
             self.upstream._recycle_after_detach(self.session, self.link)
             return
-        if self.session is not None and not (self.session.state & Endpoint.LOCAL_CLOSED):
-            holding = self.link.unsettled if self.link is not None else 0
+        if self.session is not None and self.session.local_state != LOCAL_CLOSED:
+            holding = self.link.unsettled_count if self.link is not None else 0
             self.session.close()
             self.upstream._ending(self.session, holding)
 
@@ -283,13 +311,13 @@ class RemotePublisher(_RemoteLink):
 
     @property
     def credit(self) -> int:
-        return lib.pn_link_credit(self.link._impl) if self.link is not None and self.ready and not self.closed else 0
+        return lib.pn_link_credit(self.link.ptr) if self.link is not None and self.ready and not self.closed else 0
 
     def send(self, data: bytes, on_settled: Callable[[Outcome], None]) -> None:
         if self.closed or self.link is None:
             return
         # keyed by the delivery's pointer: valid until settled in `RemoteUpstream._published`
-        self.pending[send(self.link._impl, b"%x" % next(self._tags), data)] = on_settled
+        self.pending[send(self.link.ptr, b"%x" % next(self._tags), data)] = on_settled
 
     def close(self) -> None:
         if self._finish():
@@ -419,7 +447,7 @@ class RemoteUpstream(Handler):
         if self._stop_timer is not None:
             self._stop_timer.cancel()
             self._stop_timer = None
-        if self.connection is not None and not (self.connection.state & Endpoint.LOCAL_CLOSED):
+        if self.connection is not None and self.connection.local_state != LOCAL_CLOSED:
             self.connection.close()
 
     def closing(self) -> bool:
@@ -460,30 +488,26 @@ class RemoteUpstream(Handler):
         session = self._session_for(consumer)
         if session is None:
             return consumer
-        link = session.receiver(name)
-        link.source.address = spec.address
-        if spec.filters or spec.offered or spec.passthrough:
-            put_value(link.source.filter,
-                      {_key(e.key): e.value for e in spec.filters + spec.offered + spec.passthrough})
-        if spec.offered:
-            consumer.offer_pending = True
-            self._trace_frames(+1)
-        _put_routing_capabilities(link.source, spec.capabilities)
-        if spec.distribution_mode == "copy":
-            link.source.distribution_mode = Terminus.DIST_MODE_COPY
-        elif spec.distribution_mode == "move":
-            link.source.distribution_mode = Terminus.DIST_MODE_MOVE
+        filters = spec.filters + spec.offered + spec.passthrough
+        durable, expiry = 0, "session-end"
         if _names_a_queue(spec):
             # How RabbitMQ declares or finds the node: 3.10 declares a `/queue/` node from the
             # source's durability and refuses an existing one declared otherwise.
-            if spec.durable:
-                link.source.durability = spec.durable
+            durable = spec.durable or 0
             if spec.expiry_policy in _EXPIRY_POLICIES:
-                link.source.expiry_policy = _EXPIRY_POLICIES[spec.expiry_policy]
+                expiry = spec.expiry_policy
         # A subscription's durability, expiry and the client's link name are not passed on: the
         # upstream link is the proxy's own (named "<name>-<n>"), so a durable subscription could not
         # be found again.
-        link.target.address = None
+        source = Terminus(address=spec.address, durability=durable, expiry_policy=expiry,
+                          distribution_mode=spec.distribution_mode if spec.distribution_mode in ("copy", "move")
+                          else None,
+                          filter={_key(e.key): e.value for e in filters} if filters else None,
+                          capabilities=_routing_capabilities(spec.capabilities))
+        link = session.receiver(name, source=source, target=Terminus())
+        if spec.offered:
+            consumer.offer_pending = True
+            self._trace_frames(+1)
         self._attach(consumer, name, link)
         return consumer
 
@@ -494,12 +518,9 @@ class RemoteUpstream(Handler):
         session = self._session_for(publisher)
         if session is None:
             return publisher
-        link = session.sender(name)
-        link.target.address = address
-        if durable:
-            link.target.durability = durable
-        _put_routing_capabilities(link.target, capabilities)
-        link.source.address = None
+        link = session.sender(name, target=Terminus(address=address, durability=durable or 0,
+                                                    capabilities=_routing_capabilities(capabilities)),
+                              source=Terminus())
         self._attach(publisher, name, link)
         return publisher
 
@@ -512,11 +533,11 @@ class RemoteUpstream(Handler):
             return None
         if self._idle:
             session = self._idle.pop()  # the most recently used: the oldest may soon end
-            session.bf_endpoint = endpoint
+            session_state(session).endpoint = endpoint
             endpoint.session = session
             return session
         session = self.connection.session()
-        session.bf_endpoint = endpoint
+        session_state(session).endpoint = endpoint
         endpoint.session = session
         if self._ended and min(self._ended.values()) + BEGIN_HOLD <= time.monotonic():
             self._give_up_ends()
@@ -559,19 +580,20 @@ class RemoteUpstream(Handler):
 
     def _recycle_after_detach(self, session: Any, link: Any) -> None:
         """Keep `session` for the next link once `link`'s detach is answered (RabbitMQ 4)."""
-        if session.state & Endpoint.LOCAL_CLOSED:
+        if session.local_state == LOCAL_CLOSED:
             return
-        if link.state & Endpoint.REMOTE_CLOSED:
+        if link.remote_state == REMOTE_CLOSED:
             self._park(session)
         else:
-            link.bf_recycle = session  # on_link_remote_close parks it
+            link_state(link).recycle = session  # on_link_close parks it
 
     def _park(self, session: Any) -> None:
-        session.bf_endpoint = None
-        if (self.connection is None or session.connection != self.connection or session in self._idle
-                or session.state & (Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED)):
+        state = session_state(session)
+        state.endpoint = None
+        if (self.connection is None or session.connection is not self.connection or session in self._idle
+                or session.local_state == LOCAL_CLOSED or session.remote_state == REMOTE_CLOSED):
             return
-        session.bf_idle_since = time.monotonic()
+        state.idle_since = time.monotonic()
         self._idle.append(session)
         if self._idle_timer is None:
             self._idle_timer = self.loop.call_later(SESSION_IDLE, self._end_idle)
@@ -582,7 +604,7 @@ class RemoteUpstream(Handler):
         cutoff = time.monotonic() - SESSION_IDLE
         keep = []
         for session in self._idle:
-            if session.bf_idle_since <= cutoff:
+            if session_state(session).idle_since <= cutoff:
                 session.close()
                 self._ending(session)
             else:
@@ -590,7 +612,7 @@ class RemoteUpstream(Handler):
         self._idle = keep
         if keep:
             self._idle_timer = self.loop.call_later(
-                max(0.1, keep[0].bf_idle_since + SESSION_IDLE - time.monotonic()), self._end_idle)
+                max(0.1, session_state(keep[0]).idle_since + SESSION_IDLE - time.monotonic()), self._end_idle)
 
     def _give_up_ends(self) -> None:
         """Forget the ended sessions unanswered for BEGIN_HOLD: later sessions begin at once instead
@@ -621,8 +643,9 @@ class RemoteUpstream(Handler):
         for session in waiting:
             session.open()
             # Opened only now: proton sends no attach for a link opened before its session began.
-            session.bf_endpoint.link.open()
-            self._await_answer(session.bf_endpoint)
+            endpoint = session_state(session).endpoint
+            endpoint.link.open()
+            self._await_answer(endpoint)
 
     # ------------------------------------------------------------------ unanswered begins, attaches, ends
     def _await_answer(self, endpoint: _RemoteLink) -> None:
@@ -638,7 +661,7 @@ class RemoteUpstream(Handler):
         if connection is not self.connection or endpoint.ready or endpoint.closed:
             return
         session = endpoint.session
-        what = "begin" if session is None or session.state & Endpoint.REMOTE_UNINIT else "attach"
+        what = "begin" if session is None or session.remote_state == REMOTE_UNINIT else "attach"
         link = endpoint.link.name if endpoint.link is not None else "?"
         address = endpoint.spec.address if isinstance(endpoint, RemoteConsumer) else endpoint.address
         reason = (f"upstream {self.name} did not answer the {what} of link {link} (address {address}) "
@@ -683,23 +706,20 @@ class RemoteUpstream(Handler):
         if session is None or session not in self._waiting:
             return False
         self._waiting.remove(session)
-        session.bf_endpoint = None
+        session_state(session).endpoint = None
         session.free()
         return True
 
-    def _attach(self, endpoint: _RemoteLink, name: str, link: Any) -> None:
-        link.bf_endpoint = endpoint
+    def _attach(self, endpoint: _RemoteLink, name: str, link: Link) -> None:
+        link_state(link).endpoint = endpoint
         endpoint.link = link
         self._endpoints[name] = endpoint
-        route = getattr(getattr(self.loop, "container", None), "route", None)
-        if route is not None:  # its deliveries and flow without proton's event wrappers
-            failed = functools.partial(self._typed_failed, endpoint)
-            if isinstance(endpoint, RemoteConsumer):
-                route(link, Typed(functools.partial(self._received, endpoint, link._impl),
-                                  functools.partial(self._consumer_credit, endpoint, link._impl), failed))
-            else:
-                route(link, Typed(functools.partial(self._published, endpoint),
-                                  functools.partial(self._publisher_credit, endpoint, link._impl), failed))
+        # its deliveries straight from the engine's event loop, as raw pointers (`on_flow` takes its flow)
+        failed = functools.partial(self._typed_failed, endpoint)
+        if isinstance(endpoint, RemoteConsumer):
+            self.loop.container.route(link, Typed(functools.partial(self._received, endpoint, link.ptr), None, failed))
+        else:
+            self.loop.container.route(link, Typed(functools.partial(self._published, endpoint), None, failed))
         if endpoint.session not in self._waiting:
             link.open()
             self._await_answer(endpoint)
@@ -720,14 +740,10 @@ class RemoteUpstream(Handler):
         self._awaiting_trace = max(0, before + delta)
         if self.connection is None or (before > 0) == (self._awaiting_trace > 0):
             return
-        transport = self.connection.transport
-        if transport is None:
-            return
         if self._awaiting_trace:
-            transport.tracer = self._on_trace
-            transport.trace(Transport.TRACE_FRM)
+            self.connection.trace(functools.partial(self._on_trace, None))
         else:
-            transport.trace(Transport.TRACE_OFF)
+            self.connection.trace(None)
 
     def probe_answered(self, n: int | None) -> None:
         """The count asked for by `RemoteConsumer.probe` (see there)."""
@@ -740,7 +756,7 @@ class RemoteUpstream(Handler):
             self.probe_timer = None
         self._trace_frames(-1)
         if consumer.link is not None and not consumer.closed:
-            consumer.link.drain_mode = False
+            consumer.link.set_drain(False)
         answer(n)
 
     def _offer_answered(self, consumer: "RemoteConsumer") -> None:
@@ -779,8 +795,7 @@ class RemoteUpstream(Handler):
             "url": address,
             "handler": self,
             "reconnect": False,
-            "properties": {psymbol("product"): "broker-filter",
-                           **{psymbol(k): v for k, v in self.properties.items()}},
+            "properties": {"product": "broker-filter", **self.properties},
         }
         if vhost != "/":
             kwargs["virtual_host"] = f"vhost:{vhost}"
@@ -858,21 +873,20 @@ class RemoteUpstream(Handler):
                 failed(self, err)
         self._schedule_reconnect()
 
-    # ------------------------------------------------------------------ proton events
+    # ------------------------------------------------------------------ the connection's engine events
     @_guarded
-    def on_connection_remote_open(self, event) -> None:
-        conn = event.connection
-        if conn is not self.connection and conn != self.connection:
+    def on_connection_open(self, conn: Connection) -> None:
+        if conn is not self.connection:
             return
-        caps = conn.remote_offered_capabilities or ()
-        self.remote_capabilities = frozenset(str(c) for c in caps)
-        props = conn.remote_properties or {}
-        product = props.get(psymbol("product")) if hasattr(props, "get") else None
+        self.remote_capabilities = frozenset(conn.remote_offered_capabilities)
+        props = conn.remote_properties
+        props = props if isinstance(props, dict) else {}
+        product = props.get("product")
         self.product = str(product) if product is not None else None
-        version = props.get(psymbol("version")) if hasattr(props, "get") else None
+        version = props.get("version")
         self.version = str(version) if version is not None else None
         # another broker-filter (it stands in for a RabbitMQ behind it under RabbitMQ's product name)
-        marked = hasattr(props, "get") and props.get(psymbol("broker-filter")) is not None
+        marked = props.get("broker-filter") is not None
         self.traits = traits = traits_of(self.product, self.version, marked)  # see broker_filter/proxy/traits.py
         self.chained = traits.chained
         self.binds_exchange_keys = traits.binds_exchange_keys
@@ -892,36 +906,39 @@ class RemoteUpstream(Handler):
         self.listener.on_upstream_up(self)
 
     @_guarded
-    def on_connection_remote_close(self, event) -> None:
-        if event.connection == self.connection:
-            self._lost(event.connection.remote_condition)
+    def on_connection_close(self, conn: Connection) -> None:
+        if conn is self.connection:
+            self._lost(conn.remote_condition)
+        else:
+            conn.close()  # a connection since given up on: answer its close
 
     @_guarded
-    def on_session_remote_open(self, event) -> None:
-        endpoint = getattr_or_none(event.session, "bf_end_when_begun")
+    def on_session_open(self, session: Session) -> None:
+        state = session.context
+        endpoint = state.end_when_begun if state is not None else None
         if endpoint is not None:
-            event.session.bf_end_when_begun = None
+            state.end_when_begun = None
             endpoint._end()
 
     @_guarded
-    def on_session_remote_close(self, event) -> None:
-        ssn = event.session
-        if event.connection != self.connection:
+    def on_session_close(self, ssn: Session) -> None:
+        if ssn.connection is not self.connection:
+            ssn.close()
             return
-        pair = getattr_or_none(ssn, "bf_pair")
+        state = session_state(ssn)
+        pair = state.pair
         if pair is not None:
-            ssn.bf_pair = None
-            if not (ssn.state & Endpoint.LOCAL_CLOSED):
+            state.pair = None
+            if ssn.local_state != LOCAL_CLOSED:
                 ssn.close()
                 pair.session_ended(ssn.remote_condition)
             else:
                 self._ended_answered(ssn)
-            ssn.free()
             return
-        endpoint = getattr_or_none(ssn, "bf_endpoint")
+        endpoint = state.endpoint
         if ssn in self._idle:
-            self._idle.remove(ssn)  # the broker ended an idle session: it is freed below
-        if not (ssn.state & Endpoint.LOCAL_CLOSED):
+            self._idle.remove(ssn)  # the broker ended an idle session: the engine frees it with this close
+        if ssn.local_state != LOCAL_CLOSED:
             ssn.close()
         else:
             self._ended_answered(ssn)
@@ -936,35 +953,32 @@ class RemoteUpstream(Handler):
                 c.name if c is not None else "amqp:link:detach-forced",
                 c.description if c is not None else f"upstream {self.name} ended the session",
             ))
-        ssn.bf_endpoint = None
-        ssn.free()
+        state.endpoint = None
 
     @_guarded
-    def on_transport_closed(self, event) -> None:
-        if event.connection is None or event.connection == self.connection or self.connection is None:
-            self._lost(event.transport.condition, aborted=True)
+    def on_disconnected(self, conn: Connection, error: Any) -> None:
+        if conn is self.connection or self.connection is None:
+            if error is not None:
+                log.info("upstream %s: transport closed: %s: %s", self.name, error.name, error.description)
+            self._lost(error, aborted=True)
 
     @_guarded
-    def on_transport_error(self, event) -> None:
-        if event.connection is None or event.connection == self.connection:
-            log.info("upstream %s: transport error: %s", self.name, event.transport.condition)
-
-    @_guarded
-    def on_link_remote_open(self, event) -> None:
-        link = event.link
-        pair = getattr_or_none(link, "bf_pair")
-        if pair is not None:
-            pair.upstream_open(link)
+    def on_link_open(self, link: Link) -> None:
+        state = link.context
+        if state is None:
+            return  # not a link of the proxy's
+        if state.pair is not None:
+            state.pair.upstream_open(link)
             return
-        ep = _endpoint(link)
+        ep = state.endpoint
         if ep is None or ep.closed:
             return
         if isinstance(ep, RemoteConsumer):
             src = link.remote_source
-            if src.type == Terminus.UNSPECIFIED:
+            if src.null:
                 return  # refused: a detach with the reason follows
-            echoed = data_value(src.filter)
-            source_caps = _caps(src.capabilities)
+            echoed = src.filter
+            source_caps = src.capabilities
             evaluated: tuple = ()
             if ep.spec.offered:
                 # The attach's offered-capabilities, and the source's ones the proxy did not ask for
@@ -976,7 +990,7 @@ class RemoteUpstream(Handler):
                     self._offer_answered(ep)
             info = ConsumerInfo(
                 address=src.address,
-                subscription=True if src.distribution_mode == Terminus.DIST_MODE_COPY else None,
+                subscription=True if src.distribution_mode == "copy" else None,
                 filters_applied=tuple(echoed) if isinstance(echoed, dict) else (),
                 capabilities=source_caps,
                 evaluated=evaluated,
@@ -986,7 +1000,7 @@ class RemoteUpstream(Handler):
             ep.ready = True
             ep.handler.on_consumer_ready(ep, info)
         else:
-            if link.remote_target.type == Terminus.UNSPECIFIED:
+            if link.remote_target.null:
                 return
             ep.ready = True
             ep.handler.on_publisher_ready(ep)
@@ -994,16 +1008,16 @@ class RemoteUpstream(Handler):
                 ep.handler.on_publisher_credit(ep)
 
     @_guarded
-    def on_link_remote_close(self, event) -> None:
-        link = event.link
-        pair = getattr_or_none(link, "bf_pair")
+    def on_link_close(self, link: Link) -> None:
+        state = link_state(link)
+        pair = state.pair
         if pair is not None:
-            link.bf_pair = None
+            state.pair = None
             pair.upstream_closed(link)
             return
-        ep = _endpoint(link)
-        if not (link.state & Endpoint.LOCAL_CLOSED):
-            link.close()
+        ep = state.endpoint
+        if link.local_state != LOCAL_CLOSED:
+            link.close()  # detached on both ends: the engine frees it
         if ep is not None and not ep.closed:
             c = link.remote_condition
             err = ErrorInfo(
@@ -1015,39 +1029,23 @@ class RemoteUpstream(Handler):
             log.warning("upstream %s %s link %s (%s): %s: %s", self.name,
                         "detached" if ep.ready else "refused", link.name, address, err.condition, err.description)
             ep._closed_by_upstream(err)
-        parked = getattr_or_none(link, "bf_recycle")
+        parked = state.recycle
         if parked is not None:
-            link.bf_recycle = None
+            state.recycle = None
             self._park(parked)
-        # Detached on both ends: free it, or a long-lived connection accumulates dead links.
-        link.bf_endpoint = None
-        link.free()
-
-    # (a link routed by the container gets its flow and deliveries in the methods below directly)
-    @_guarded
-    def on_link_flow(self, event) -> None:
-        link = event.link
-        pair = getattr_or_none(link, "bf_pair")
-        if pair is not None:
-            pair.upstream_flow(link)
-            return
-        if link.is_sender:
-            self._publisher_credit(_endpoint(link), link._impl)
-        else:
-            self._consumer_credit(_endpoint(link), link._impl)
+        state.endpoint = None
 
     @_guarded
-    def on_delivery(self, event) -> None:
-        dlv = event.delivery
-        link = dlv.link
-        pair = getattr_or_none(link, "bf_pair")
-        if pair is not None:
-            pair.upstream_delivery(link, dlv._impl)
+    def on_flow(self, link: Link) -> None:
+        state = link.context
+        if state is None:
             return
-        if link.is_receiver:
-            self._received(_endpoint(link), link._impl, dlv._impl)
+        if state.pair is not None:
+            state.pair.upstream_flow(link)
+        elif link.is_sender:
+            self._publisher_credit(state.endpoint, link.ptr)
         else:
-            self._published(_endpoint(link), dlv._impl)
+            self._consumer_credit(state.endpoint, link.ptr)
 
     def _publisher_credit(self, ep: Any, link: Any) -> None:
         if ep is not None and ep.ready and not ep.closed and lib.pn_link_credit(link) > 0:
@@ -1098,8 +1096,7 @@ class RemoteUpstream(Handler):
             ep._closed_by_upstream(ErrorInfo("amqp:internal-error", "proxy failure on the upstream link"))
 
 
-_EXPIRY_POLICIES = {"link-detach": Terminus.EXPIRE_WITH_LINK, "session-end": Terminus.EXPIRE_WITH_SESSION,
-                    "connection-close": Terminus.EXPIRE_WITH_CONNECTION, "never": Terminus.EXPIRE_NEVER}
+_EXPIRY_POLICIES = frozenset({"link-detach", "session-end", "connection-close", "never"})
 
 
 def _names_a_queue(spec: ConsumerSpec) -> bool:
@@ -1109,11 +1106,9 @@ def _names_a_queue(spec: ConsumerSpec) -> bool:
     return "queue" in spec.capabilities or address_form_routing(spec.address) == "anycast"
 
 
-def _put_routing_capabilities(terminus: Any, capabilities: Any) -> None:
-    """Pass on the routing capabilities (`topic`, `queue`) a client or an address rule asked for."""
-    caps = [c for c in capabilities or () if c in ("topic", "queue")]
-    if caps:
-        put_value(terminus.capabilities, t.Array("symbol", [t.symbol(c) for c in caps]))
+def _routing_capabilities(capabilities: Any) -> tuple[str, ...]:
+    """The routing capabilities (`topic`, `queue`) a client or an address rule asked for, passed on."""
+    return tuple(c for c in capabilities or () if c in ("topic", "queue"))
 
 
 class _Reason:
@@ -1123,18 +1118,9 @@ class _Reason:
         self.description = description
 
 
-def getattr_or_none(obj: Any, name: str) -> Any:
-    try:
-        return getattr(obj, name)
-    except AttributeError:
-        return None
-
-
-def _endpoint(link) -> Any:
-    try:
-        return link.bf_endpoint
-    except AttributeError:
-        return None
+def _endpoint(link: Link) -> Any:
+    state = link.context
+    return state.endpoint if state is not None else None
 
 
 def _key(k: Any) -> Any:

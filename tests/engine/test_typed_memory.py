@@ -15,7 +15,7 @@ from broker_filter.amqp import types as t
 from broker_filter.amqp.sections import encode_section
 from broker_filter.config import Config
 from broker_filter.engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Handler, Terminus
-from broker_filter.engine.container import _BRIDGE, EngineContainer, _symbol_keys
+from broker_filter.engine.container import EngineContainer, _symbol_keys
 from broker_filter.proxy.lifecycle import ConnectionRegistry
 from broker_filter.proxy.loop import ProtonLoop
 from broker_filter.proxy.remote import RemoteUpstream
@@ -75,13 +75,10 @@ class _MemoryContainer(EngineContainer):
         self.pairs: list = []
 
     def connect(self, url: str, handler: Any, *, properties: dict | None = None, **ignored: Any) -> Any:
-        from proton import Connection as ProtonConnection
-
-        connection = self.loop.connection(_BRIDGE, server=False)
-        self._proton[connection.ptr] = handler
+        connection = self.loop.connection(handler, server=False)  # the upstream's handler: an engine Handler
         connection.open(hostname="localhost", properties=_symbol_keys(properties))
         self.pairs.append((connection, self.loop.connection(self.broker, server=True)))
-        return ProtonConnection.wrap(connection.ptr)
+        return connection
 
 
 class Relayed:
