@@ -24,8 +24,8 @@ refuse nothing; another broker-filter evaluates them), and the upstream evaluate
 reply offers its capability and echoes it under its key (`upstream.evaluated_offers`).  RabbitMQ 4.1+
 offers `AMQP_FILTEX_PROP_V1_0` / `AMQP_FILTEX_SQL_V1_0` in the attach frame's own
 offered-capabilities, on streams only; python-qpid-proton 0.40 does not expose a link's remote
-offered-capabilities, so the proxy reads them from proton's frame trace of the attach reply, traced
-only while a consumer attach that offers filters awaits its reply.
+offered-capabilities, so the proxy reads them from proton's frame trace of the attach reply
+(`frametrace.py`), traced only while a consumer attach that offers filters awaits its reply.
 RabbitMQ (by its `product` connection property) takes a binding key as part of an `/exchange/X/key`
 address (`binds_exchange_keys`).  RabbitMQ 3.x ends the session on a `modified` outcome, so
 `modified` is sent to it as `released`; RabbitMQ 4 (by its `version` property) honours `modified`
@@ -40,7 +40,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import re
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
@@ -51,6 +50,7 @@ from ..amqp import types as t
 from ..security import redact_url
 from ..engine._cproton import lib
 from ..engine.container import Typed
+from .frametrace import parse_attach_capabilities, parse_available
 from .wire import data_value, put_value, receive, remote_outcome, send, settle_with
 from .sessions import Sessions
 from .settlement import SettlementOrder
@@ -75,13 +75,6 @@ log = logging.getLogger("broker_filter.proxy.upstream")
 
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
-# An attach reply in proton's frame trace: the link name, and the attach's own offered-capabilities
-_TRACED_ATTACH = re.compile(r'<- @attach\(18\) \[name="((?:[^"\\]|\\.)*)"')
-_TRACED_OFFERED = re.compile(r'offered-capabilities=(@<symbol>\[[^\]]*\]|:"[^"]*"|:[^\s,\]]+)')
-_TRACED_SYMBOL = re.compile(r':"([^"]*)"|:([^\s,\]"]+)')
-_TRACED_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
-# The answer to a drain without credit: a flow carrying the queue's ready count (RabbitMQ 3.10, 4)
-_TRACED_AVAILABLE = re.compile(r"<- @flow\(19\) \[[^\]]*available=(0x[0-9a-fA-F]+|\d+)[^\]]*drain=true")
 PROBE_TIMEOUT = 5.0  # seconds a count may take before it counts as unanswered
 STOP_ENDS = 1.0  # seconds a stop waits for ended sessions to be answered before closing the connection
 ANSWER_TIMEOUT = 5.0  # default `upstream.answer_timeout`: longest wait for a begin, attach or end to be answered
@@ -700,21 +693,17 @@ class RemoteUpstream(Handler):
     def _on_trace(self, transport: Any, message: str) -> None:
         try:
             if self.probing is not None:
-                m = _TRACED_AVAILABLE.search(message)
-                if m is not None:
-                    n = int(m.group(1), 0)
+                n = parse_available(message)
+                if n is not None:
                     self.loop.call_later(0, lambda: self.probe_answered(n))  # not inside proton's I/O
                     return
-            m = _TRACED_ATTACH.search(message)
-            if m is None:
+            attach = parse_attach_capabilities(message)
+            if attach is None:
                 return
-            name = _TRACED_ESCAPE.sub(lambda x: bytes([int(x.group(1), 16)]),
-                                      m.group(1).encode("utf-8", "surrogateescape")).decode("utf-8", "replace")
+            name, caps = attach
             if not getattr(self._endpoints.get(name), "offer_pending", False):
                 return  # not a consumer attach awaiting its reply
-            caps = _TRACED_OFFERED.search(message, m.end())
-            self._traced[name] = frozenset(a or b for a, b in _TRACED_SYMBOL.findall(caps.group(1))) \
-                if caps is not None else frozenset()
+            self._traced[name] = caps
         except Exception:
             log.exception("upstream %s: reading an attach reply's capabilities failed", self.name)
 
