@@ -122,9 +122,10 @@ class ManagementPair:
     def __init__(self, upstream: Any, client_session: Any):
         self.upstream = upstream
         self.client_session = client_session
-        idle = getattr(upstream, "_idle", None)
-        if idle:  # RabbitMQ 4: a begun session no link uses, rather than a begin that could reach a dying one
-            self.session = idle.pop()
+        # RabbitMQ 4: a begun session no link uses, rather than a begin that could reach a dying one
+        idle = upstream.sessions.take_idle()
+        if idle is not None:
+            self.session = idle
             self.session.bf_endpoint = None
         else:
             self.session = upstream.connection.session()
@@ -297,4 +298,4 @@ class ManagementPair:
             self.client_session.bf_management = None
         if not (self.session.state & Endpoint.LOCAL_CLOSED):
             self.session.close()
-            self.upstream._ending(self.session)  # a later begin waits for its answer (remote.py)
+            self.upstream.sessions.ending(self.session)  # a later begin waits for its answer (sessions.py)
