@@ -338,6 +338,14 @@ class Limits:
         kind="int",
         minimum=0,
     )
+    kept_subscriptions: int = setting(
+        1000,
+        "durable subscriptions the daemon keeps for their subscribers in front of an upstream without "
+        "named subscriptions (RabbitMQ), attached or detached; a new one beyond is refused at its attach "
+        "with amqp:resource-limit-exceeded",
+        kind="int",
+        minimum=1,
+    )
 
     def filter_limits(self) -> Any:
         """These limits in the filter core's terms (`broker_filter.filters.parser.Limits`)."""

@@ -46,6 +46,7 @@ REFUSAL_REASONS = frozenset(
     {
         "invalid-filter",  # selector or filter-set that does not compile (amqp:invalid-field)
         "limit",  # over a configured limit (links per connection, selector length, depth)
+        "kept-subscriptions",  # a new durable subscription beyond limits.kept_subscriptions
         "unauthorized",  # SASL or upstream permission refused
         "not-found",  # upstream address missing
         "upstream-unavailable",  # no upstream connection

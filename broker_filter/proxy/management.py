@@ -128,9 +128,10 @@ class ManagementPair:
         self.client_session = client_session
         from .remote import session_state
 
-        idle = getattr(upstream, "_idle", None)
-        if idle:  # RabbitMQ 4: a begun session no link uses, rather than a begin that could reach a dying one
-            self.session = idle.pop()
+        # RabbitMQ 4: a begun session no link uses, rather than a begin that could reach a dying one
+        idle = upstream.sessions.take_idle()
+        if idle is not None:
+            self.session = idle
         else:
             self.session = upstream.connection.session()
             self.session.open()
@@ -309,4 +310,4 @@ class ManagementPair:
             self.client_session.bf_management = None
         if self.session.local_state != LOCAL_CLOSED:
             self.session.close()
-            self.upstream._ending(self.session)  # a later begin waits for its answer (remote.py)
+            self.upstream.sessions.ending(self.session)  # a later begin waits for its answer (sessions.py)

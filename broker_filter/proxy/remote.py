@@ -1,24 +1,18 @@
 """An upstream that is a remote AMQP 1.0 broker (RabbitMQ or any other), over one proton connection.
 
 Theory of operation: one connection carries every consumer and publisher of the proxy, each in a
-session of its own, ended with it: RabbitMQ 3.10 returns a consumer's unsettled messages to the
-queue only when its session ends, and answers some errors (a missing exchange) by ending the
-session, which must take down only the endpoint concerned.  A new session never begins while one
-the proxy ended still waits for the broker's `end`: proton reuses the lowest free channel number
-as soon as its own `end` is out, and RabbitMQ 4 hands a `begin` arriving on a channel whose
-session is still ending to that session, which never answers it (the link would hang).  Such
-sessions wait (at most `BEGIN_HOLD` seconds) and begin when the ends are in.  RabbitMQ 4 frees the
-channel a moment *after* answering an `end` (its reader forgets the channel when the session process
-exits), so even a `begin` sent right after the answer can go to the dying session; but RabbitMQ 4
-also returns a detached link's unsettled messages itself.  On RabbitMQ 4 (by its `version`
-property) a link's session therefore outlives the link: once the detach is answered the session
-waits, idle, for the next link (`SESSION_IDLE` seconds, then it ends), new links take idle sessions
-first, and a `begin` after an `end` waits `END_SETTLE` seconds past the answer.  Deliveries are
-received as raw bytes and settled with the client's outcome; nothing is settled upstream on the
-proxy's own initiative except what the forwarding rules decide.  When the connection drops, every
-consumer and publisher is reported closed with a transient `amqp:connection:forced` error (the
-broker returns their unsettled messages to the queues) and the upstream reconnects with exponential
-backoff (0.1 s doubling to `max_backoff`).
+session of its own, ended with it (on RabbitMQ 4 kept, idle, for the next link): RabbitMQ 3.10
+returns a consumer's unsettled messages to the queue only when its session ends, and answers some
+errors (a missing exchange) by ending the session, which must take down only the endpoint concerned.
+Which session a link gets, when a new session may begin (never while an ended one may still hold its
+channel number at the broker), and when an idle one ends is decided in `sessions.Sessions`, whose
+module docstring gives the rules (`BEGIN_HOLD`, `SESSION_IDLE`, `END_SETTLE`); this module applies
+the decisions to proton sessions and runs their timers.  Deliveries are received as raw bytes and
+settled with the client's outcome; nothing is settled upstream on the proxy's own initiative except
+what the forwarding rules decide.  When the connection drops, every consumer and publisher is
+reported closed with a transient `amqp:connection:forced` error (the broker returns their unsettled
+messages to the queues) and the upstream reconnects with exponential backoff (0.1 s doubling to
+`max_backoff`).
 
 What the remote evaluates (push-down) is decided from its open frame, never from an attach echo
 (RabbitMQ 3.10 echoes a selector and still delivers everything): selectors only if it offers
@@ -30,8 +24,8 @@ refuse nothing; another broker-filter evaluates them), and the upstream evaluate
 reply offers its capability and echoes it under its key (`upstream.evaluated_offers`).  RabbitMQ 4.1+
 offers `AMQP_FILTEX_PROP_V1_0` / `AMQP_FILTEX_SQL_V1_0` in the attach frame's own
 offered-capabilities, on streams only; python-qpid-proton 0.40 does not expose a link's remote
-offered-capabilities, so the proxy reads them from proton's frame trace of the attach reply, traced
-only while a consumer attach that offers filters awaits its reply.
+offered-capabilities, so the proxy reads them from proton's frame trace of the attach reply
+(`frametrace.py`), traced only while a consumer attach that offers filters awaits its reply.
 RabbitMQ (by its `product` connection property) takes a binding key as part of an `/exchange/X/key`
 address (`binds_exchange_keys`).  RabbitMQ 3.x ends the session on a `modified` outcome, so
 `modified` is sent to it as `released`; RabbitMQ 4 (by its `version` property) honours `modified`
@@ -46,8 +40,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import re
-import time
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
@@ -57,7 +49,9 @@ from ..engine._cproton import lib
 from ..engine.container import Typed
 from ..engine.endpoints import (LOCAL_CLOSED, LOCAL_UNINIT, REMOTE_CLOSED, REMOTE_UNINIT, Connection, Handler,
                                 Link, Session, Terminus)
+from .frametrace import parse_attach_capabilities, parse_available
 from .wire import receive, remote_outcome, send, settle_with
+from .sessions import Sessions
 from .settlement import SettlementOrder
 from .sharing import address_form_routing
 from .traits import Traits, traits_of
@@ -78,22 +72,10 @@ from .upstream import (
 
 log = logging.getLogger("broker_filter.proxy.upstream")
 
-BEGIN_HOLD = 1.0  # longest wait for an ended session's answer, counted from its end (see the module docstring)
-SESSION_IDLE = 30.0  # RabbitMQ 4: how long a session whose link detached waits for another link before it ends
-END_SETTLE = 0.25  # RabbitMQ 4: how long after an end is answered its channel is still taken to be busy
 SELECTOR_CAPS = frozenset({"APACHE.ORG:SELECTOR", "APACHE.ORG:JMS_FILTERS"})
 BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
-# An attach reply in proton's frame trace: the link name, and the attach's own offered-capabilities
-_TRACED_ATTACH = re.compile(r'<- @attach\(18\) \[name="((?:[^"\\]|\\.)*)"')
-_TRACED_OFFERED = re.compile(r'offered-capabilities=(@<symbol>\[[^\]]*\]|:"[^"]*"|:[^\s,\]]+)')
-_TRACED_SYMBOL = re.compile(r':"([^"]*)"|:([^\s,\]"]+)')
-_TRACED_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
-# The answer to a drain without credit: a flow carrying the queue's ready count (RabbitMQ 3.10, 4)
-_TRACED_AVAILABLE = re.compile(r"<- @flow\(19\) \[[^\]]*available=(0x[0-9a-fA-F]+|\d+)[^\]]*drain=true")
 PROBE_TIMEOUT = 5.0  # seconds a count may take before it counts as unanswered
 STOP_ENDS = 1.0  # seconds a stop waits for ended sessions to be answered before closing the connection
-# Reconnect when an ended session holding unsettled deliveries stays unanswered: off (see `_abandon`).
-RECONNECT_FOR_ENDS = False
 ANSWER_TIMEOUT = 5.0  # default `upstream.answer_timeout`: longest wait for a begin, attach or end to be answered
 
 
@@ -198,7 +180,7 @@ class _RemoteLink:
         if self.session is not None and self.session.local_state != LOCAL_CLOSED:
             holding = self.link.unsettled_count if self.link is not None else 0
             self.session.close()
-            self.upstream._ending(self.session, holding)
+            self.upstream.sessions.ending(self.session, holding)
 
     def _closed_by_upstream(self, error: ErrorInfo) -> None:
         if not self._finish():
@@ -380,8 +362,8 @@ class RemoteUpstream(Handler):
         self.max_backoff = max_backoff
         self.heartbeat = heartbeat
         self.answer_timeout = answer_timeout
-        self._abandoned: dict[Any, float] = {}  # ended sessions given up on (`_give_up_ends`) -> when ended
-        self._holding: dict[Any, int] = {}  # ended sessions that held unsettled deliveries -> how many
+        # which sessions are ended, waiting, idle (see broker_filter/proxy/sessions.py); applied here
+        self.sessions = Sessions(self.name)
         self._abandoned_timer = None
         self.stuck_reconnects = 0  # reconnects because a begin, attach or end went unanswered
         self.serves_management = False  # RabbitMQ 4: client `/management` link pairs pass through
@@ -400,14 +382,9 @@ class RemoteUpstream(Handler):
         self.modified_ok = True
         self.counts_queue = False
         self.over_delivers = False  # sends a consumer more than its credit (RabbitMQ 3.x)
-        self.recycles_sessions = False  # RabbitMQ 4: sessions outlive their links (see the module docstring)
         self.dead_letters_undeliverable = False
-        self._idle: list[Any] = []  # recycled sessions with no link, oldest first
         self._idle_timer = None
         self._endpoints: dict[str, Any] = {}
-        self._ended: dict[Any, float] = {}  # sessions the proxy ended -> when, until the broker's end arrives
-        self._waiting: list[Any] = []  # sessions to begin once _ended is empty
-        self.unanswered_ends = 0  # ended sessions given up on after BEGIN_HOLD (`_begin_waiting`)
         self._hold_timer = None
         self._stop_timer = None
         self._names = itertools.count(1)
@@ -419,6 +396,16 @@ class RemoteUpstream(Handler):
         self.probe_answer: Callable[[int | None], None] | None = None
         self.probe_timer: Any = None
         self._traced: dict[str, frozenset[str]] = {}  # link name -> its attach reply's offered-capabilities
+
+    @property
+    def recycles_sessions(self) -> bool:
+        """RabbitMQ 4: sessions outlive their links (broker_filter/proxy/sessions.py)."""
+        return self.sessions.recycles
+
+    @property
+    def unanswered_ends(self) -> int:
+        """Ended sessions given up on after `sessions.BEGIN_HOLD`."""
+        return self.sessions.unanswered_ends
 
     # ------------------------------------------------------------------ Upstream
     def start(self, loop: Loop, listener: UpstreamListener) -> None:
@@ -438,7 +425,7 @@ class RemoteUpstream(Handler):
         for ep in list(self._endpoints.values()):
             ep.close()
         if self.connection is not None:
-            if self._ended:
+            if self.sessions.ended:
                 self._stop_timer = self.loop.call_later(STOP_ENDS, self._close_connection)
             else:
                 self._close_connection()
@@ -526,56 +513,48 @@ class RemoteUpstream(Handler):
 
     def _session_for(self, endpoint: _RemoteLink) -> Any:
         """A session of the endpoint's own (see _RemoteLink), or None when the upstream is down: the
-        endpoint is then told so on the next turn of the loop."""
+        endpoint is then told so on the next turn of the loop.  Which session, and whether it begins
+        now, `self.sessions` decides."""
         if not self.connected or self.connection is None:
             self.loop.call_soon(lambda: endpoint._closed_by_upstream(
                 ErrorInfo("amqp:connection:forced", f"upstream {self.name} is not connected", transient=True)))
             return None
-        if self._idle:
-            session = self._idle.pop()  # the most recently used: the oldest may soon end
+        session = self.sessions.take_idle()
+        if session is not None:
             session_state(session).endpoint = endpoint
             endpoint.session = session
             return session
         session = self.connection.session()
         session_state(session).endpoint = endpoint
         endpoint.session = session
-        if self._ended and min(self._ended.values()) + BEGIN_HOLD <= time.monotonic():
-            self._give_up_ends()
-        if self._ended:
-            self._waiting.append(session)  # it begins, then its link attaches, in _begin_waiting
-            if self._hold_timer is None:
-                wait = min(self._ended.values()) + BEGIN_HOLD - time.monotonic()
-                self._hold_timer = self.loop.call_later(max(0.0, wait), self._begin_waiting)
-        else:
+        if self.sessions.begin(session):
             session.open()
+        elif self._hold_timer is None:  # it begins, then its link attaches, in _begin_waiting
+            self._hold_timer = self._at(self.sessions.hold_due(), self._begin_waiting)
+        self._arm_abandoned()
         return session
 
-    def _ending(self, session: Any, holding: int = 0) -> None:
-        """`session` was ended here; `holding`: deliveries it had received and not settled (RabbitMQ
-        3.10 returns them to their queue when the end is handled)."""
-        self._ended[session] = time.monotonic()
-        if holding:
-            self._holding[session] = holding
+    def _at(self, due: float, fn: Callable[[], None], least: float = 0.0) -> Any:
+        """Run `fn` on the loop at `due` on the sessions' clock (at least `least` seconds from now)."""
+        return self.loop.call_later(max(least, due - self.sessions.clock()), fn)
 
     def _ended_answered(self, session: Any) -> None:
-        self._abandoned.pop(session, None)
-        self._holding.pop(session, None)
+        free_at = self.sessions.answered(session)
         if self.stopped:
-            self._ended.pop(session, None)
-            if not self._ended and self._stop_timer is not None:
+            self.sessions.freed(session)
+            if not self.sessions.ended and self._stop_timer is not None:
                 self._close_connection()
             return
-        if self.recycles_sessions and session in self._ended:
+        if free_at is not None:
             # The broker forgets the channel only after it answered: keep it busy a moment longer.
-            self.loop.call_later(END_SETTLE, functools.partial(self._channel_free, session, self.connection))
+            self._at(free_at, functools.partial(self._channel_free, session, self.connection))
             return
         self._channel_free(session, self.connection)
 
     def _channel_free(self, session: Any, connection: Any) -> None:
         if connection is not self.connection:
             return  # from a connection since lost, whose state went with it
-        self._ended.pop(session, None)
-        if not self._ended and self._waiting:
+        if self.sessions.freed(session):
             self._begin_waiting()
 
     def _recycle_after_detach(self, session: Any, link: Any) -> None:
@@ -588,58 +567,28 @@ class RemoteUpstream(Handler):
             link_state(link).recycle = session  # on_link_close parks it
 
     def _park(self, session: Any) -> None:
-        state = session_state(session)
-        state.endpoint = None
-        if (self.connection is None or session.connection is not self.connection or session in self._idle
+        session_state(session).endpoint = None
+        if (self.connection is None or session.connection is not self.connection
                 or session.local_state == LOCAL_CLOSED or session.remote_state == REMOTE_CLOSED):
             return
-        state.idle_since = time.monotonic()
-        self._idle.append(session)
-        if self._idle_timer is None:
-            self._idle_timer = self.loop.call_later(SESSION_IDLE, self._end_idle)
+        if self.sessions.park(session) and self._idle_timer is None:
+            self._idle_timer = self._at(self.sessions.idle_due(), self._end_idle)
 
     def _end_idle(self) -> None:
         """End the sessions idle for SESSION_IDLE seconds; look again while some are left."""
         self._idle_timer = None
-        cutoff = time.monotonic() - SESSION_IDLE
-        keep = []
-        for session in self._idle:
-            if session_state(session).idle_since <= cutoff:
-                session.close()
-                self._ending(session)
-            else:
-                keep.append(session)
-        self._idle = keep
-        if keep:
-            self._idle_timer = self.loop.call_later(
-                max(0.1, session_state(keep[0]).idle_since + SESSION_IDLE - time.monotonic()), self._end_idle)
-
-    def _give_up_ends(self) -> None:
-        """Forget the ended sessions unanswered for BEGIN_HOLD: later sessions begin at once instead
-        of each waiting for an answer that may never come (RabbitMQ 3.10 leaves some ends
-        unanswered).  A late answer is still handled (`_ended_answered`); what such a session holds
-        unsettled the broker returns to its queue when the upstream connection closes."""
-        cutoff = time.monotonic() - BEGIN_HOLD
-        stale = [ssn for ssn, at in self._ended.items() if at <= cutoff]
-        if stale:
-            log.warning("upstream %s: %d ended session(s) unanswered after %.0f s; giving up on them",
-                        self.name, len(stale), BEGIN_HOLD)
-            self.unanswered_ends += len(stale)
-            for ssn in stale:
-                self._abandon(ssn, self._ended.pop(ssn))
+        for session in self.sessions.end_idle():
+            session.close()
+        due = self.sessions.idle_due()
+        if due is not None:
+            self._idle_timer = self._at(due, self._end_idle, least=0.1)
 
     def _begin_waiting(self) -> None:
-        self._give_up_ends()
-        if self._ended:
-            log.warning("upstream %s: %d ended session(s) unanswered; beginning %d waiting session(s)",
-                        self.name, len(self._ended), len(self._waiting))
-            for ssn, at in list(self._ended.items()):
-                self._abandon(ssn, at)
-            self._ended.clear()
+        waiting = self.sessions.begin_waiting()
+        self._arm_abandoned()
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
-        waiting, self._waiting = self._waiting, []
         for session in waiting:
             session.open()
             # Opened only now: proton sends no attach for a link opened before its session began.
@@ -670,29 +619,23 @@ class RemoteUpstream(Handler):
             "amqp:link:detach-forced", f"{reason}; the daemon reconnects to it: attach again", transient=True))
         self._reconnect_stuck(reason)
 
-    def _abandon(self, session: Any, ended_at: float) -> None:
-        """An ended session given up on: forgotten.  What it held unsettled RabbitMQ 3.10 returns when
-        the upstream connection closes.  (Reconnecting for it, `_check_abandoned`, detached every link
-        of the connection each time a queue feed ended holding messages, which 3.10 does in ordinary
-        traffic: it is off, `RECONNECT_FOR_ENDS`.)"""
-        if not RECONNECT_FOR_ENDS or not self._holding.get(session):
-            return
-        self._abandoned[session] = ended_at
-        if self._abandoned_timer is None:
-            self._abandoned_timer = self.loop.call_later(
-                max(0.0, ended_at + self.answer_timeout - time.monotonic()), self._check_abandoned)
+    def _arm_abandoned(self) -> None:
+        """Look again when ended sessions given up on while holding unsettled deliveries are
+        `answer_timeout` old (never while `sessions.RECONNECT_FOR_ENDS` is off)."""
+        due = self.sessions.abandoned_due(self.answer_timeout)
+        if due is not None and self._abandoned_timer is None:
+            self._abandoned_timer = self._at(due, self._check_abandoned)
 
     def _check_abandoned(self) -> None:
         self._abandoned_timer = None
-        if not self._abandoned or self.connection is None:
+        due = self.sessions.abandoned_due(self.answer_timeout)
+        if due is None or self.connection is None:
             return
-        oldest = min(self._abandoned.values())
-        if oldest + self.answer_timeout <= time.monotonic():
-            self._reconnect_stuck(f"upstream {self.name} did not answer the end of {len(self._abandoned)} "
+        if due <= self.sessions.clock():
+            self._reconnect_stuck(f"upstream {self.name} did not answer the end of {len(self.sessions.abandoned)} "
                                   f"session(s) holding unsettled messages within {self.answer_timeout:g} s")
         else:
-            self._abandoned_timer = self.loop.call_later(
-                oldest + self.answer_timeout - time.monotonic(), self._check_abandoned)
+            self._abandoned_timer = self._at(due, self._check_abandoned)
 
     def _reconnect_stuck(self, reason: str) -> None:
         if self.stopped or self.connection is None:
@@ -703,9 +646,8 @@ class RemoteUpstream(Handler):
 
     def _drop_waiting(self, session: Any) -> bool:
         """Forget a session that never began (its endpoint closed while it waited)."""
-        if session is None or session not in self._waiting:
+        if not self.sessions.drop_waiting(session):
             return False
-        self._waiting.remove(session)
         session_state(session).endpoint = None
         session.free()
         return True
@@ -720,7 +662,7 @@ class RemoteUpstream(Handler):
             self.loop.container.route(link, Typed(functools.partial(self._received, endpoint, link.ptr), None, failed))
         else:
             self.loop.container.route(link, Typed(functools.partial(self._published, endpoint), None, failed))
-        if endpoint.session not in self._waiting:
+        if endpoint.session not in self.sessions.waiting:
             link.open()
             self._await_answer(endpoint)
 
@@ -766,21 +708,17 @@ class RemoteUpstream(Handler):
     def _on_trace(self, transport: Any, message: str) -> None:
         try:
             if self.probing is not None:
-                m = _TRACED_AVAILABLE.search(message)
-                if m is not None:
-                    n = int(m.group(1), 0)
+                n = parse_available(message)
+                if n is not None:
                     self.loop.call_later(0, lambda: self.probe_answered(n))  # not inside proton's I/O
                     return
-            m = _TRACED_ATTACH.search(message)
-            if m is None:
+            attach = parse_attach_capabilities(message)
+            if attach is None:
                 return
-            name = _TRACED_ESCAPE.sub(lambda x: bytes([int(x.group(1), 16)]),
-                                      m.group(1).encode("utf-8", "surrogateescape")).decode("utf-8", "replace")
+            name, caps = attach
             if not getattr(self._endpoints.get(name), "offer_pending", False):
                 return  # not a consumer attach awaiting its reply
-            caps = _TRACED_OFFERED.search(message, m.end())
-            self._traced[name] = frozenset(a or b for a, b in _TRACED_SYMBOL.findall(caps.group(1))) \
-                if caps is not None else frozenset()
+            self._traced[name] = caps
         except Exception:
             log.exception("upstream %s: reading an attach reply's capabilities failed", self.name)
 
@@ -830,11 +768,7 @@ class RemoteUpstream(Handler):
     def _lost(self, condition: Any, aborted: bool = False) -> None:
         was_connected = self.connected
         self.connected = False
-        self._ended.clear()
-        self._abandoned.clear()
-        self._holding.clear()
-        self._waiting.clear()
-        self._idle.clear()
+        self.sessions.reset()
         for timer in (self._hold_timer, self._idle_timer, self._abandoned_timer):
             if timer is not None:
                 timer.cancel()
@@ -891,7 +825,7 @@ class RemoteUpstream(Handler):
         self.chained = traits.chained
         self.binds_exchange_keys = traits.binds_exchange_keys
         self.modified_ok = traits.modified_ok
-        self.recycles_sessions = traits.recycles_sessions
+        self.sessions.recycles = traits.recycles_sessions
         self.dead_letters_undeliverable = traits.dead_letters_undeliverable
         # A drain without credit is answered with the queue's ready count by RabbitMQ 4 only (see
         # RemoteConsumer.probe and Traits.counts_queue).
@@ -936,8 +870,7 @@ class RemoteUpstream(Handler):
                 self._ended_answered(ssn)
             return
         endpoint = state.endpoint
-        if ssn in self._idle:
-            self._idle.remove(ssn)  # the broker ended an idle session: the engine frees it with this close
+        self.sessions.drop_idle(ssn)  # the broker ended an idle session: the engine frees it with this close
         if ssn.local_state != LOCAL_CLOSED:
             ssn.close()
         else:

@@ -600,7 +600,8 @@ class ProxyServer(Handler):
         self._feed_ids = itertools.count(1)
         self.draining: set[FeedBinding] = set()  # feeds whose last link went, finishing their moves
         # durable subscriptions kept while their subscriber is detached (an upstream without named
-        # subscriptions: RabbitMQ), by name: their upstream consumer stays attached, holding
+        # subscriptions: RabbitMQ), by name: their upstream consumer stays attached, holding what they
+        # select; with the attached ones at most `limits.kept_subscriptions` (`_beyond_kept_limit`)
         self.kept: dict[str, FeedBinding] = {}
         # how long a feed whose last link went waits for its moves in flight
         self.grace = float(getattr(getattr(config, "shutdown", None), "grace_period", 10.0))
@@ -1052,12 +1053,14 @@ class ProxyServer(Handler):
         except Exception:
             log.exception("failure handling a failure")
 
-    def _refuse(self, link, condition: str, description: str, info: dict | None = None) -> None:
+    def _refuse(self, link, condition: str, description: str, info: dict | None = None, *,
+                reason: str | None = None, level: int = logging.INFO) -> None:
+        """Refuse `link`'s attach, counted under `reason` (by default the condition's)."""
         self.refused += 1
         if self.metrics is not None:
-            self.metrics.refuse_attach(_REFUSAL_REASONS.get(condition, "other"))
+            self.metrics.refuse_attach(reason or _REFUSAL_REASONS.get(condition, "other"))
         refuse_link(link, condition, description, info)
-        log.info("refused link %r: %s: %s", link.name, condition, description)
+        log.log(level, "refused link %r: %s: %s", link.name, condition, description)
 
     # ---------------------------------------------------------------- receiving (outlets)
     def _attach_outlet(self, link, conn: _Conn) -> None:
@@ -1202,6 +1205,8 @@ class ProxyServer(Handler):
                                dynamic=spec.dynamic, kept=kept)
         kept_name = key[2] if key[0] == sharing.KEPT else None
         if kept_name is not None:
+            if self._beyond_kept_limit(link, kept_name):
+                return
             old = self.kept.pop(kept_name, None)
             if old is not None and old.key != key:
                 # JMS: subscribing again under the name with another selector or topic replaces it
@@ -1241,6 +1246,25 @@ class ProxyServer(Handler):
             self.complete_outlet(binding, outlet)
         else:
             binding.pending.append(outlet)
+
+    def _beyond_kept_limit(self, link, name: str) -> bool:
+        """A new durable subscription the daemon would keep (`name`: not attached nor kept now) while
+        it already has `limits.kept_subscriptions` of them, attached or kept: refused at its attach,
+        so that no subscriber's detach ever needs one more kept than the limit and none kept is
+        dropped.  True if refused."""
+        limit = getattr(getattr(self.config, "limits", None), "kept_subscriptions", 0) or 0
+        if not limit or name in self.kept:
+            return False
+        names = {key[2] for key, b in self.feeds.items() if key[0] == sharing.KEPT and not b.closed}
+        if name in names or len(names) < limit:
+            return False
+        self._drop_link(link)
+        self._refuse(link, "amqp:resource-limit-exceeded",
+                     f"durable subscription {link.name!r} of client {link.connection.remote_container!r} "
+                     f"refused: the daemon keeps {len(names)} durable subscriptions in front of upstream "
+                     f"{self.upstream.name}, attached or detached (limits.kept_subscriptions = {limit}); "
+                     "unsubscribe one, or resume one of them", reason="kept-subscriptions", level=logging.WARNING)
+        return True
 
     def _open_feed(self, key: Any, spec: ConsumerSpec, subscription: bool, outlet: Outlet,
                    upstream: Any = None, via: str | None = None) -> FeedBinding:

@@ -1,6 +1,7 @@
 """Qpid JMS's durable subscription lifecycle through the daemon, frame for frame
 as Qpid JMS sends it (it cannot be installed here), as Artemis behaves: subscribe, close (detach
-without closing), resubscribe, change the selector, unsubscribe by name with a null source.
+without closing), resubscribe, change the selector, unsubscribe by name with a null source; and, in
+front of RabbitMQ, the bound on the durable subscriptions the daemon keeps (`limits.kept_subscriptions`).
 
 Frames reproduced with python-qpid-proton, after qpid-jms-client:
 - subscribe: `AmqpConsumerBuilder.configureSource` — link name = the subscription name, source
@@ -22,7 +23,7 @@ from proton.reactor import Copy, LinkOption, Selector
 from proton.utils import LinkDetached
 
 from clients import Capabilities, connect, receive_until_quiet
-from launcher import Daemon
+from launcher import Daemon, free_port, metric_value, scrape
 
 
 class DurableSubscriber(LinkOption):
@@ -146,3 +147,107 @@ def test_a_durable_subscription_outlives_its_subscribers_connection(daemon):
         unsubscribe(c, "sub")
     finally:
         c.close()
+
+
+LIMIT = 2
+
+
+@pytest.fixture
+def limited(rabbitmq):
+    """A daemon in front of RabbitMQ 3.10 and 4.0 that keeps at most two durable subscriptions."""
+    mport = free_port()
+    d = Daemon("--metrics", f"127.0.0.1:{mport}", upstream=rabbitmq,
+               config=f"[limits]\nkept_subscriptions = {LIMIT}\n")
+    d.metrics_port = mport
+    yield d
+    d.stop()
+    assert "Traceback" not in d.log(), d.log()
+
+
+def refused_beyond_the_limit(daemon, topic: str, client: str, name: str) -> str:
+    """`name`'s subscribe, from `client` on a connection of its own, is refused for the limit: the
+    refusal's description."""
+    c = connect(daemon.url, container_id=client)
+    try:
+        with pytest.raises(LinkDetached) as info:
+            subscribe(c, topic, name, "color = 'red'")
+        condition = info.value.link.remote_condition
+    finally:
+        c.close()
+    assert condition.name == "amqp:resource-limit-exceeded", condition
+    assert f"limits.kept_subscriptions = {LIMIT}" in condition.description
+    assert f"durable subscription {name!r} of client {client!r}" in condition.description
+    return condition.description
+
+
+def refusals(daemon) -> float:
+    return metric_value(scrape(daemon.metrics_port), "broker_filter_attach_refused_total", reason="kept-subscriptions")
+
+
+@pytest.mark.rabbitmq
+def test_a_new_durable_subscription_beyond_the_kept_limit_is_refused_and_nothing_kept_is_lost(limited):
+    """Two durable subscriptions kept (their subscribers detached): a third is refused at its attach;
+    the two resume with everything they collected; after an unsubscribe the third is accepted."""
+    topic = f"/topic/orders-{uuid.uuid4().hex[:8]}"
+    c = connect(limited.url, container_id="jms-kept-1")
+    try:
+        detach(c, subscribe(c, topic, "red", "color = 'red'"))
+        detach(c, subscribe(c, topic, "blue", "color = 'blue'"))
+        publish(c, topic, "red", "blue", "red", "green")
+        refused_beyond_the_limit(limited, topic, "jms-kept-1", "third")
+        assert refusals(limited) == 1
+        assert "refused link 'third': amqp:resource-limit-exceeded" in limited.log()
+        red = subscribe(c, topic, "red", "color = 'red'")  # a kept one resumes, at the limit
+        assert sorted(m.body for m in receive_until_quiet(red, idle=0.5)) == ["red-0", "red-2"]
+        blue = subscribe(c, topic, "blue", "color = 'blue'")
+        assert [m.body for m in receive_until_quiet(blue, idle=0.5)] == ["blue-1"]
+        detach(c, blue)
+        unsubscribe(c, "blue")
+        third = subscribe(c, topic, "third", "color = 'green'")  # one below the limit again
+        publish(c, topic, "green", "red")
+        assert [m.body for m in receive_until_quiet(third, idle=0.5)] == ["green-0"]
+        assert [m.body for m in receive_until_quiet(red, idle=0.5)] == ["red-1"]
+        assert refusals(limited) == 1
+        detach(c, red)
+        detach(c, third)
+        unsubscribe(c, "red")
+        unsubscribe(c, "third")
+    finally:
+        c.close()
+
+
+@pytest.mark.rabbitmq
+def test_attached_and_kept_durable_subscriptions_both_count_toward_the_limit(limited):
+    """One durable subscriber attached, another's client gone (its subscription kept): a new one is
+    refused, whichever client asks; resubscribing under a name already counted (another selector
+    replaces the subscription, as JMS says) is no new one."""
+    topic = f"/topic/orders-{uuid.uuid4().hex[:8]}"
+    attached = connect(limited.url, container_id="jms-kept-2")
+    gone = connect(limited.url, container_id="jms-kept-3")
+    try:
+        sub = subscribe(attached, topic, "sub", "color = 'red'")
+        subscribe(gone, topic, "sub", "color = 'red'")
+    finally:
+        gone.close()  # without detaching: its subscription is kept
+    try:
+        publish(attached, topic, "red")
+        assert [m.body for m in receive_until_quiet(sub, idle=0.5)] == ["red-0"]
+        refused_beyond_the_limit(limited, topic, "jms-kept-4", "sub")
+        refused_beyond_the_limit(limited, topic, "jms-kept-2", "other")
+        detach(attached, sub)
+        sub = subscribe(attached, topic, "sub", "color = 'blue'")  # replaces the red one: still two
+        publish(attached, topic, "blue")
+        assert [m.body for m in receive_until_quiet(sub, idle=0.5)] == ["blue-0"]
+        assert refusals(limited) == 2
+        detach(attached, sub)
+        unsubscribe(attached, "sub")
+    finally:
+        attached.close()
+    back = connect(limited.url, container_id="jms-kept-3")
+    try:
+        sub = subscribe(back, topic, "sub", "color = 'red'")
+        assert [m.body for m in receive_until_quiet(sub, idle=0.5)] == ["red-0"]
+        detach(back, sub)
+        unsubscribe(back, "sub")
+    finally:
+        back.close()

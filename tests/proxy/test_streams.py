@@ -14,7 +14,7 @@ import pytest
 from proton import Described, Message, symbol
 from proton.reactor import Filter, Selector
 
-from clients import connect, declare_queue, receive_n, receive_until_quiet
+from clients import connect, declare_queue, delete_queue, queue_exists, receive_n, receive_until_quiet
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.rabbitmq4]
 
@@ -49,7 +49,8 @@ def test_a_selective_consumer_on_a_stream_skips_and_the_stream_does_not_grow(rab
         assert read_whole_stream(rabbitmq4.url, address) == [0, 1, 2, 3, 4]  # not one copy more
         assert "a stream" in d.log()
     finally:
-        d.stop()  # (the five-message stream stays: RabbitMQ 4.0's management refuses a DELETE without a body)
+        d.stop()
+        delete_queue(rabbitmq4.url, name)
     assert "Traceback" not in d.log()
 
 
@@ -87,4 +88,15 @@ def test_stream_offsets_go_upstream_and_the_echo_is_the_upstreams(rabbitmq4):
         assert read_whole_stream(rabbitmq4.url, address) == list(range(6))
     finally:
         d.stop()
+        delete_queue(rabbitmq4.url, name)
     assert "Traceback" not in d.log()
+
+
+def test_a_stream_deleted_through_the_management_link_is_gone(rabbitmq4):
+    """The tests' `delete_queue` (RabbitMQ 4's HTTP over AMQP 1.0: DELETE /queues/{name}, its body an
+    amqp-value null) removes the stream."""
+    name = f"stream-{uuid.uuid4().hex[:8]}"
+    declare_queue(rabbitmq4.url, name, "stream")
+    assert queue_exists(rabbitmq4.url, name)
+    assert delete_queue(rabbitmq4.url, name) == "200"
+    assert not queue_exists(rabbitmq4.url, name)
