@@ -35,16 +35,20 @@ def on_loop(daemon: InProcessDaemon, fn):
 
 
 def endpoints(conn) -> tuple[int, int]:
-    """(links, sessions) proton still keeps on a connection, whatever their state."""
+    """(links, sessions) proton still keeps on a connection (the engine's or proton's wrapper of one),
+    whatever their state."""
+    from broker_filter.engine._cproton import lib
+
+    pointer = getattr(conn, "_impl", None) or conn.ptr
     links = sessions = 0
-    link = conn.link_head(0)
+    link = lib.pn_link_head(pointer, 0)
     while link:
         links += 1
-        link = link.next(0)
-    ssn = conn.session_head(0)
+        link = lib.pn_link_next(link, 0)
+    ssn = lib.pn_session_head(pointer, 0)
     while ssn:
         sessions += 1
-        ssn = ssn.next(0)
+        ssn = lib.pn_session_next(ssn, 0)
     return links, sessions
 
 
