@@ -309,15 +309,15 @@ class App:
         if getattr(self, "passthrough", None) is not None:
             n += self.passthrough.moves_in_flight()
         for conn in list(self.registry.connections):
-            link = conn.link_head(0)
-            while link:
-                outlet = getattr(link, "bf_outlet", None)
-                inlet = getattr(link, "bf_inlet", None)
-                if outlet is not None:
-                    n += len(outlet.in_flight)
-                if inlet is not None:
-                    n += inlet.unsettled
-                link = link.next(0)
+            for session in list(conn.sessions):
+                for link in list(session.links):
+                    state = link.context  # the proxy's record of the link (server._ClientLink)
+                    if state is None:
+                        continue
+                    if state.outlet is not None:
+                        n += len(state.outlet.in_flight)
+                    if state.inlet is not None:
+                        n += state.inlet.unsettled
         return n
 
     def _journaled(self, upstream: Any) -> Any:

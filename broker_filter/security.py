@@ -39,9 +39,6 @@ _SCRYPT_MAXMEM = 64 * 1024 * 1024
 REDACTED = "***"
 
 
-IDENTITY_ATTRIBUTE = "broker_filter_identity"  # where a listener puts the Identity on a proton Connection
-
-
 @dataclass(frozen=True)
 class Identity:
     """Who a client connection authenticated as."""
@@ -57,11 +54,9 @@ ANONYMOUS = Identity("anonymous", "ANONYMOUS")
 
 
 def identity_of(connection: Any) -> Identity:
-    """The Identity the listener attached to a proton Connection (ANONYMOUS when it attached none)."""
-    try:
-        return getattr(connection, IDENTITY_ATTRIBUTE)
-    except AttributeError:
-        return ANONYMOUS
+    """The Identity the listener gave a client connection (ANONYMOUS when it gave none)."""
+    identity = getattr(connection, "identity", None)
+    return identity if isinstance(identity, Identity) else ANONYMOUS
 
 
 def server_ssl_context(tls: Any) -> ssl.SSLContext:

@@ -53,6 +53,7 @@ pn_event_type pn_event_type_name pn_event_connection pn_event_session pn_event_l
 pn_incref pn_decref
 pn_terminus_copy pn_link_set_drain pn_link_remote_rcv_settle_mode pn_link_remote_max_message_size
 pn_transport_trace pn_transport_set_tracer pn_transport_attachments pn_pytracer
+pn_condition_info pn_link_set_max_message_size pn_link_head pn_link_next pn_session_head pn_session_next
 """.split()
 
 _missing = sorted({name for name in NEEDED if not hasattr(lib, name)})

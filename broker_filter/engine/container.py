@@ -1,22 +1,17 @@
-"""The daemon's proton handlers on the engine loop: a stand-in for the parts of proton's `Container`
-the daemon uses (`broker-filter serve`).
+"""The daemon's connections on the engine loop (`broker-filter serve`): what the proxy's handlers
+need of a "container" beside the engine's own objects.
 
-Theory of operation.  The daemon's handlers (`proxy.server`, `proxy.remote`, `proxy.lifecycle`) are
-written against proton's Python API: events with `event.connection`, `event.link`, wrappers with
-attributes.  `EngineContainer` gives them that API over `loop.EventLoop`: every collector event of
-a connection made here that the handlers answer (`HANDED_ON`) is wrapped as proton's `Event` and
-dispatched to the connection's proton handler as the Container would, while the loop owns the sockets (epoll, no descriptor ceiling), TLS,
-the listener's SASL exchange, heartbeats and the limits.  `connect()`, `schedule()`,
-`selectable()`, `handler.add()` (with `on_reactor_quiesced` after each turn), `run()` and `stop()`
-behave as the Container's do for the daemon.
+Theory of operation.  Every connection of the daemon is the engine's (`endpoints.Connection`) and
+its events go to an engine `Handler`: the client listener's `ProxyServer` (through the connection
+registry and, with pass-through credentials, `PassThrough`), each upstream's `RemoteUpstream`.
+The loop owns the sockets (epoll, no descriptor ceiling), TLS, the listener's SASL exchange,
+heartbeats and the limits.  `EngineContainer` adds `connect()` (a client connection from an
+amqp[s]:// URL), `abort()`, `route()`, timers and the run loop.
 
-The per-message events do not cross the bridge: a handler that routes a link (`route(link,
-Typed(...))`) gets that link's PN_DELIVERY as `transfer(delivery pointer)` and its PN_LINK_FLOW as
-`credit()`, with no proton event or wrapper built (the deliveries straight from the engine's
-`process`: the routes are the engine's `typed`, shared).  Routes are keyed by the link's pointer and
-dropped before proton can free it (at PN_LINK_FINAL, and for every link of a connection whose
-transport closed), so a reused address never reaches the wrong handler.  Attach, detach, open and
-close stay on the bridge: they are rare.
+The per-message events need no handler method at all: a handler that routes a link
+(`route(link, Typed(transfer))`) gets that link's deliveries as `transfer(delivery pointer)`
+straight from the engine's `process` (the routes are the engine's `typed`), with no object built.
+A route is dropped when the engine forgets the link (before proton can reuse its address).
 
     container = EngineContainer(container_id, client_tls=client_ssl_context(config.upstream.tls))
     listening = listen(container, config.listener, handler, max_connections=...)
@@ -31,9 +26,9 @@ from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
 from ..amqp import types as t
-from ..security import IDENTITY_ATTRIBUTE, UserDatabase, server_ssl_context
+from ..security import UserDatabase, server_ssl_context
 from ._cproton import ffi, lib
-from .endpoints import Condition, Connection, Handler, Link, SaslClient, read_data
+from .endpoints import Condition, Connection, Handler, Link, SaslClient
 from .loop import EVENT_READ, EventLoop, Limits
 from .streams import ServerSasl, Verify
 
@@ -54,54 +49,15 @@ def client_ssl_context(tls: Any) -> ssl.SSLContext:
     return context
 
 
-# The proton events the daemon's handlers answer (`broker_filter.proxy`).  The rest
-# (PN_TRANSPORT after every change, the init, bound, local-state and final events of sessions and
-# links) would be wrapped as proton's Event and dispatched to no method at all: wrapping is most of
-# this bridge's cost, so they are not handed on.  tests/engine/test_bridge.py checks that no daemon
-# handler defines a method for an event left out here.
-_FLOW = lib.PN_LINK_FLOW
-HANDED_ON = frozenset({
-    lib.PN_CONNECTION_REMOTE_OPEN, lib.PN_CONNECTION_REMOTE_CLOSE, lib.PN_CONNECTION_FINAL,
-    lib.PN_SESSION_REMOTE_OPEN, lib.PN_SESSION_REMOTE_CLOSE,
-    lib.PN_LINK_REMOTE_OPEN, lib.PN_LINK_REMOTE_CLOSE, lib.PN_LINK_REMOTE_DETACH, lib.PN_LINK_FLOW,
-    lib.PN_DELIVERY, lib.PN_TRANSPORT_ERROR, lib.PN_TRANSPORT_CLOSED,
-})
-
-
 class Typed:
-    """The per-message handlers of a routed link: `transfer(delivery)` for its PN_DELIVERY events
-    (the raw `pn_delivery_t` pointer), `credit()` for its PN_LINK_FLOW events (None: not wanted),
-    `failed()` when either raised (after the exception was logged)."""
+    """The per-message handler of a routed link: `transfer(delivery)` for its PN_DELIVERY events
+    (the raw `pn_delivery_t` pointer), `failed()` when it raised (after the exception was logged)."""
 
-    __slots__ = ("transfer", "credit", "failed", "connection")
+    __slots__ = ("transfer", "failed")
 
-    def __init__(self, transfer: Callable[[Any], None], credit: Callable[[], None] | None = None,
-                 failed: Callable[[], None] | None = None):
+    def __init__(self, transfer: Callable[[Any], None], failed: Callable[[], None] | None = None):
         self.transfer = transfer
-        self.credit = credit
         self.failed = failed
-        self.connection: Any = None  # the link's `pn_connection_t` (set by `route`)
-
-
-def link_pointer(link: Any) -> Any:
-    """The `pn_link_t` of an engine Link or a proton Link wrapper (or the pointer itself)."""
-    if isinstance(link, Link):
-        return link.ptr
-    return getattr(link, "_impl", link)
-
-
-class _Bridge(Handler):
-    """The engine handler of a bridged connection: the engine's own defaults stay out of the way
-    (the proton handler answers opens and closes, and frees its sessions and links)."""
-
-    def on_connection_open(self, connection: Connection) -> None:
-        pass
-
-    def on_connection_close(self, connection: Connection) -> None:
-        pass
-
-
-_BRIDGE = _Bridge()
 
 
 class _Event:
@@ -173,15 +129,7 @@ class EngineContainer:
         self.loop = EventLoop(container_id=container_id)
         self.client_tls = client_tls
         self.handler = _Handlers()
-        self._proton: dict[Any, Any] = {}  # connection pointer -> its proton handler
-        # links refused before their handler saw them -> their connection's pointer; forgotten at
-        # PN_LINK_FINAL or when the connection's transport closes (the engine frees its links
-        # then, and a new link at a reused address must reach the handler)
-        self._refused: dict[Any, Any] = {}
-        self.typed: dict[Any, Typed] = self.loop.typed  # link pointer -> its per-message handlers (`route`)
-        self._routed: dict[Any, set] = {}  # connection pointer -> its routed links' pointers
-        self.loop.observers = self._proton
-        self.loop.observe = self._dispatch
+        self.typed: dict[Any, Typed] = self.loop.typed  # link pointer -> its per-message handler (`route`)
 
     @property
     def quiesced(self) -> bool:
@@ -198,13 +146,12 @@ class EngineContainer:
 
     # connections -------------------------------------------------------------------------------
 
-    def connect(self, url: str, handler: Any, *, reconnect: Any = False, properties: dict | None = None,
-                ssl_domain: Any = None, heartbeat: float | None = None, user: str | None = None,
-                password: str | None = None, allow_insecure_mechs: bool = True,
-                allowed_mechs: str | None = None, virtual_host: str | None = None, **ignored: Any) -> Any:
-        """A client connection like `Container.connect` (no reconnect: the caller reconnects).
-        `handler`: an engine `Handler` (the connection is the engine's, returned as it is) or a
-        proton handler (its events cross the bridge; returns proton's Connection wrapper)."""
+    def connect(self, url: str, handler: Handler, *, properties: dict | None = None, heartbeat: float | None = None,
+                user: str | None = None, password: str | None = None, allowed_mechs: str | None = None,
+                virtual_host: str | None = None, **ignored: Any) -> Connection:
+        """A client connection to an amqp[s]://host:port URL, opened (the caller reconnects; a
+        failure reaches `handler.on_disconnected`).  Without `user`, the URL's; without either,
+        SASL `allowed_mechs` (ANONYMOUS by default)."""
         parts = urlsplit(url)
         user = user if user is not None else (unquote(parts.username) if parts.username else None)
         password = password if password is not None else (unquote(parts.password) if parts.password else None)
@@ -217,126 +164,30 @@ class EngineContainer:
             sasl = SaslClient(allowed_mechs or "ANONYMOUS")
         host = parts.hostname or "127.0.0.1"
         port = int(parts.port or (5671 if secure else 5672))
-        typed = isinstance(handler, Handler)
-        connection = self.loop.connect(host, port, handler if typed else _BRIDGE, sasl=sasl,
-                                       tls=self.client_tls if secure else None, idle_timeout=heartbeat or 0.0)
-        if not typed:
-            self._proton[connection.ptr] = handler
+        connection = self.loop.connect(host, port, handler, sasl=sasl, tls=self.client_tls if secure else None,
+                                       idle_timeout=heartbeat or 0.0)
         connection.open(hostname=virtual_host or host, properties=_symbol_keys(properties))
-        if typed:
-            return connection
-        from proton import Connection as ProtonConnection
+        return connection
 
-        return ProtonConnection.wrap(connection.ptr)
-
-    def abort(self, connection: Any, condition: str, description: str) -> bool:
+    def abort(self, connection: Connection, condition: str, description: str) -> bool:
         """Drop a connection's transport without a close frame (as a peer whose socket closes), the
-        reason logged and kept as its error; `connection`: the engine's or proton's wrapper.  False if it is gone."""
-        pointer = connection.ptr if isinstance(connection, Connection) else getattr(connection, "_impl", None)
-        engine_connection = self.loop.connections.get(pointer)
-        if engine_connection is None:
+        reason logged and kept as its error.  False if it is gone."""
+        if connection.ptr is None:
             return False
-        self.loop.abort(engine_connection, Condition(condition, description))
+        self.loop.abort(connection, Condition(condition, description))
         return True
 
-    def adopt(self, connection: Connection, handler: Any) -> None:
-        """Dispatch a server connection's events to a proton handler."""
-        connection.handler = _BRIDGE
-        self._proton[connection.ptr] = handler
+    def adopt(self, connection: Connection, handler: Handler) -> None:
+        """Dispatch a connection's events (one made outside `connect`, e.g. in memory) to `handler`."""
+        connection.handler = handler
 
-    def route(self, link: Any, typed: Typed) -> None:
-        """Hand `link`'s per-message events (PN_DELIVERY, PN_LINK_FLOW) to `typed`, unwrapped."""
-        pointer = link_pointer(link)
-        typed.connection = lib.pn_session_connection(lib.pn_link_session(pointer))
-        self.typed[pointer] = typed
-        if not isinstance(link, Link):  # (an engine link's route goes when the engine forgets the link)
-            self._routed.setdefault(typed.connection, set()).add(pointer)
+    def route(self, link: Link, typed: Typed) -> None:
+        """Hand `link`'s deliveries to `typed` (raw pointers, no object built) until the engine
+        forgets the link."""
+        self.typed[link.ptr] = typed
 
-    def unroute(self, link: Any) -> None:
-        self._forget_route(link_pointer(link))
-
-    def _forget_route(self, pointer: Any) -> None:
-        typed = self.typed.pop(pointer, None)
-        if typed is not None:
-            links = self._routed.get(typed.connection)
-            if links is not None:
-                links.discard(pointer)
-                if not links:
-                    del self._routed[typed.connection]
-
-    def _dispatch(self, event: Any, handler: Any, kind: int) -> None:
-        if kind == _FLOW:  # (a routed link's PN_DELIVERY never comes here: `Engine.process` hands it on)
-            typed = self.typed.get(lib.pn_event_link(event)) if self.typed else None
-            if typed is not None:
-                try:
-                    if typed.credit is not None:
-                        typed.credit()
-                except Exception:  # noqa: BLE001 - as the daemon's boundaries do: log, fail the link
-                    log.exception("handling a flow failed")
-                    if typed.failed is not None:
-                        typed.failed()
-                return
-        elif kind == lib.PN_LINK_FINAL:
-            if self.typed:
-                self._forget_route(lib.pn_event_link(event))
-        elif kind == lib.PN_TRANSPORT_CLOSED and (self.typed or self._refused):
-            self._bridge(kind, event, handler)
-            self._unroute_connection(lib.pn_event_connection(event))
-            return
-        self._bridge(kind, event, handler)
-
-    def _unroute_connection(self, connection: Any) -> None:
-        """The engine frees every link of `connection` next: forget their routes first."""
-        for pointer in self._routed.pop(connection, ()):
-            self.typed.pop(pointer, None)
-        if self._refused:
-            for pointer in [p for p, c in self._refused.items() if c == connection]:
-                del self._refused[pointer]
-
-    def _bridge(self, kind: int, event: Any, handler: Any) -> None:
-        if self._refused:
-            pointer = lib.pn_event_link(event)
-            if pointer != NULL and pointer in self._refused:
-                if kind == lib.PN_LINK_FINAL:
-                    del self._refused[pointer]
-                return  # a link refused here is none of the handler's business
-        if kind not in HANDED_ON:
-            return
-        if kind == lib.PN_LINK_REMOTE_OPEN and self._refuse_unreadable_filter(lib.pn_event_link(event)):
-            return
-        from proton import Event
-
-        wrapped = Event.wrap(event)
-        if wrapped is None:
-            return
-        if kind == lib.PN_CONNECTION_REMOTE_OPEN:
-            connection = self.loop.connections.get(lib.pn_event_connection(event))
-            if connection is not None and connection.identity is not None:
-                setattr(wrapped.connection, IDENTITY_ATTRIBUTE, connection.identity)
-        try:
-            wrapped.dispatch(handler)
-        except Exception:  # noqa: BLE001 - as the daemon's boundaries do: log, keep the loop
-            log.exception("handling %s failed", wrapped.type)
-
-    def _refuse_unreadable_filter(self, pointer: Any) -> bool:
-        """A receiving link whose source filter proton could not decode (a map whose size and count
-        disagree) would reach proton's wrappers as no filter at all, and its consumer would get
-        every message: refuse it here with amqp:decode-error, as the wire contract refuses (an
-        attach with a null source, then a detach with closed=true)."""
-        if not lib.pn_link_is_sender(pointer):
-            return False
-        _, error = read_data(lib.pn_terminus_filter(lib.pn_link_remote_source(pointer)))
-        if error is None:
-            return False
-        self._refused[pointer] = lib.pn_session_connection(lib.pn_link_session(pointer))
-        lib.pn_terminus_set_type(lib.pn_link_source(pointer), lib.PN_UNSPECIFIED)
-        lib.pn_link_open(pointer)
-        condition = lib.pn_link_condition(pointer)
-        lib.pn_condition_set_name(condition, b"amqp:decode-error")
-        lib.pn_condition_set_description(condition, f"the source filter cannot be read: {error}".encode())
-        lib.pn_link_close(pointer)
-        log.info("refused a link with an unreadable source filter", extra={"fields": {"reason": error}})
-        return True
+    def unroute(self, link: Link) -> None:
+        self.typed.pop(link.ptr, None)
 
     # timers, selectables, running --------------------------------------------------------------
 
@@ -355,9 +206,7 @@ class EngineContainer:
         loop.after_turn = self._quiesced
         try:
             loop.run()
-            self._proton.clear()  # stopped: as with the Container, handlers hear nothing more
-            self.typed.clear()
-            self._routed.clear()
+            self.typed.clear()  # stopped: handlers hear nothing more
             for _ in range(20):  # but the close frames of what was closed on the way out leave
                 if not any(channel.conn.ptr is not None for channel in loop.channels):
                     break
@@ -473,7 +322,7 @@ def listen(container: EngineContainer, listener: Any, handler: Any, *, passthrou
            max_connections: int = 0, handshake_timeout: float = 10.0,
            on_refused: Callable[[str, str], None] | None = None) -> EngineListening:
     """`listener.listen` on the engine: `[listener]` SASL (PLAIN users, pass-through, EXTERNAL, the
-    anonymous policy) and TLS, client connections dispatched to the proton `handler`; a connection
+    anonymous policy) and TLS, client connections dispatched to the engine `handler`; a connection
     that has not opened AMQP `handshake_timeout` seconds after accept is closed and counted."""
     verify: Verify | None = passthrough
     if verify is None and listener.users:
@@ -482,11 +331,7 @@ def listen(container: EngineContainer, listener: Any, handler: Any, *, passthrou
                       keep_password=passthrough is not None)
     tls = server_ssl_context(listener.tls) if listener.tls.enabled else None
 
-    class Accepting(_Bridge):
-        def on_accepted(self, connection: Connection) -> None:
-            container.adopt(connection, handler)
-
-    engine_listener = container.loop.listen(listener.host, listener.port, Accepting(), sasl=sasl, tls=tls,
+    engine_listener = container.loop.listen(listener.host, listener.port, handler, sasl=sasl, tls=tls,
                                             limits=Limits(max_connections=max_connections,
                                                           handshake_timeout=handshake_timeout),
                                             on_refused=on_refused)

@@ -62,17 +62,13 @@ DISTRIBUTION_MODES = {lib.PN_DIST_MODE_UNSPECIFIED: None, lib.PN_DIST_MODE_COPY:
 _DISTRIBUTION_CODES = {name: code for code, name in DISTRIBUTION_MODES.items()}
 
 
-# What the engine itself needs to see of a connection whose events an observer handles.
 _TRANSPORT = lib.PN_TRANSPORT
 _DELIVERY = lib.PN_DELIVERY
-_CONNECTION_LEVEL = frozenset({
-    lib.PN_CONNECTION_REMOTE_OPEN, lib.PN_CONNECTION_LOCAL_OPEN, lib.PN_CONNECTION_REMOTE_CLOSE,
-    lib.PN_TRANSPORT, lib.PN_TRANSPORT_ERROR, lib.PN_TRANSPORT_CLOSED,
-})
 
 
 class Condition(NamedTuple):
-    """An AMQP error condition: `name` (a symbol such as amqp:not-found) and a description."""
+    """An AMQP error condition: `name` (a symbol such as amqp:not-found) and a description.  (To
+    close with the error's `info` map as well, give a plain tuple (name, description, info).)"""
 
     name: str
     description: str = ""
@@ -128,10 +124,12 @@ def condition_of(pointer: Any) -> Condition | None:
 def set_condition(pointer: Any, condition: Condition | tuple | None) -> None:
     if condition is None:
         return
-    name, description = (tuple(condition) + ("",))[:2]
+    name, description, info = (tuple(condition) + ("", None))[:3]
     lib.pn_condition_set_name(pointer, name.encode())
     if description:
         lib.pn_condition_set_description(pointer, description.encode())
+    if info:
+        write_data(lib.pn_condition_info(pointer), info)
 
 
 def set_disposition(delivery: Any, state: int, *, condition: Condition | tuple | None = None,
@@ -176,8 +174,8 @@ class Terminus:
     expiry_policy: str = "session-end"
     timeout: int = 0
     distribution_mode: str | None = None  # "move", "copy", None
-    filter: Any = None  # a map {symbol: value}, or None
-    filter_error: str | None = None  # why the peer's filter could not be read
+    filter: Any = None  # a map {symbol: value} (or whatever else the peer sent), or None
+    filter_error: str | None = None  # why the peer's filter could not be read (then `filter` is None)
     capabilities: tuple[str, ...] = ()
     dynamic_node_properties: Any = None
     null: bool = False  # no terminus at all (an attach refused by its sender carries a null source)
@@ -187,9 +185,6 @@ def read_terminus(pointer: Any) -> Terminus:
     if lib.pn_terminus_get_type(pointer) == lib.PN_UNSPECIFIED:
         return _NULL_TERMINUS
     filter_value, filter_error = read_data(lib.pn_terminus_filter(pointer))
-    if filter_error is None and filter_value is not None and not isinstance(filter_value, dict):
-        filter_error = f"a filter must be a map, not {t.amqp_type(filter_value)}"
-        filter_value = None
     capabilities, _ = read_data(lib.pn_terminus_capabilities(pointer))
     properties, _ = read_data(lib.pn_terminus_properties(pointer))
     return Terminus(
@@ -396,6 +391,11 @@ class Connection(_Endpoint):
     def remote_idle_timeout(self) -> float:
         return lib.pn_transport_get_remote_idle_timeout(self.transport) / 1000 if self.ptr is not None else 0.0
 
+    def set_idle_timeout(self, seconds: float) -> None:
+        """The idle timeout this side announces (before its open frame goes out)."""
+        if self.ptr is not None:
+            lib.pn_transport_set_idle_timeout(self.transport, int(seconds * 1000))
+
     def trace(self, tracer: Callable[[str], None] | None) -> None:
         """Hand every frame this connection sends or receives to `tracer`, as proton's trace text
         (`<- @attach(18) [name="...", ...]`); None stops.  For the few answers proton has no
@@ -476,6 +476,7 @@ class Link(_Endpoint):
 
     __slots__ = ("ptr", "session", "connection", "handler", "unsettled", "context", "name", "__weakref__")
     is_sender = False
+    is_receiver = True
 
     def __init__(self, pointer: Any, session: Session):
         self.ptr = pointer
@@ -518,6 +519,12 @@ class Link(_Endpoint):
     def set_target(self, terminus: Terminus) -> None:
         write_terminus(lib.pn_link_target(self.ptr), terminus)
 
+    def free(self) -> None:
+        """Let go of a link detached both ways without closing (closed links go by themselves): a
+        new attach under its name then gets a new link."""
+        if self.ptr is not None:
+            self.connection.engine._to_free.append(self)
+
     def detach(self, condition: Condition | tuple | None = None) -> None:
         if self.ptr is None or self.local_state == LOCAL_CLOSED:
             return
@@ -535,6 +542,33 @@ class Link(_Endpoint):
     @property
     def drain_mode(self) -> bool:
         return bool(lib.pn_link_get_drain(self.ptr)) if self.ptr is not None else False
+
+    @property
+    def remote_snd_settle_mode(self) -> int:
+        return lib.pn_link_remote_snd_settle_mode(self.ptr) if self.ptr is not None else 0
+
+    def set_snd_settle_mode(self, settled: bool) -> None:
+        """Send settled (snd-settle-mode settled) or unsettled, as the attach reply will say."""
+        if self.ptr is not None:
+            lib.pn_link_set_snd_settle_mode(self.ptr, lib.PN_SND_SETTLED if settled else lib.PN_SND_UNSETTLED)
+
+    def set_max_message_size(self, size: int) -> None:
+        if self.ptr is not None:
+            lib.pn_link_set_max_message_size(self.ptr, size)
+
+    def copy_remote_source(self) -> None:
+        """This link's source as the peer's (all of it, as proton read it)."""
+        if self.ptr is not None:
+            lib.pn_terminus_copy(lib.pn_link_source(self.ptr), lib.pn_link_remote_source(self.ptr))
+
+    def copy_remote_target(self) -> None:
+        if self.ptr is not None:
+            lib.pn_terminus_copy(lib.pn_link_target(self.ptr), lib.pn_link_remote_target(self.ptr))
+
+    @property
+    def remote_target_type(self) -> int:
+        """proton's type of the peer's target (`lib.PN_TARGET`, `PN_COORDINATOR`, `PN_UNSPECIFIED`)."""
+        return lib.pn_terminus_get_type(lib.pn_link_remote_target(self.ptr)) if self.ptr is not None else 0
 
     @property
     def unsettled_count(self) -> int:
@@ -558,6 +592,7 @@ class Link(_Endpoint):
 class Sender(Link):
     __slots__ = ("_tags",)
     is_sender = True
+    is_receiver = False
 
     def __init__(self, pointer: Any, session: Session):
         super().__init__(pointer, session)
@@ -740,15 +775,12 @@ class Engine:
         self.dirty: set[Connection] = set()  # connections whose transport has output to encode
         self._timers: list[Timer] = []
         self._to_free: list[Any] = []
-        # connection pointer -> a handler that gets every raw event of that connection
-        # (`observe(event, handler, event type)`; not PN_TRANSPORT, which `process` answers itself);
-        # the engine then keeps only the connection-level ones (ticks, output, closing) and leaves
-        # sessions, links and deliveries to it; see `container.py`
-        self.observers: dict[Any, Any] = {}
-        self.observe: Callable[[Any, Any, int], None] | None = None
-        # link pointer -> an observer's per-message handlers for that link (`.transfer(delivery
+        # endpoints freed before the collector handed over their events (a session never opened):
+        # those events must not adopt them again (the address is reused once they are drained)
+        self._freed: set[Any] = set()
+        # link pointer -> a handler's per-message handler for that link (`.transfer(delivery
         # pointer)`, `.failed()`): its PN_DELIVERY events go there straight from `process`, the
-        # hot path of a relay (filled by the observer, see `container.route`)
+        # hot path of a relay (see `container.route`)
         self.typed: dict[Any, Any] = {}
         self._buffer = bytearray(64 * 1024)
         self._cbuffer = ffi.from_buffer(self._buffer)
@@ -907,7 +939,6 @@ class Engine:
         dispatch = self._dispatch
         peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
         event_connection = lib.pn_event_connection
-        observers = self.observers
         typed_links, event_link = self.typed, lib.pn_event_link
         connections, dirty = self.connections, self.dirty
         count = 0
@@ -934,13 +965,6 @@ class Engine:
                             typed.failed()
                     pop(collector)
                     continue
-            if observers:
-                observer = observers.get(event_connection(event))
-                if observer is not None:
-                    self.observe(event, observer, kind)  # type: ignore[misc]
-                    if kind not in _CONNECTION_LEVEL:
-                        pop(collector)
-                        continue  # its sessions, links and deliveries are the observer's alone
             method = dispatch.get(kind)
             if method is not None:
                 try:
@@ -950,6 +974,8 @@ class Engine:
             pop(collector)
         if self._to_free:
             self._free_pending()
+        if self._freed:
+            self._freed.clear()
         return count
 
     def _handler_failed(self, event: Any) -> None:
@@ -987,6 +1013,8 @@ class Engine:
     def _adopt_session(self, pointer: Any, connection: Connection | None = None) -> Session | None:
         session = self.sessions.get(pointer)
         if session is None:
+            if pointer in self._freed:
+                return None
             connection = connection or self.connections.get(lib.pn_session_connection(pointer))
             if connection is None:
                 return None
@@ -998,6 +1026,8 @@ class Engine:
     def _adopt_link(self, pointer: Any) -> Link | None:
         link = self.links.get(pointer)
         if link is None:
+            if pointer in self._freed:
+                return None
             session = self._adopt_session(lib.pn_link_session(pointer))
             if session is None:
                 return None
@@ -1112,7 +1142,9 @@ class Engine:
 
     def _free_session(self, session: Session) -> None:
         pointer = session.ptr
+        self._freed.add(pointer)
         for link in list(session.links):
+            self._freed.add(link.ptr)
             self._forget_link(link)
         self.sessions.pop(pointer, None)
         session.connection.sessions.discard(session)
@@ -1148,7 +1180,6 @@ class Engine:
                 session.ptr = None
             connection.sessions.clear()
             self.connections.pop(connection.ptr, None)
-            self.observers.pop(connection.ptr, None)
             self.dirty.discard(connection)
             pointer, transport = connection.ptr, connection.transport
             connection.ptr = None

@@ -269,13 +269,8 @@ class LinkNames:
 
 
 def _connection_id(connection: Any) -> str:
-    """The daemon's id of a connection (its proton wrapper's `bf_conn`), else its peer address."""
-    try:
-        from proton import Connection as ProtonConnection
-
-        ours = getattr(ProtonConnection.wrap(connection.ptr), "bf_conn", None)
-        if ours is not None:
-            return str(ours.id)
-    except Exception:  # noqa: BLE001 - a label for a log line only
-        pass
+    """The daemon's id of a connection (the proxy's record of it, `context.id`), else its name."""
+    ours = getattr(getattr(connection, "context", None), "id", None)
+    if ours is not None:
+        return str(ours)
     return str(getattr(connection, "name", "") or connection)

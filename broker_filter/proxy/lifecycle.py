@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import logs
+from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Condition, Connection, Delivery, Handler, Link, Session
 
 log = logging.getLogger("broker_filter.lifecycle")
 
@@ -72,57 +73,82 @@ class WakePipe:
                 os.close(self.write)
 
 
-class ConnectionRegistry:
-    """The handler in front of the proxy's: remembers open client connections, and passes every
+class ConnectionRegistry(Handler):
+    """The engine handler in front of the proxy's: remembers open client connections, and passes every
     client event on with the connection and link ids as ambient log context (`broker_filter.logs`),
     so whatever the proxy logs while handling it names the connection and link."""
 
-    def __init__(self, inner: Any):
+    def __init__(self, inner: Handler):
         self.inner = inner
-        self.connections: set = set()
+        self.connections: set[Connection] = set()
 
-    def on_unhandled(self, method: str, event: Any) -> None:
-        self._forward(event)
+    def on_accepted(self, connection: Connection) -> None:
+        self._forward(self.inner.on_accepted, connection)
 
-    def on_connection_remote_open(self, event: Any) -> None:
-        self.connections.add(event.connection)
-        self._forward(event)
+    def on_connection_open(self, connection: Connection) -> None:
+        self.connections.add(connection)
+        self._forward(self.inner.on_connection_open, connection)
 
-    def on_connection_final(self, event: Any) -> None:
-        self.connections.discard(event.connection)
-        self._forward(event)
+    def on_connection_close(self, connection: Connection) -> None:
+        self._forward(self.inner.on_connection_close, connection)
 
-    def on_transport_closed(self, event: Any) -> None:
-        if event.connection is not None:
-            self.connections.discard(event.connection)
-        self._forward(event)
+    def on_session_open(self, session: Session) -> None:
+        self._forward(self.inner.on_session_open, session)
 
-    def _forward(self, event: Any) -> None:
-        token = logs.enter(event_ids, event)
+    def on_session_close(self, session: Session) -> None:
+        self._forward(self.inner.on_session_close, session)
+
+    def on_link_open(self, link: Link) -> None:
+        self._forward(self.inner.on_link_open, link)
+
+    def on_link_close(self, link: Link) -> None:
+        self._forward(self.inner.on_link_close, link)
+
+    def on_flow(self, link: Link) -> None:
+        self._forward(self.inner.on_flow, link)
+
+    def on_message(self, delivery: Delivery, data: memoryview) -> None:
+        token = logs.enter(event_ids, delivery.link)
         try:
-            event.dispatch(self.inner)  # the inner handler and its own children, as proton would
+            self.inner.on_message(delivery, data)
         finally:
             logs.leave(token)
 
-    def open_connections(self) -> list:
-        from proton import Endpoint
+    def on_delivery_update(self, delivery: Delivery) -> None:
+        self._forward(self.inner.on_delivery_update, delivery)
 
-        return [c for c in self.connections if not c.state & Endpoint.LOCAL_CLOSED]
+    def on_disconnected(self, connection: Connection, error: Condition | None) -> None:
+        self.connections.discard(connection)
+        token = logs.enter(event_ids, connection)
+        try:
+            self.inner.on_disconnected(connection, error)
+        finally:
+            logs.leave(token)
+
+    def _forward(self, method: Callable[[Any], None], subject: Any) -> None:
+        token = logs.enter(event_ids, subject)
+        try:
+            method(subject)
+        finally:
+            logs.leave(token)
+
+    def open_connections(self) -> list[Connection]:
+        return [c for c in self.connections if c.local_state != LOCAL_CLOSED]
 
 
-def event_ids(event: Any) -> dict[str, Any]:
-    """{"conn": the proxy's connection id, "link": the link name} of a proton event, as known."""
+def event_ids(subject: Any) -> dict[str, Any]:
+    """{"conn": the proxy's connection id, "link": the link name} of what an event is about (a
+    connection, session, link or delivery of the engine), as known."""
     ids: dict[str, Any] = {}
-    connection = getattr(event, "connection", None)
+    link = subject.link if isinstance(subject, Delivery) else subject if isinstance(subject, Link) else None
+    connection = subject if isinstance(subject, Connection) else getattr(subject, "connection", None)
     if connection is not None:
-        state = getattr(connection, "bf_conn", None)  # the proxy's per-connection state
-        conn_id = getattr(state, "id", None)
-        if conn_id is None:
-            url = getattr(connection, "url", None)
-            conn_id = f"from {url.host}:{url.port}" if url is not None else None
+        conn_id = getattr(connection.context, "id", None)  # the proxy's per-connection state
+        if conn_id is None and connection.io is not None:
+            peer = getattr(connection.io, "peer", None)
+            conn_id = f"from {peer}" if peer else None
         if conn_id is not None:
             ids["conn"] = conn_id
-    link = getattr(event, "link", None)
     if link is not None:
         ids["link"] = link.name
     return ids
@@ -234,21 +260,17 @@ class GracefulShutdown:
         self._close_clients()
 
     def _close_clients(self) -> None:
-        from proton import Condition, Endpoint
-
         self._phase = "closing"
         condition = Condition(SHUTDOWN_CONDITION, SHUTDOWN_DESCRIPTION)
         for connection in self._registry.open_connections():
-            link = connection.link_head(0)
-            while link:
-                if not link.state & Endpoint.LOCAL_CLOSED:
-                    if link.state & Endpoint.LOCAL_UNINIT:
-                        link.open()
-                    link.condition = condition
-                    link.close()
-                link = link.next(0)
-            connection.condition = condition
-            connection.close()
+            for session in list(connection.sessions):
+                for link in list(session.links):
+                    state = link.local_state
+                    if state != LOCAL_CLOSED:
+                        if state == LOCAL_UNINIT:
+                            link.open()
+                        link.close(condition)
+            connection.close(condition)
         try:
             self._before_stop()
         except Exception:  # noqa: BLE001

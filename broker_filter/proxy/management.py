@@ -29,7 +29,7 @@ from typing import Any
 
 from ..engine._cproton import lib
 from ..engine.container import Typed
-from ..engine.endpoints import LOCAL_CLOSED, Link, copy_remote
+from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Link, Terminus, copy_remote
 from .refusal import refuse_link
 from .wire import receive, remote_outcome, send, settle_with
 
@@ -64,17 +64,16 @@ class _Calls:
 
 
 def _calls(connection: Any) -> _Calls:
-    calls = getattr(connection, "bf_management_calls", None)
-    if calls is None:
-        calls = _Calls()
-        connection.bf_management_calls = calls
-    return calls
+    state = connection.context  # the proxy's record of the client connection (server._Conn)
+    if state.management_calls is None:
+        state.management_calls = _Calls()
+    return state.management_calls
 
 
 def after_calls(connection: Any, fn: Any, call_later: Any) -> None:
     """Run `fn` (relaying a detach the broker sent) once the management requests in flight on the
     client `connection` are answered, at the latest after ORDER_WAIT seconds; at once if none is."""
-    calls = getattr(connection, "bf_management_calls", None)
+    calls = getattr(connection.context, "management_calls", None)
     if calls is None or not calls.waiting:
         fn()
         return
@@ -105,19 +104,10 @@ def _describe(upstream: Any) -> str:
     return " ".join(p for p in (product, version) if p)
 
 
-def _ptr(link: Any) -> Any:
-    """The `pn_link_t` of a link: the upstream's (an engine Link) or a client's (proton's wrapper)."""
-    return link.ptr if isinstance(link, Link) else link._impl
-
-
-def _state(link: Any) -> int:
-    pointer = _ptr(link)
-    return lib.pn_link_state(pointer) if pointer is not None else lib.PN_LOCAL_CLOSED | lib.PN_REMOTE_CLOSED
-
-
-def _copy_link(dst: Any, src: Any) -> None:
+def _copy_link(dst: Link, src: Link) -> None:
     """dst's termini, settle modes and properties as src's peer sent them."""
-    copy_remote(_ptr(dst), _ptr(src))
+    if dst.ptr is not None and src.ptr is not None:
+        copy_remote(dst.ptr, src.ptr)
 
 
 class ManagementPair:
@@ -143,26 +133,26 @@ class ManagementPair:
         upstream.pairs.add(self)
 
     @classmethod
-    def serve(cls, upstream: Any, client_link: Any, route: Any) -> None:
+    def serve(cls, upstream: Any, client_link: Link, route: Any) -> None:
         """Relay `client_link` (a client's attach to `/management`): on its session's pair."""
         session = client_link.session
-        pair = getattr(session, "bf_management", None)
+        pair = session.context
         if pair is None or pair.closed:
             pair = cls(upstream, session)
-            session.bf_management = pair
+            session.context = pair
         pair.attach(client_link, route)
 
-    def attach(self, client: Any, route: Any) -> None:
-        from .remote import link_state
+    def attach(self, client: Link, route: Any) -> None:
+        from . import remote, server
 
         up = self.session.sender(client.name) if client.is_receiver else self.session.receiver(client.name)
         _copy_link(up, client)
-        state = link_state(up)
+        state = remote.link_state(up)
         state.pair, state.peer = self, client
-        client.bf_pair = self
-        client.bf_peer = up
+        mine = server.link_state(client)
+        mine.pair, mine.peer = self, up
         self.links[client] = up
-        route(client, self._client_transfer, self._client_credit)
+        route(client, self._client_transfer)  # (its flow: ProxyServer.on_flow, `_client_credit`)
         # the broker's deliveries and outcomes on it as raw pointers (its flow: RemoteUpstream.on_flow)
         self.upstream.loop.container.route(up, Typed(lambda dlv, up=up: self.upstream_delivery(up, dlv)))
         up.open()
@@ -170,11 +160,11 @@ class ManagementPair:
     # ------------------------------------------------------------------ upstream events
     def upstream_open(self, up: Any) -> None:
         client = up.context.peer
-        if client is None or not (_state(client) & lib.PN_LOCAL_UNINIT):
+        if client is None or client.local_state != LOCAL_UNINIT:
             return
         _copy_link(client, up)
         if up.is_sender and up.remote_target.null:
-            lib.pn_terminus_set_type(lib.pn_link_target(_ptr(client)), lib.PN_UNSPECIFIED)
+            client.set_target(Terminus(null=True))
         client.open()
         if up.is_sender:
             self._upstream_credit(up)
@@ -186,7 +176,7 @@ class ManagementPair:
         up.context.peer = None
         if client is not None:
             self.links.pop(client, None)
-            client.bf_peer = None
+            client.context.peer = None
             c = up.remote_condition
             log.warning("upstream %s detached /management link %s: %s", self.upstream.name, client.name,
                         f"{c.name}: {c.description}" if c is not None else "no error")
@@ -205,16 +195,17 @@ class ManagementPair:
             data = receive(up.ptr, dlv)
             if data is None:
                 return
-            if client is None or _state(client) & lib.PN_LOCAL_CLOSED:
+            if client is None or client.local_state == LOCAL_CLOSED:
                 lib.pn_delivery_settle(dlv)
                 return
             settled = bool(lib.pn_delivery_settled(dlv)) or up.remote_settled_mode
-            out = send(client._impl, str(next(_tags)).encode(), data, settled=settled)
+            out = send(client.ptr, str(next(_tags)).encode(), data, settled=settled)
             if settled:
                 lib.pn_delivery_settle(dlv)
             else:
-                client.bf_unsettled = getattr(client, "bf_unsettled", None) or {}
-                client.bf_unsettled[out] = dlv
+                mine = client.context
+                mine.unsettled = mine.unsettled or {}
+                mine.unsettled[out] = dlv
             _calls(client.connection).answered()
         else:  # the broker's outcome of a request the client sent unsettled
             outcome = remote_outcome(dlv)
@@ -226,10 +217,11 @@ class ManagementPair:
                 settle_with(origin, outcome)
 
     # ------------------------------------------------------------------ client events
-    def _client_transfer(self, client: Any, dlv: Any) -> None:
-        up = getattr(client, "bf_peer", None)
+    def _client_transfer(self, client: Link, dlv: Any) -> None:
+        mine = client.context
+        up = mine.peer
         if client.is_receiver:  # a request
-            data = receive(client._impl, dlv)
+            data = receive(client.ptr, dlv)
             if data is None:
                 return
             if up is None:
@@ -248,13 +240,13 @@ class ManagementPair:
             outcome = remote_outcome(dlv)
             if outcome is None and not lib.pn_delivery_settled(dlv):
                 return
-            origin = getattr(client, "bf_unsettled", {}).pop(dlv, None)
+            origin = (mine.unsettled or {}).pop(dlv, None)
             lib.pn_delivery_settle(dlv)
             if origin is not None and outcome is not None:
                 settle_with(origin, outcome)
 
-    def _client_credit(self, client: Any) -> None:
-        up = getattr(client, "bf_peer", None)
+    def _client_credit(self, client: Link) -> None:
+        up = client.context.peer
         if client.is_sender and up is not None and up.ptr is not None and up.local_state == lib.PN_LOCAL_ACTIVE:
             add = client.credit - up.credit - up.queued
             if add > 0:
@@ -262,7 +254,7 @@ class ManagementPair:
 
     def _upstream_credit(self, up: Any) -> None:
         client = up.context.peer
-        if client is None or not (_state(client) & lib.PN_LOCAL_ACTIVE):
+        if client is None or client.local_state != lib.PN_LOCAL_ACTIVE:
             return
         add = up.credit - client.credit - client.queued
         if add > 0:
@@ -270,9 +262,10 @@ class ManagementPair:
 
     def client_gone(self, client: Any) -> None:
         """The client detached `client`: so does its upstream link."""
-        client.bf_pair = None
+        mine = client.context
+        mine.pair = None
         up = self.links.pop(client, None)
-        client.bf_peer = None
+        mine.peer = None
         if up is not None:
             up.context.peer = None
             if up.local_state != LOCAL_CLOSED:
@@ -296,9 +289,10 @@ class ManagementPair:
                                condition.description if condition is not None else "the upstream ended the session")
         self.links.clear()
 
-    def _close_client(self, client: Any, condition: str, description: str | None) -> None:
-        client.bf_peer = None
-        client.bf_pair = None
+    def _close_client(self, client: Link, condition: str, description: str | None) -> None:
+        mine = client.context
+        mine.peer = None
+        mine.pair = None
         refuse_link(client, condition, description)
 
     def _end_if_done(self) -> None:
@@ -306,8 +300,8 @@ class ManagementPair:
             return
         self.closed = True
         self.upstream.pairs.discard(self)
-        if getattr(self.client_session, "bf_management", None) is self:
-            self.client_session.bf_management = None
+        if self.client_session.context is self:
+            self.client_session.context = None
         if self.session.local_state != LOCAL_CLOSED:
             self.session.close()
             self.upstream.sessions.ending(self.session)  # a later begin waits for its answer (sessions.py)

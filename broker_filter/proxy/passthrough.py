@@ -31,20 +31,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Condition, Connection, Delivery, Handler
 from ..security import identity_of
 from .routing import vhost_asked
 
 log = logging.getLogger("broker_filter.passthrough")
 
 
-def _dispatch(handler: Any, method: str, event: Any) -> None:
-    fn = getattr(handler, method, None)
-    if fn is not None:
-        fn(event)
-    else:
-        unhandled = getattr(handler, "on_unhandled", None)
-        if unhandled is not None:
-            unhandled(method, event)
+def _connection_of(subject: Any) -> Connection:
+    if isinstance(subject, Connection):
+        return subject
+    if isinstance(subject, Delivery):
+        return subject.link.connection
+    return subject.connection
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ class _UpstreamTap:
         return getattr(self._tenant.server, name)
 
 
-class PassThrough:
+class PassThrough(Handler):
     """Routes client connection events to per-identity proxy servers (see the module docstring).
 
     make_server(user, password, n, vhost) -> (server, upstream): a ProxyServer and its not yet
@@ -125,24 +124,49 @@ class PassThrough:
         self._stopped = False
         self._quiesced = False
         self._closing: list = []  # upstreams stopped by `stop`, until their close is answered
+        self._by_connection: dict[Connection, _Tenant] = {}  # a client connection -> its tenant
 
     # every event of a client connection
 
-    def on_unhandled(self, method: str, event: Any) -> None:
-        connection = getattr(event, "connection", None)
-        tenant = self._tenant_of(connection) if connection is not None else None
+    def _route(self, method: str, subject: Any, *rest: Any) -> None:
+        tenant = self._by_connection.get(_connection_of(subject))
         if tenant is None:
-            _dispatch(self.default, method, event)
+            getattr(self.default, method)(subject, *rest)
         elif not tenant.up:
-            tenant.waiting.append((method, event))
+            tenant.waiting.append((method, subject, rest))
         else:
-            _dispatch(tenant.server, method, event)
+            getattr(tenant.server, method)(subject, *rest)
 
-    def on_connection_remote_open(self, event: Any) -> None:
-        connection = event.connection
+    def on_connection_close(self, connection: Connection) -> None:
+        self._route("on_connection_close", connection)
+
+    def on_session_open(self, session: Any) -> None:
+        self._route("on_session_open", session)
+
+    def on_session_close(self, session: Any) -> None:
+        self._route("on_session_close", session)
+
+    def on_link_open(self, link: Any) -> None:
+        self._route("on_link_open", link)
+
+    def on_link_close(self, link: Any) -> None:
+        self._route("on_link_close", link)
+
+    def on_flow(self, link: Any) -> None:
+        self._route("on_flow", link)
+
+    def on_message(self, delivery: Delivery, data: memoryview) -> None:
+        # (valid during this call only: a message waiting for its tenant keeps a copy)
+        tenant = self._by_connection.get(delivery.link.connection)
+        self._route("on_message", delivery, bytes(data) if tenant is not None and not tenant.up else data)
+
+    def on_delivery_update(self, delivery: Delivery) -> None:
+        self._route("on_delivery_update", delivery)
+
+    def on_connection_open(self, connection: Connection) -> None:
         identity = identity_of(connection)
         if identity.password is None or self._stopped:
-            _dispatch(self.default, "on_connection_remote_open", event)
+            self.default.on_connection_open(connection)
             return
         vhost = vhost_asked(connection.remote_hostname)
         if vhost == getattr(getattr(self.default, "upstream", None), "vhost", None):
@@ -156,22 +180,26 @@ class PassThrough:
             tenant.idle_timer.cancel()
             tenant.idle_timer = None
         tenant.connections.add(connection)
-        connection.bf_tenant = tenant
+        self._by_connection[connection] = tenant
         if tenant.up:
-            _dispatch(tenant.server, "on_connection_remote_open", event)
+            tenant.server.on_connection_open(connection)
         else:
-            tenant.waiting.append(("on_connection_remote_open", event))
+            tenant.waiting.append(("on_connection_open", connection, ()))
 
-    def on_transport_closed(self, event: Any) -> None:
-        self._route_and_forget(event, "on_transport_closed")
-
-    def on_connection_final(self, event: Any) -> None:
-        self._route_and_forget(event, "on_connection_final")
+    def on_disconnected(self, connection: Connection, error: Any) -> None:
+        tenant = self._by_connection.pop(connection, None)
+        if tenant is None:
+            self.default.on_disconnected(connection, error)
+            return
+        if tenant.up:
+            tenant.server.on_disconnected(connection, error)
+        else:  # gone before its upstream came up: nothing of it is to be replayed
+            tenant.waiting = [w for w in tenant.waiting if _connection_of(w[1]) is not connection]
+        tenant.connections.discard(connection)
+        if not tenant.connections and tenant.idle_timer is None and self._tenants.get(tenant.key) is tenant:
+            tenant.idle_timer = self._call_later(self._idle, lambda: self._idle_out(tenant))
 
     # tenants
-
-    def _tenant_of(self, connection: Any) -> _Tenant | None:
-        return getattr(connection, "bf_tenant", None)
 
     def _open_tenant(self, key: tuple[str, str, str | None], user: str, password: str) -> _Tenant:
         server, upstream = self._make_server(user, password, next(self._numbers), key[2])
@@ -194,15 +222,13 @@ class PassThrough:
         tenant.up = True
         tenant.failed = None
         waiting, tenant.waiting = tenant.waiting, []
-        for method, event in waiting:
-            _dispatch(tenant.server, method, event)
+        for method, subject, rest in waiting:
+            getattr(tenant.server, method)(subject, *rest)
 
     def _down(self, tenant: _Tenant, error: Any) -> None:
         if tenant.up:
             return  # the server detaches its links itself; the upstream reconnects
         # Never came up: the clients waiting for it cannot be served with these credentials.
-        from proton import Condition, Endpoint
-
         tenant.failed = error
         log.warning("pass-through: the upstream connection failed before it opened; its clients are refused: %s",
                     getattr(error, "description", error),
@@ -216,27 +242,13 @@ class PassThrough:
                 # have): the client's connection goes the same way, as it would directly (RabbitMQ's
                 # clients take a close frame for a connection to recover, and retry)
                 continue
-            if not connection.state & Endpoint.LOCAL_CLOSED:
-                if connection.state & Endpoint.LOCAL_UNINIT:
+            state = connection.local_state
+            if state != LOCAL_CLOSED:
+                if state == LOCAL_UNINIT:
                     connection.open()
-                connection.condition = condition
-                connection.close()
+                connection.close(condition)
         tenant.waiting.clear()
         self._retire(tenant)
-
-    def _route_and_forget(self, event: Any, method: str) -> None:
-        connection = getattr(event, "connection", None)
-        tenant = self._tenant_of(connection) if connection is not None else None
-        if tenant is None:
-            _dispatch(self.default, method, event)
-            return
-        if tenant.up:
-            _dispatch(tenant.server, method, event)
-        else:  # gone before its upstream came up: nothing of it is to be replayed
-            tenant.waiting = [(m, e) for m, e in tenant.waiting if getattr(e, "connection", None) != connection]
-        tenant.connections.discard(connection)
-        if not tenant.connections and tenant.idle_timer is None and self._tenants.get(tenant.key) is tenant:
-            tenant.idle_timer = self._call_later(self._idle, lambda: self._idle_out(tenant))
 
     def _idle_out(self, tenant: _Tenant) -> None:
         tenant.idle_timer = None

@@ -3,30 +3,35 @@ is answered with a null source (receiver) or target (sender), then detached with
 
 from __future__ import annotations
 
-from proton import Condition, Endpoint, Terminus
+from typing import Any
+
+from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Condition, Link, Terminus
+
+_NULL = Terminus(null=True)
 
 
-def close_link(link, condition: str, description: str | None, info: dict | None = None) -> None:
+def close_link(link: Link, condition: str, description: str | None, info: dict | None = None) -> None:
     """Detach `link` (closed) with the error; opened first if it was never answered."""
-    if link.state & Endpoint.LOCAL_CLOSED:
+    state = link.local_state
+    if state == LOCAL_CLOSED:
         return
-    if link.state & Endpoint.LOCAL_UNINIT:
+    if state == LOCAL_UNINIT:
         link.open()
-    link.condition = Condition(condition, description, info)
-    link.close()
+    link.close((condition, description or "", info) if info else Condition(condition, description or ""))
 
 
-def refuse_link(link, condition: str, description: str | None, info: dict | None = None) -> None:
+def refuse_link(link: Link, condition: str, description: str | None, info: Any = None) -> None:
     """Answer `link`'s attach with a null terminus on the client's side, then detach it with the
     error.  A link already answered is only detached."""
-    if link.state & Endpoint.LOCAL_CLOSED:
+    state = link.local_state
+    if state == LOCAL_CLOSED:
         return
-    if link.state & Endpoint.LOCAL_UNINIT:
+    if state == LOCAL_UNINIT:
         if link.is_sender:
-            link.source.type = Terminus.UNSPECIFIED
-            link.target.copy(link.remote_target)
+            link.set_source(_NULL)
+            link.copy_remote_target()
         else:
-            link.target.type = Terminus.UNSPECIFIED
-            link.source.copy(link.remote_source)
+            link.set_target(_NULL)
+            link.copy_remote_source()
         link.open()
     close_link(link, condition, description, info)

@@ -659,9 +659,9 @@ class RemoteUpstream(Handler):
         # its deliveries straight from the engine's event loop, as raw pointers (`on_flow` takes its flow)
         failed = functools.partial(self._typed_failed, endpoint)
         if isinstance(endpoint, RemoteConsumer):
-            self.loop.container.route(link, Typed(functools.partial(self._received, endpoint, link.ptr), None, failed))
+            self.loop.container.route(link, Typed(functools.partial(self._received, endpoint, link.ptr), failed))
         else:
-            self.loop.container.route(link, Typed(functools.partial(self._published, endpoint), None, failed))
+            self.loop.container.route(link, Typed(functools.partial(self._published, endpoint), failed))
         if endpoint.session not in self.sessions.waiting:
             link.open()
             self._await_answer(endpoint)

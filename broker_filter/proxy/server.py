@@ -1,4 +1,4 @@
-"""The client-facing side of the proxy: proton handlers for accepted connections.
+"""The client-facing side of the proxy: the engine handler of accepted client connections.
 
 Theory of operation
 -------------------
@@ -38,9 +38,6 @@ import re
 import time
 from typing import Any, Callable
 
-from proton import Condition, Endpoint, Link, Terminus
-from proton import symbol as psymbol
-from proton import Handler
 
 from ..amqp import types as t
 from ..amqp import CodecError, decode_message, set_message_annotation
@@ -53,7 +50,9 @@ from .routing import Routing, vhost_asked
 from .replicas import PROPERTY as REPLICA_PROPERTY
 from ..engine._cproton import lib
 from ..engine.container import Typed
-from .wire import data_value, discard, put_value, receive, remote_outcome, send, settle_with
+from ..engine.endpoints import (LOCAL_ACTIVE, LOCAL_CLOSED, LOCAL_UNINIT, REMOTE_CLOSED, Condition, Connection,
+                                Delivery, Handler, Link, Session, Terminus)
+from .wire import discard, receive, remote_outcome, send, settle_with
 from .management import ManagementPair, is_management, refusal
 from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Passthrough, Upstream, UpstreamDelivery
 
@@ -77,7 +76,7 @@ FILTER_CAPABILITIES = (
 # Offered in the open frame besides the filter capabilities: a sender may attach with a null target
 # and address each message by its `properties.to` (see `Relay`).
 RELAY_CAPABILITY = "ANONYMOUS-RELAY"
-_OFFERED = [psymbol(c) for c in FILTER_CAPABILITIES + (RELAY_CAPABILITY,)]
+_OFFERED = FILTER_CAPABILITIES + (RELAY_CAPABILITY,)
 # At most this many upstream publishers per anonymous-relay link, one per `to` address (an LRU:
 # the least recently used idle one is closed when a new address needs one over the limit).
 RELAY_PUBLISHERS = 16
@@ -85,20 +84,21 @@ RELAY_PUBLISHERS = 16
 # `limits.upstream_window` beyond its clients' credit.
 VIA_WINDOW = 4
 RELAY_WINDOW = 1000  # credit an anonymous-relay link keeps granted (messages not yet settled count)
-_COORDINATOR = 3  # PN_COORDINATOR: a transaction coordinator target
+_COORDINATOR = lib.PN_COORDINATOR  # a transaction coordinator target
+_FIELD_FILTER = {t.symbol("field"): t.symbol("filter")}  # the error info naming the source filter
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
 
 
 def boundary(fn: Callable) -> Callable:
-    """Error boundary for a proton callback: log, then fail only the link or connection concerned."""
+    """Error boundary for an engine callback: log, then fail only the link or connection concerned."""
 
     @functools.wraps(fn)
-    def wrapper(self, event):
+    def wrapper(self, subject, *rest):
         try:
-            fn(self, event)
+            fn(self, subject, *rest)
         except Exception:
             log.exception("%s failed", fn.__name__)
-            self._fail(event)
+            self._fail(subject)
 
     return wrapper
 
@@ -142,7 +142,9 @@ def push_down(upstream: Upstream, address: str | None, fs: FilterSet,
 
 
 class _Conn:
-    __slots__ = ("id", "links", "producers", "closed", "peer", "connection")
+    """What the proxy keeps on each client connection (`Connection.context`)."""
+
+    __slots__ = ("id", "links", "producers", "closed", "peer", "connection", "management_calls")
 
     def __init__(self, id: str, connection: Any = None):
         self.id = id
@@ -151,6 +153,43 @@ class _Conn:
         self.closed = False
         self.peer: str | None = None  # the replica that opened it (`[replicas]`), else None
         self.connection = connection
+        self.management_calls: Any = None  # its /management requests in flight (`management._Calls`)
+
+
+class _ClientLink:
+    """What the proxy keeps on each client link (`Link.context`)."""
+
+    __slots__ = ("outlet", "inlet", "relay", "place", "fs", "subscription", "unsubscribe", "pair", "peer",
+                 "unsettled")
+
+    def __init__(self) -> None:
+        self.outlet: Outlet | None = None  # a receiving link's place on its feed
+        self.inlet: Inlet | None = None  # a sending link's upstream publisher
+        self.relay: Relay | None = None  # ... or its anonymous relay
+        self.place: _Placement | None = None
+        self.fs: FilterSet | None = None  # its filter-set as attached
+        self.subscription = False
+        self.unsubscribe: str | None = None  # the kept durable subscription a null-source attach names
+        self.pair: Any = None  # a /management link: its `management.ManagementPair`
+        self.peer: Any = None  # ... and its upstream link
+        self.unsettled: dict | None = None  # ... and the deliveries relayed on it -> their origins
+
+
+_NO_STATE = _ClientLink()  # what a link the proxy keeps nothing on reads as
+
+
+def link_state(link: Link) -> _ClientLink:
+    """The proxy's record of a client link (made on first use)."""
+    state = link.context
+    if state is None:
+        state = link.context = _ClientLink()
+    return state
+
+
+def _state(link: Link | None) -> _ClientLink:
+    """The proxy's record of a client link, or an empty one (never made here)."""
+    state = link.context if link is not None else None
+    return state if state is not None else _NO_STATE
 
 
 class _Placement:
@@ -224,7 +263,7 @@ class FeedBinding:
         """The client delivery's pointer is its tag in the feed (valid until settled in `_client_outcome`)."""
         if self.counters is not None:
             self.counters.forwarded.inc()
-        return send(outlet.io_ref._impl, self.server.next_tag(), data, outlet.presettled)
+        return send(outlet.io_ref.ptr, self.server.next_tag(), data, outlet.presettled)
 
     def settle_upstream(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
         if self.consumer is not None:
@@ -326,7 +365,7 @@ class Inlet:
     def __init__(self, link, address: str, conn: _Conn, counters: Any = None):
         self.counters = counters
         self.link = link
-        self.ptr = link._impl  # its pn_link_t (per message: no wrapper property)
+        self.ptr = link.ptr  # its pn_link_t (per message: no property)
         self.address = address
         self.conn = conn
         self.publisher = None
@@ -343,12 +382,11 @@ class Inlet:
         self.ready = True
         if not self.closed:
             link = self.link
-            link.target.address = link.remote_target.address  # the client's address, even when routed
-            if self.dynamic is not None:
-                link.target.copy(link.remote_target)
-                link.target.address = self.dynamic
-                link.target.dynamic = True
-            link.source.copy(link.remote_source)
+            if self.dynamic is not None:  # the node made for it (gone with the link)
+                link.set_target(dataclasses.replace(link.remote_target, address=self.dynamic, dynamic=True))
+            else:  # the client's address, even when routed
+                link.set_target(Terminus(address=link.remote_target.address))
+            link.copy_remote_source()
             link.open()
             self.top_up()
 
@@ -361,7 +399,7 @@ class Inlet:
         err = error or ErrorInfo("amqp:link:detach-forced", "upstream detached")
         self.closed = True
         if not self.ready:
-            self.link.target.type = Terminus.UNSPECIFIED
+            self.link.set_target(Terminus(null=True))
             self.link.open()
         loop = getattr(getattr(publisher, "upstream", None), "loop", None)
         if err.condition == "amqp:resource-deleted" and loop is not None:
@@ -372,7 +410,7 @@ class Inlet:
             self._detach(err)
 
     def _detach(self, err: ErrorInfo) -> None:
-        if not (self.link.state & Endpoint.LOCAL_CLOSED):
+        if self.link.local_state != LOCAL_CLOSED:
             close_link(self.link, err.condition, err.description)
 
     def top_up(self) -> None:
@@ -456,7 +494,7 @@ class Relay:
     def __init__(self, server: "ProxyServer", link, conn: "_Conn"):
         self.server = server
         self.link = link
-        self.ptr = link._impl
+        self.ptr = link.ptr
         self.conn = conn
         self.closed = False
         self.unsettled = 0
@@ -617,15 +655,11 @@ class ProxyServer(Handler):
     def next_tag(self) -> bytes:
         return b"%x" % next(self._tags)
 
-    def _route_link(self, link, transfer: Callable, credit: Callable | None = None) -> None:
-        """The link's deliveries and flow go to `transfer(link, delivery pointer)` and `credit(link)`
-        without proton's event wrappers, where the container routes them (`engine.container`)."""
-        container = getattr(getattr(self.upstream, "loop", None), "container", None)
-        route = getattr(container, "route", None)
-        if route is not None:
-            route(link, Typed(functools.partial(transfer, link),
-                              functools.partial(credit, link) if credit is not None else None,
-                              functools.partial(self._typed_failed, link)))
+    def _route_link(self, link: Link, transfer: Callable) -> None:
+        """The link's deliveries go to `transfer(link, delivery pointer)` straight from the engine's
+        event loop (`engine.container.route`); its flow comes to `on_flow`."""
+        self.upstream.loop.container.route(link, Typed(functools.partial(transfer, link),
+                                                       functools.partial(self._typed_failed, link)))
 
     def _typed_failed(self, link) -> None:
         self._drop_link(link)
@@ -710,8 +744,8 @@ class ProxyServer(Handler):
                 records.append(self._link_record(o, b, feed, now))
         for c in list(self.connections.values()):
             for link in list(c.links):
-                inlet = _attr(link, "bf_inlet")
-                relay = _attr(link, "bf_relay")
+                state = _state(link)
+                inlet, relay = state.inlet, state.relay
                 if inlet is None and relay is None:
                     continue
                 if len(records) >= limit:
@@ -727,7 +761,7 @@ class ProxyServer(Handler):
     def _link_record(self, o: Outlet, b: FeedBinding, feed: dict, now: float) -> dict:
         link = o.io_ref
         conn = _conn_state(link.connection) if link is not None else None
-        fs = _attr(link, "bf_fs") if link is not None else None
+        fs = _state(link).fs
         local = {id(e) for e in getattr(o.filter, "entries", ())}
         pushed = "embedded broker" if getattr(b.consumer, "filter_counts", None) is not None else "upstream"
         filters = [{"key": str(e.key), "kind": e.kind, "text": e.filter.description,
@@ -810,23 +844,20 @@ class ProxyServer(Handler):
             # A replica without its upstream owns nothing: the others see it gone and take over.
             for c in list(self.connections.values()):
                 if c.peer is not None and c.connection is not None:
-                    c.connection.condition = Condition("amqp:connection:forced",
-                                                       f"upstream {self.upstream.name} is not connected")
-                    c.connection.close()
+                    c.connection.close(Condition("amqp:connection:forced",
+                                                 f"upstream {self.upstream.name} is not connected"))
         for b in list(self.feeds.values()):
             if b.via is None:  # a feed consuming through a queue's owner does not use this upstream
                 self.fail_feed(b, error)
 
     # ---------------------------------------------------------------- connections
     @boundary
-    def on_connection_remote_open(self, event) -> None:
-        conn = event.connection
+    def on_connection_open(self, conn: Connection) -> None:
         limits = getattr(self.config, "limits", None)
         if limits is not None and len(self.connections) >= limits.connections:
-            conn.condition = Condition("amqp:resource-limit-exceeded",
-                                       f"the proxy accepts at most {limits.connections} connections")
             conn.open()
-            conn.close()
+            conn.close(Condition("amqp:resource-limit-exceeded",
+                                 f"the proxy accepts at most {limits.connections} connections"))
             if self.metrics is not None:
                 self.metrics.refuse_connection("limit")
             return
@@ -834,11 +865,10 @@ class ProxyServer(Handler):
         served = getattr(self.upstream, "vhost", None)
         if asked is not None and served is not None and asked != served:
             # Never another vhost than the one asked for (RabbitMQ's clients name it in the hostname)
-            conn.condition = Condition("amqp:not-found",
-                                       f"vhost {asked!r} is not served here: this daemon serves vhost {served!r} "
-                                       f"of {self.upstream.name}")
             conn.open()
-            conn.close()
+            conn.close(Condition("amqp:not-found",
+                                 f"vhost {asked!r} is not served here: this daemon serves vhost {served!r} "
+                                 f"of {self.upstream.name}"))
             log.info("refused a connection asking for vhost %r (serving %r)", asked, served)
             if self.metrics is not None:
                 self.metrics.refuse_connection("vhost")
@@ -846,59 +876,48 @@ class ProxyServer(Handler):
         peer = None
         if self.replicas is not None:
             props = conn.remote_properties
-            peer = props.get(psymbol(REPLICA_PROPERTY)) if hasattr(props, "get") else None
+            peer = props.get(REPLICA_PROPERTY) if isinstance(props, dict) else None
             if peer is not None and not self.upstream_up:
                 # not a live replica while its upstream is down: the peer asks again a second later
-                conn.condition = Condition("amqp:connection:forced", f"upstream {self.upstream.name} is not connected")
                 conn.open()
-                conn.close()
+                conn.close(Condition("amqp:connection:forced", f"upstream {self.upstream.name} is not connected"))
                 return
         if self.metrics is not None:
             self.metrics.connections_accepted.inc()
         cid = f"{self.instance}/{next(self._conn_ids)}"
-        conn.bf_conn = _Conn(cid, conn)
-        conn.bf_conn.peer = str(peer) if peer is not None else None
+        state = conn.context = _Conn(cid, conn)
+        state.peer = str(peer) if peer is not None else None
         if peer is not None:
             # the peer's link to this replica ends after the same silence as this one's to the peer:
             # what this replica delivered on it and was not settled goes back (custody), not held
             # for a replica cut off
-            transport = getattr(conn, "transport", None)
-            if transport is not None:
-                transport.idle_timeout = self.replicas.heartbeat
-        self.connections[cid] = conn.bf_conn
-        conn.offered_capabilities = _OFFERED
-        conn.properties = _identity(self.upstream)
-        conn.container = self.instance
-        conn.open()
+            conn.set_idle_timeout(self.replicas.heartbeat)
+        self.connections[cid] = state
+        conn.open(container_id=self.instance, properties=_identity(self.upstream), offered_capabilities=_OFFERED)
 
     @boundary
-    def on_session_remote_open(self, event) -> None:
-        if event.session.state & Endpoint.LOCAL_UNINIT:
-            event.session.open()
+    def on_session_open(self, session: Session) -> None:
+        if session.local_state == LOCAL_UNINIT:
+            session.open()
 
     @boundary
-    def on_session_remote_close(self, event) -> None:
-        ssn = event.session
-        conn = event.connection
-        for link in _links(conn):
-            if link.session == ssn:
-                self._drop_link(link)
-        if not (ssn.state & Endpoint.LOCAL_CLOSED):
-            ssn.close()
-        ssn.free()  # ended on both sides; a long-lived connection must not keep dead sessions
+    def on_session_close(self, ssn: Session) -> None:
+        for link in list(ssn.links):
+            self._drop_link(link)
+        if ssn.local_state != LOCAL_CLOSED:
+            ssn.close()  # ended on both sides: the engine frees it (a long-lived connection keeps no dead sessions)
 
     @boundary
-    def on_connection_remote_close(self, event) -> None:
-        self._drop_connection(event.connection)
-        if not (event.connection.state & Endpoint.LOCAL_CLOSED):
-            event.connection.close()
+    def on_connection_close(self, conn: Connection) -> None:
+        self._drop_connection(conn)
+        if conn.local_state != LOCAL_CLOSED:
+            conn.close()
 
     @boundary
-    def on_transport_closed(self, event) -> None:
-        if event.connection is not None:
-            self._drop_connection(event.connection)
+    def on_disconnected(self, conn: Connection, error: Condition | None) -> None:
+        self._drop_connection(conn)
 
-    def _drop_connection(self, conn) -> None:
+    def _drop_connection(self, conn: Connection) -> None:
         c = _conn_state(conn)
         if c is None or c.closed:
             return
@@ -909,11 +928,10 @@ class ProxyServer(Handler):
 
     # ---------------------------------------------------------------- links
     @boundary
-    def on_link_remote_open(self, event) -> None:
-        link = event.link
-        if not (link.state & Endpoint.LOCAL_UNINIT):
+    def on_link_open(self, link: Link) -> None:
+        if link.local_state != LOCAL_UNINIT:
             return
-        conn = _conn_state(event.connection)
+        conn = _conn_state(link.connection)
         if conn is None:
             self._refuse(link, "amqp:resource-limit-exceeded", "connection not accepted")
             return
@@ -921,6 +939,13 @@ class ProxyServer(Handler):
         if limits is not None and len(conn.links) >= limits.links_per_connection:
             self._refuse(link, "amqp:resource-limit-exceeded",
                          f"at most {limits.links_per_connection} links per connection")
+            return
+        if link.is_sender and link.remote_source.filter_error is not None:
+            # A source filter proton could not decode (a map whose size and count disagree) must not
+            # read as no filter at all, which would give the consumer every message: refused as
+            # the wire contract refuses.
+            self._refuse(link, "amqp:decode-error",
+                         f"the source filter cannot be read: {link.remote_source.filter_error}")
             return
         if is_management(link):
             why = refusal(self.upstream)
@@ -936,42 +961,38 @@ class ProxyServer(Handler):
             self._attach_inlet(link, conn)
 
     @boundary
-    def on_link_remote_close(self, event) -> None:
-        self._link_gone(event.link, closed=True)
+    def on_link_close(self, link: Link) -> None:
+        # A detach without close (JMS consumer.close() on a durable subscription): it stays upstream.
+        self._link_gone(link, closed=link.remote_closed)
 
-    @boundary
-    def on_link_remote_detach(self, event) -> None:
-        # detach without close (JMS consumer.close() on a durable subscription): it stays upstream
-        self._link_gone(event.link, closed=False)
-
-    def _link_gone(self, link, closed: bool) -> None:
+    def _link_gone(self, link: Link, closed: bool) -> None:
         self._drop_link(link, closed=closed)
-        if not (link.state & Endpoint.LOCAL_CLOSED):
-            if link.state & Endpoint.LOCAL_UNINIT:
+        state = link.local_state
+        if state != LOCAL_CLOSED:
+            if state == LOCAL_UNINIT:
                 link.open()
             if closed:
-                link.close()
+                link.close()  # closed on both ends: the engine frees it
             else:
                 link.detach()
-        # Detached on both ends: free it, so that a new attach under the same name gets a new link
-        # (proton would otherwise hand the old, detached one back).
-        link.free()
+        if not closed:
+            # Detached on both ends: free it, so that a new attach under the same name gets a new
+            # link (proton would otherwise hand the old, detached one back).
+            link.free()
 
     @boundary
-    def on_link_flow(self, event) -> None:
-        # (a link routed by the container gets its flow in _outlet_credit directly)
-        pair = _attr(event.link, "bf_pair")
-        if pair is not None:
-            pair._client_credit(event.link)
-            return
-        if event.link.is_sender:
-            self._outlet_credit(event.link)
+    def on_flow(self, link: Link) -> None:
+        state = _state(link)
+        if state.pair is not None:
+            state.pair._client_credit(link)
+        elif link.is_sender:
+            self._outlet_credit(link)
 
-    def _outlet_credit(self, link) -> None:
-        outlet = _attr(link, "bf_outlet")
+    def _outlet_credit(self, link: Link) -> None:
+        outlet = _state(link).outlet
         if outlet is None:
             return
-        pointer = link._impl
+        pointer = link.ptr
         credit = lib.pn_link_credit(pointer)
         binding = outlet.io_owner
         if binding is None or binding.closed or outlet not in binding.feed.outlets:
@@ -1012,8 +1033,8 @@ class ProxyServer(Handler):
                 loop.call_later(DRAIN_STEP, check)
                 return
             outlet.draining = None
-            pointer = link._impl
-            if lib.pn_link_get_drain(pointer):
+            pointer = link.ptr
+            if pointer is not None and lib.pn_link_get_drain(pointer):
                 lib.pn_link_drained(pointer)
             binding.feed.set_credit(outlet, 0)
 
@@ -1023,33 +1044,28 @@ class ProxyServer(Handler):
             loop.call_later(DRAIN_STEP, check)
 
     @boundary
-    def on_delivery(self, event) -> None:
-        # (a link routed by the container gets its deliveries in _client_outcome/_client_publish directly)
-        dlv = event.delivery
-        link = dlv.link
-        pair = _attr(link, "bf_pair")
-        if pair is not None:
-            pair._client_transfer(link, dlv._impl)
-            return
-        if link.is_sender:
-            self._client_outcome(link, dlv._impl)
-        else:
-            self._client_publish(link, dlv._impl)
+    def on_message(self, delivery: Delivery, data: memoryview) -> None:
+        # (the proxy's links are routed: their transfers go to `_outcome`, `_publish` and the
+        # relays straight from the engine; this is a link it keeps nothing on, e.g. one refused)
+        delivery.release()
 
-    def _fail(self, event) -> None:
+    @boundary
+    def on_delivery_update(self, delivery: Delivery) -> None:
+        delivery.settle()
+
+    def _fail(self, subject: Any) -> None:
         """After an unexpected exception: close the link concerned, else the connection."""
         try:
-            link = event.link
+            link = subject.link if isinstance(subject, Delivery) else subject if isinstance(subject, Link) else None
             if link is not None:
                 self._drop_link(link)
                 close_link(link, "amqp:internal-error", "proxy failure on this link; see the proxy log")
                 return
-            conn = event.connection
+            conn = subject if isinstance(subject, Connection) else getattr(subject, "connection", None)
             if conn is not None:
                 self._drop_connection(conn)
-                if not (conn.state & Endpoint.LOCAL_CLOSED):
-                    conn.condition = Condition("amqp:internal-error", "proxy failure; see the proxy log")
-                    conn.close()
+                if conn.local_state != LOCAL_CLOSED:
+                    conn.close(Condition("amqp:internal-error", "proxy failure; see the proxy log"))
         except Exception:
             log.exception("failure handling a failure")
 
@@ -1066,21 +1082,16 @@ class ProxyServer(Handler):
     def _attach_outlet(self, link, conn: _Conn) -> None:
         src = link.remote_source
         address = src.address
-        try:
-            raw = data_value(src.filter)
-        except CodecError as e:
-            self._refuse(link, "amqp:invalid-field", f"filter set not decodable: {e}", {psymbol("field"): psymbol("filter")})
-            return
+        raw = src.filter  # (one proton could not read was refused in `on_link_open`)
         if raw is not None and not isinstance(raw, dict):
-            self._refuse(link, "amqp:invalid-field", "the source filter must be a map (a filter-set)",
-                         {psymbol("field"): psymbol("filter")})
+            self._refuse(link, "amqp:invalid-field", "the source filter must be a map (a filter-set)", _FIELD_FILTER)
             return
         if src.dynamic and not address and not getattr(self.upstream, "dynamic_sources", False):
             # (RabbitMQ 3.10 and 4.0 answer a dynamic source by ending the whole session.)
             self._refuse(link, "amqp:not-implemented",
                          f"dynamic sources are not supported by upstream {self.upstream.name}")
             return
-        if src.type == Terminus.UNSPECIFIED and not getattr(self.upstream, "named_subscriptions", False):
+        if src.null and not getattr(self.upstream, "named_subscriptions", False):
             # Qpid JMS's unsubscribe (a null source, the subscription's link name): the durable
             # subscription the proxy keeps under that name, if any.
             self._look_up_kept(link, conn)
@@ -1096,22 +1107,19 @@ class ProxyServer(Handler):
             # client's own: one filter-set, pushed down as far as the upstream filters.
             wanted = route.virtual.combine(fs) if route is not None and route.virtual else fs
         except FilterError as e:
-            self._refuse(link, e.condition, e.describe(), {psymbol("field"): psymbol("filter")})
+            self._refuse(link, e.condition, e.describe(), _FIELD_FILTER)
             return
         if not self.upstream_up:
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
             return
-        try:
-            caps = tuple(str(c) for c in (_as_list(data_value(src.capabilities))))
-        except CodecError:
-            caps = ()
+        caps = src.capabilities
         routed = route.upstream if route is not None else address
         decision = sharing.decide(address=routed, capabilities=caps,
-                                  copy=src.distribution_mode == Terminus.DIST_MODE_COPY,
+                                  copy=src.distribution_mode == "copy",
                                   rule_routing_type=route.routing_type if route is not None else "",
                                   upstream=self.upstream)
         subscription = decision.subscription
-        copy = src.distribution_mode == Terminus.DIST_MODE_COPY
+        copy = src.distribution_mode == "copy"
         # A browser: copy on a queue (Qpid JMS QueueBrowser: copy and the `queue` capability); copy
         # with `topic` is a subscription (Qpid JMS durable subscribers ask for copy too)
         browse = copy and "topic" not in caps and (
@@ -1122,20 +1130,21 @@ class ProxyServer(Handler):
                          f"browsing a queue (distribution-mode copy) is not supported in front of {self.upstream.name}: "
                          "attach without distribution-mode copy to consume from it")
             return
-        link.bf_fs = fs
-        link.bf_subscription = subscription
+        state = link_state(link)
+        state.fs = fs
+        state.subscription = subscription
         outlet = Outlet(f"{conn.id}:{link.name}", wanted, conn.id, io_ref=link,
-                        max_size=int(link.remote_max_message_size or 0))
-        link.bf_outlet = outlet
+                        max_size=link.remote_max_message_size)
+        state.outlet = outlet
         conn.links.add(link)
-        self._route_link(link, functools.partial(self._outcome, outlet), self._outlet_credit)
+        self._route_link(link, functools.partial(self._outcome, outlet))
         if outlet_presettled_requested(link):
-            link.snd_settle_mode = Link.SND_SETTLED
+            link.set_snd_settle_mode(True)
             outlet.presettled = True
         owned = (self.replicas is not None and conn.peer is None and routed is not None and not subscription
                  and not browse and not src.dynamic)
-        link.bf_place = _Placement(routed, wanted, decision, caps, route.routing_type if route is not None else "",
-                                   browse, owned)
+        state.place = _Placement(routed, wanted, decision, caps, route.routing_type if route is not None else "",
+                                 browse, owned)
         self._place(link, outlet)
 
     def _look_up_kept(self, link, conn: _Conn) -> None:
@@ -1149,22 +1158,19 @@ class ProxyServer(Handler):
                          f"(in front of upstream {self.upstream.name} the proxy keeps one from its subscriber's "
                          "detach until the upstream connection goes)")
             return
-        link.source.type = Terminus.SOURCE
-        link.source.address = binding.kept_address
-        link.source.durability = Terminus.DELIVERIES
-        link.source.expiry_policy = Terminus.EXPIRE_NEVER
-        link.source.distribution_mode = Terminus.DIST_MODE_COPY
-        link.target.copy(link.remote_target)
-        link.bf_unsubscribe = name
+        link.set_source(_kept_source(binding.kept_address))
+        link.copy_remote_target()
+        link_state(link).unsubscribe = name
         conn.links.add(link)
         link.open()
 
     def _place(self, link, outlet: Outlet) -> None:
         """Serve a client's receiving link: join the feed of its kind on its upstream, or open one
         (a queue link under `[replicas]`: on the upstream of the queue's owner)."""
-        p: _Placement = link.bf_place
+        state = _state(link)
+        p: _Placement = state.place
         src = link.remote_source
-        fs: FilterSet = link.bf_fs
+        fs: FilterSet = state.fs
         routed, wanted, decision, caps, browse = p.routed, p.wanted, p.decision, p.caps, p.browse
         subscription = decision.subscription
         upstream, via = self.upstream, None
@@ -1184,9 +1190,9 @@ class ProxyServer(Handler):
             address=up_address,
             filters=pushed,
             capabilities=sharing.upstream_capabilities(caps, p.routing_type),
-            distribution_mode="copy" if src.distribution_mode == Terminus.DIST_MODE_COPY else None,
+            distribution_mode="copy" if src.distribution_mode == "copy" else None,
             durable=src.durability,
-            expiry_policy=_EXPIRY.get(src.expiry_policy),
+            expiry_policy=src.expiry_policy,
             dynamic=bool(src.dynamic),
             name=link.name,
             container_id=link.connection.remote_container,
@@ -1293,7 +1299,7 @@ class ProxyServer(Handler):
                 self.rehome(b, moving)
 
     def _moves(self, outlet: Outlet, binding: FeedBinding) -> bool:
-        p = getattr(outlet.io_ref, "bf_place", None)
+        p = _state(outlet.io_ref).place
         if p is None or not p.owned:
             return False
         via, _ = self.replicas.upstream_for(p.routed)
@@ -1320,7 +1326,7 @@ class ProxyServer(Handler):
         goes back to the broker when no link is left on it."""
         log.info("queue %s: %d link(s) move from %s to %s", binding.spec.address, len(outlets),
                  binding.via or "this replica",
-                 self.replicas.owner(getattr(outlets[0].io_ref, "bf_place").routed) or "nobody")
+                 self.replicas.owner(_state(outlets[0].io_ref).place.routed) or "nobody")
         for o in outlets:
             if o in binding.pending:
                 binding.pending.remove(o)
@@ -1337,7 +1343,7 @@ class ProxyServer(Handler):
                 self.upstream.loop.call_later(self.grace, lambda b=binding: self.finish_feed(b))
         for o in outlets:
             link = o.io_ref
-            if link.state & (Endpoint.LOCAL_CLOSED | Endpoint.REMOTE_CLOSED) or _attr(link, "bf_outlet") is not o:
+            if link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED or _state(link).outlet is not o:
                 continue
             o.in_flight.clear()
             o.waiting_since = None
@@ -1413,28 +1419,29 @@ class ProxyServer(Handler):
         binding.feed.recycle = False
         binding.feed.custody = False
         for outlet in binding.pending:
-            outlet.io_ref.bf_subscription = True
+            link_state(outlet.io_ref).subscription = True
         for outlet in outlets:
             link = outlet.io_ref
-            link.bf_subscription = True
+            link_state(link).subscription = True
             spec = dataclasses.replace(binding.spec, name=link.name)
             self._open_feed(("subscription", next(self._sub_ids)), spec, True, outlet)
 
     def complete_outlet(self, binding: FeedBinding, outlet: Outlet) -> None:
         link = outlet.io_ref
-        if link.state & Endpoint.LOCAL_CLOSED or link.state & Endpoint.REMOTE_CLOSED:
+        if link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED:
             return
         if binding.evaluated:
             # What the upstream evaluates for this feed is not evaluated again here.
             outlet.filter = outlet.filter.subset(lambda e: _offer_identity(e) not in binding.evaluated)
             outlet.identity = filter_identity(outlet.filter, outlet.receiver)
-        if link.state & Endpoint.LOCAL_ACTIVE:  # attached before: moved to its queue's new owner
+        if link.local_state == LOCAL_ACTIVE:  # attached before: moved to its queue's new owner
             binding.feed.add_outlet(outlet)
             self._outlet_credit(link)
             return
-        fs: FilterSet = link.bf_fs
+        state = _state(link)
+        fs: FilterSet = state.fs
         src = link.remote_source
-        link.source.address = src.address
+        address, dynamic = src.address, False
         if src.dynamic and not src.address:
             info = getattr(binding, "info", None)
             address = info.address if info is not None else None
@@ -1443,25 +1450,19 @@ class ProxyServer(Handler):
                 close_link(link, "amqp:not-implemented",
                            f"dynamic sources are not supported by upstream {self.upstream.name}")
                 return
-            link.source.address = address  # the node made for this link (gone when it closes)
-            link.source.dynamic = True
+            dynamic = True  # the node made for this link (gone when it closes)
         echoed = binding.info.echoed if binding.info is not None else None
-        if fs.entries or echoed:
-            put_value(link.source.filter, {**fs.applied, **(echoed or {})})
-        put_value(link.source.capabilities, t.Array("symbol", [t.symbol(c) for c in FILTER_CAPABILITIES]))
-        if link.bf_subscription:
-            link.source.distribution_mode = Terminus.DIST_MODE_COPY
-        link.source.durability = src.durability
-        link.source.expiry_policy = src.expiry_policy
-        if src.type == Terminus.UNSPECIFIED and binding.info is not None:
+        source = Terminus(address=address, dynamic=dynamic, durability=src.durability, expiry_policy=src.expiry_policy,
+                          distribution_mode="copy" if state.subscription else None,
+                          filter={**fs.applied, **(echoed or {})} if fs.entries or echoed else None,
+                          capabilities=FILTER_CAPABILITIES)
+        if src.null and binding.info is not None:
             # A null-source lookup of a named subscription (Qpid JMS unsubscribe and reattach): the
             # reply's source is the subscription found, which Qpid JMS requires to be non-null.
-            link.source.type = Terminus.SOURCE
-            link.source.address = binding.info.address
-            link.source.durability = Terminus.DELIVERIES
-            link.source.expiry_policy = Terminus.EXPIRE_NEVER
-            link.source.distribution_mode = Terminus.DIST_MODE_COPY
-        link.target.copy(link.remote_target)
+            source = dataclasses.replace(source, address=binding.info.address, durability=_UNSETTLED_STATE,
+                                         expiry_policy="never", distribution_mode="copy")
+        link.set_source(source)
+        link.copy_remote_target()
         link.open()
         binding.feed.add_outlet(outlet)
         self._outlet_credit(link)
@@ -1487,7 +1488,7 @@ class ProxyServer(Handler):
         for o in outlets:
             link = o.io_ref
             o.io_owner = None
-            if link.state & Endpoint.LOCAL_UNINIT:
+            if link.local_state == LOCAL_UNINIT:
                 self._refuse(link, error.condition, error.description or "upstream refused", error.info)
             else:
                 close_link(link, error.condition, error.description, error.info)
@@ -1495,7 +1496,7 @@ class ProxyServer(Handler):
     def _client_outcome(self, link, dlv) -> None:
         """A client's disposition of a delivery (a pointer) sent on an outlet, not routed (see
         `_route_link`)."""
-        self._outcome(_attr(link, "bf_outlet"), link, dlv)
+        self._outcome(_state(link).outlet, link, dlv)
 
     def _outcome(self, outlet: Outlet | None, link, dlv) -> None:
         """A client's disposition of a delivery (a pointer) sent on `outlet`'s link (its binding
@@ -1518,7 +1519,7 @@ class ProxyServer(Handler):
 
     # ---------------------------------------------------------------- publishing (inlets)
     def _attach_inlet(self, link, conn: _Conn) -> None:
-        if lib.pn_terminus_get_type(lib.pn_link_remote_target(link._impl)) == _COORDINATOR:
+        if link.remote_target_type == _COORDINATOR:
             self._refuse(link, "amqp:not-implemented", "transactions are not supported")
             return
         address = link.remote_target.address
@@ -1537,19 +1538,16 @@ class ProxyServer(Handler):
         route = self._route(address)
         if route is not None:
             address = route.upstream
-        try:
-            caps = tuple(str(c) for c in (_as_list(data_value(link.remote_target.capabilities))))
-        except CodecError:
-            caps = ()
-        caps = sharing.upstream_capabilities(caps, route.routing_type if route is not None else "")
+        caps = sharing.upstream_capabilities(link.remote_target.capabilities,
+                                             route.routing_type if route is not None else "")
         if not self.upstream_up:
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
             return
         inlet = Inlet(link, address, conn, self.metrics.address(address) if self.metrics is not None else None)
         inlet.dynamic = dynamic
-        link.bf_inlet = inlet
+        link_state(link).inlet = inlet
         if self.max_message_size:
-            link.max_message_size = self.max_message_size  # advertised in the attach reply
+            link.set_max_message_size(self.max_message_size)  # advertised in the attach reply
         conn.links.add(link)
         conn.producers.add(link)
         self._route_link(link, functools.partial(self._publish, inlet))
@@ -1561,14 +1559,14 @@ class ProxyServer(Handler):
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
             return
         relay = Relay(self, link, conn)
-        link.bf_relay = relay
+        link_state(link).relay = relay
         if self.max_message_size:
-            link.max_message_size = self.max_message_size
+            link.set_max_message_size(self.max_message_size)
         conn.links.add(link)
         conn.producers.add(link)
         self._route_link(link, relay.on_transfer)
-        link.target.type = Terminus.TARGET
-        link.source.copy(link.remote_source)
+        link.set_target(Terminus())  # a target without an address: the anonymous relay
+        link.copy_remote_source()
         link.open()
         relay.top_up()
 
@@ -1578,11 +1576,11 @@ class ProxyServer(Handler):
 
     def _client_publish(self, link, dlv) -> None:
         """A client's transfer (a delivery pointer) on an inlet, not routed (see `_route_link`)."""
-        relay = _attr(link, "bf_relay")
-        if relay is not None:
-            relay.on_transfer(link, dlv)
+        state = _state(link)
+        if state.relay is not None:
+            state.relay.on_transfer(link, dlv)
             return
-        self._publish(_attr(link, "bf_inlet"), link, dlv)
+        self._publish(state.inlet, link, dlv)
 
     def _publish(self, inlet: Inlet | None, link, dlv) -> None:
         """A client's transfer (a delivery pointer) on `inlet`'s link."""
@@ -1592,12 +1590,12 @@ class ProxyServer(Handler):
         if lib.pn_delivery_partial(dlv):
             if limit and lib.pn_delivery_pending(dlv) > limit:
                 # Too large already: drop what arrived (memory stays bounded), refuse once complete.
-                discard(link._impl)
+                discard(link.ptr)
                 if inlet is not None:
                     inlet.oversize.add(dlv)
             return
         size = lib.pn_delivery_pending(dlv)
-        data = receive(link._impl, dlv)
+        data = receive(link.ptr, dlv)
         if lib.pn_delivery_aborted(dlv):
             if inlet is not None:
                 inlet.oversize.discard(dlv)
@@ -1721,12 +1719,14 @@ class ProxyServer(Handler):
         if c is not None:
             c.links.discard(link)
             c.producers.discard(link)
-        pair = _attr(link, "bf_pair")
-        if pair is not None:
-            pair.client_gone(link)
-        outlet = _attr(link, "bf_outlet")
+        state = link.context
+        if state is None:
+            return
+        if state.pair is not None:
+            state.pair.client_gone(link)
+        outlet = state.outlet
         if outlet is not None:
-            link.bf_outlet = None
+            state.outlet = None
             binding, outlet.io_owner = outlet.io_owner, None
             if binding is not None and not binding.closed:
                 if outlet in binding.pending:
@@ -1743,21 +1743,21 @@ class ProxyServer(Handler):
                                  binding.kept_name, binding.spec.address)
                     else:
                         self._end_feed(binding, closed)
-        unsubscribing = _attr(link, "bf_unsubscribe")
+        unsubscribing = state.unsubscribe
         if unsubscribing is not None:
-            link.bf_unsubscribe = None
+            state.unsubscribe = None
             binding = self.kept.get(unsubscribing)
             if closed and binding is not None:
                 del self.kept[unsubscribing]
                 log.info("durable subscription %r unsubscribed", unsubscribing)
                 self._end_feed(binding, closed=True)
-        relay = _attr(link, "bf_relay")
+        relay = state.relay
         if relay is not None:
-            link.bf_relay = None
+            state.relay = None
             relay.close()
-        inlet = _attr(link, "bf_inlet")
+        inlet = state.inlet
         if inlet is not None:
-            link.bf_inlet = None
+            state.inlet = None
             inlet.closed = True
             if inlet.publisher is not None:
                 inlet.publisher.close()
@@ -1814,12 +1814,12 @@ _REFUSAL_REASONS = {
 }
 
 
-_EXPIRY = {
-    Terminus.EXPIRE_WITH_LINK: "link-detach",
-    Terminus.EXPIRE_WITH_SESSION: "session-end",
-    Terminus.EXPIRE_WITH_CONNECTION: "connection-close",
-    Terminus.EXPIRE_NEVER: "never",
-}
+_UNSETTLED_STATE = 2  # terminus durability: unsettled-state (what Qpid JMS's durable subscriptions ask)
+
+
+def _kept_source(address: str | None) -> Terminus:
+    """The source of a durable subscription found by its name (a null-source attach)."""
+    return Terminus(address=address, durability=_UNSETTLED_STATE, expiry_policy="never", distribution_mode="copy")
 
 
 def _identity(upstream: Any) -> dict:
@@ -1830,9 +1830,9 @@ def _identity(upstream: Any) -> dict:
 
     product = getattr(upstream, "product", None)
     if product == "RabbitMQ":
-        return {psymbol("product"): product, psymbol("version"): getattr(upstream, "version", None) or "",
-                psymbol("broker-filter"): __version__}
-    return {psymbol("product"): "broker-filter", psymbol("broker-filter"): __version__}
+        return {t.symbol("product"): product, t.symbol("version"): getattr(upstream, "version", None) or "",
+                t.symbol("broker-filter"): __version__}
+    return {t.symbol("product"): "broker-filter", t.symbol("broker-filter"): __version__}
 
 
 def _offer_identity(entry: Any) -> tuple:
@@ -1840,31 +1840,13 @@ def _offer_identity(entry: Any) -> tuple:
     return (entry.kind, str(entry.key), repr(entry.value))
 
 
-def outlet_presettled_requested(link) -> bool:
-    return link.remote_snd_settle_mode == Link.SND_SETTLED
+def outlet_presettled_requested(link: Link) -> bool:
+    return link.remote_settled_mode
 
 
-def _attr(obj, name: str) -> Any:
-    try:
-        return getattr(obj, name)
-    except AttributeError:
-        return None
+def _conn_state(conn: Connection | None) -> _Conn | None:
+    return conn.context if conn is not None else None
 
 
-def _conn_state(conn) -> _Conn | None:
-    return _attr(conn, "bf_conn") if conn is not None else None
-
-
-def _links(conn):
-    out = []
-    link = conn.link_head(0)
-    while link:
-        out.append(link)
-        link = link.next(0)
-    return out
-
-
-def _as_list(v: Any) -> list:
-    if v is None:
-        return []
-    return list(v) if isinstance(v, list) else [v]
+def _links(conn: Connection) -> list[Link]:
+    return [link for session in list(conn.sessions) for link in list(session.links)]

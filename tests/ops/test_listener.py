@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from proton import Message, SSLDomain
-from proton.handlers import MessagingHandler
 from proton.utils import BlockingConnection
 
 from broker_filter.config import add_serve_arguments, load
+from broker_filter.engine import Handler
 from broker_filter.engine.container import EngineContainer, listen
 from broker_filter.security import hash_password, identity_of
 
@@ -28,8 +28,9 @@ def listener_config(*settings: str, listen_on: str = "127.0.0.1:0"):
     return load(parser.parse_args(argv), {}).listener
 
 
-class Server(MessagingHandler):
-    """Accepts everything; remembers identities and messages; a receiver on `whoami` gets the user."""
+class Server(Handler):
+    """An engine handler that accepts everything; remembers identities and messages; a receiver on
+    `whoami` gets the user."""
 
     def __init__(self):
         super().__init__()
@@ -37,27 +38,38 @@ class Server(MessagingHandler):
         self.received = []
         self.closed = threading.Event()
 
-    def on_connection_opening(self, event):
-        self.identities.append(identity_of(event.connection))
+    def on_connection_open(self, connection):
+        self.identities.append(identity_of(connection))
+        connection.open()
 
-    def on_link_opening(self, event):
-        link = event.link
+    def on_link_open(self, link):
         if link.is_sender:
-            link.source.copy(link.remote_source)
+            link.copy_remote_source()
         else:
-            link.target.copy(link.remote_target)
+            link.copy_remote_target()
+        link.open()
+        if link.is_receiver:
+            link.flow(10)
 
-    def on_message(self, event):
-        self.received.append(event.message.body)
+    def on_message(self, delivery, data):
+        message = Message()
+        message.decode(bytes(data))
+        self.received.append(message.body)
+        delivery.accept()
 
-    def on_sendable(self, event):
-        if event.link.source.address == "whoami" and event.link.credit and not getattr(event.link, "sent", False):
-            event.link.sent = True
-            identity = identity_of(event.connection)
-            event.link.send(Message(body=f"{identity.user}/{identity.mechanism}/tls={identity.tls}"))
+    def on_flow(self, link):
+        if link.is_sender and link.remote_source.address == "whoami" and link.credit and link.context is None:
+            link.context = "sent"
+            identity = identity_of(link.connection)
+            link.send(Message(body=f"{identity.user}/{identity.mechanism}/tls={identity.tls}").encode())
 
-    def on_connection_remote_close(self, event):  # MessagingHandler's own children answer the close
+    def on_delivery_update(self, delivery):
+        if delivery.remote_settled:
+            delivery.settle()
+
+    def on_connection_close(self, connection):
         self.closed.set()
+        connection.close()
 
 
 class Running:
