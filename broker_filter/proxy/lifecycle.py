@@ -1,7 +1,7 @@
 """Lifecycle: signals and graceful shutdown of the daemon.
 
 Theory of operation.  The first SIGTERM (or SIGINT) asks the daemon to drain.  The signal handler
-itself only wakes the event loop through a pipe: proton objects are touched on the loop's thread
+itself only wakes the event loop through a pipe: the engine's objects are touched on the loop's thread
 alone.  There the listener stops accepting, `/readyz` turns 503, and the daemon waits until no
 delivery is in flight (sent to a client and not yet settled, or published by a client and not yet
 settled upstream) or `shutdown.grace_period` has passed.  Then every client link is detached and

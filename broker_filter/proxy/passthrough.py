@@ -63,7 +63,7 @@ class _Tenant:
     up: bool = False
     failed: Any = None  # the upstream's ErrorInfo when it refused before ever coming up
     connections: set = field(default_factory=set)
-    waiting: list = field(default_factory=list)  # (method, event) held until the upstream is up
+    waiting: list = field(default_factory=list)  # (method, subject, rest) held until the upstream is up
     idle_timer: Any = None
 
 

@@ -1,4 +1,4 @@
-"""An upstream that is a remote AMQP 1.0 broker (RabbitMQ or any other), over one proton connection.
+"""An upstream that is a remote AMQP 1.0 broker (RabbitMQ or any other), over one engine connection (proton-c's, `broker_filter.engine`).
 
 Theory of operation: one connection carries every consumer and publisher of the proxy, each in a
 session of its own, ended with it (on RabbitMQ 4 kept, idle, for the next link): RabbitMQ 3.10
@@ -7,7 +7,7 @@ errors (a missing exchange) by ending the session, which must take down only the
 Which session a link gets, when a new session may begin (never while an ended one may still hold its
 channel number at the broker), and when an idle one ends is decided in `sessions.Sessions`, whose
 module docstring gives the rules (`BEGIN_HOLD`, `SESSION_IDLE`, `END_SETTLE`); this module applies
-the decisions to proton sessions and runs their timers.  Deliveries are received as raw bytes and
+the decisions to the engine's sessions and runs their timers.  Deliveries are received as raw bytes and
 settled with the client's outcome; nothing is settled upstream on the proxy's own initiative except
 what the forwarding rules decide.  When the connection drops, every consumer and publisher is
 reported closed with a transient `amqp:connection:forced` error (the broker returns their unsettled
@@ -317,7 +317,7 @@ class RemoteUpstream(Handler):
 
     Several URLs: failover, tried in turn on each (re)connect attempt.  `backoff(attempt)` gives the
     wait before reconnect attempt `attempt` (0-based); default 0.1 s doubling up to `max_backoff`.
-    `ssl_domain`: a proton SSLDomain for amqps:// URLs (None: proton's default client domain).
+    amqps:// URLs use the container's client TLS context (`[upstream.tls]`).
     """
 
     def __init__(
@@ -327,7 +327,6 @@ class RemoteUpstream(Handler):
         pushdown_kinds: frozenset[str] | None = None,
         max_backoff: float = 5.0,
         backoff: Callable[[int], float] | None = None,
-        ssl_domain: Any = None,
         heartbeat: float | None = None,
         properties: dict[str, str] | None = None,
         answer_timeout: float = ANSWER_TIMEOUT,
@@ -355,7 +354,6 @@ class RemoteUpstream(Handler):
         self.url = urls[0]
         self.vhost = self._targets[0][4]  # the vhost every upstream connection opens (its URL's path)
         self.name = ", ".join(redact_url(u) for u in urls)
-        self.ssl_domain = ssl_domain
         self._backoff_fn = backoff
         self._attempt = 0
         self.configured_pushdown = pushdown_kinds
@@ -727,7 +725,7 @@ class RemoteUpstream(Handler):
         self._reconnect_timer = None
         if self.stopped:
             return
-        address, user, password, tls, vhost = self._targets[self.connects % len(self._targets)]
+        address, user, password, _tls, vhost = self._targets[self.connects % len(self._targets)]
         self.connects += 1
         kwargs: dict[str, Any] = {
             "url": address,
@@ -737,8 +735,6 @@ class RemoteUpstream(Handler):
         }
         if vhost != "/":
             kwargs["virtual_host"] = f"vhost:{vhost}"
-        if tls and self.ssl_domain is not None:
-            kwargs["ssl_domain"] = self.ssl_domain
         if self.heartbeat:
             kwargs["heartbeat"] = self.heartbeat
         if user is not None:
