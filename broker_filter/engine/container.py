@@ -7,8 +7,10 @@ attributes.  `EngineContainer` gives them that API over `loop.EventLoop`: every 
 a connection made here that the handlers answer (`HANDED_ON`) is wrapped as proton's `Event` and
 dispatched to the connection's proton handler as the Container would, while the loop owns the sockets (epoll, no descriptor ceiling), TLS,
 the listener's SASL exchange, heartbeats and the limits.  `connect()`, `schedule()`,
-`selectable()`, `handler.add()` (with `on_reactor_quiesced` after each turn), `run()` and `stop()`
-behave as the Container's do for the daemon.
+`selectable()`, `handler.add()` (with `on_reactor_quiesced` at the end of each turn; no daemon
+handler uses it now), `run()` and `stop()` behave as the Container's do for the daemon.  The
+proxy's `call_soon` work is not a quiesced handler: `proxy.loop.EngineLoop` runs it as an
+`after_turn` callback of the engine loop (`container.loop`).
 
 The per-message events do not cross the bridge: a handler that routes a link (`route(link,
 Typed(...))`) gets that link's PN_DELIVERY as `transfer(delivery pointer)` and its PN_LINK_FLOW as
@@ -154,12 +156,16 @@ class _Selectable:
 
 
 class _Handlers:
-    """`container.handler`: global handlers that hear `on_reactor_quiesced` after each turn."""
+    """`container.handler`: global handlers that hear `on_reactor_quiesced` at the end of each turn
+    (an `after_turn` callback of the engine loop, added with the first handler)."""
 
-    def __init__(self) -> None:
+    def __init__(self, container: EngineContainer) -> None:
+        self._container = container
         self.handlers: list = []
 
     def add(self, handler: Any) -> None:
+        if not self.handlers:
+            self._container.loop.add_after_turn(self._container._quiesced)
         self.handlers.append(handler)
 
 
@@ -169,7 +175,7 @@ class EngineContainer:
     def __init__(self, container_id: str | None = None, *, client_tls: ssl.SSLContext | None = None):
         self.loop = EventLoop(container_id=container_id)
         self.client_tls = client_tls
-        self.handler = _Handlers()
+        self.handler = _Handlers(self)
         self._proton: dict[Any, Any] = {}  # connection pointer -> its proton handler
         # links refused before their handler saw them -> their connection's pointer; forgotten at
         # PN_LINK_FINAL or when the connection's transport closes (the engine frees its links
@@ -179,11 +185,6 @@ class EngineContainer:
         self._routed: dict[Any, set] = {}  # connection pointer -> its routed links' pointers
         self.loop.observers = self._proton
         self.loop.observe = self._dispatch
-
-    @property
-    def quiesced(self) -> bool:
-        """No engine event is waiting to be handled."""
-        return lib.pn_collector_peek(self.loop.collector) == NULL
 
     @property
     def container_id(self) -> str:
@@ -343,7 +344,6 @@ class EngineContainer:
 
     def run(self) -> None:
         loop = self.loop
-        loop.after_turn = self._quiesced
         try:
             loop.run()
             self._proton.clear()  # stopped: as with the Container, handlers hear nothing more

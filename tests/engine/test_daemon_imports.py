@@ -21,8 +21,8 @@ def imported_modules(log: str) -> set[str]:
     return {m.group(1).strip() for m in re.finditer(r"^import time:\s+\d+\s+\|\s+\d+\s+\|\s+(.+)$", log, re.M)}
 
 
-@pytest.mark.xfail(strict=True, reason="the EngineContainer bridge (broker_filter/proxy/loop.py ProtonLoop, "
-                   "engine Container emulation) still wraps the engine's events as proton Events; "
+@pytest.mark.xfail(strict=True, reason="the EngineContainer bridge (broker_filter/engine/container.py, "
+                   "for the daemon's proton handlers) still wraps the engine's events as proton Events; "
                    "this passes, and strict xfail flags it, when the bridge is deleted (issue 32 item 1)")
 def test_serve_imports_no_proton_event_layer():
     from proton import Message
