@@ -6,11 +6,11 @@ written against proton's Python API: events with `event.connection`, `event.link
 attributes.  `EngineContainer` gives them that API over `loop.EventLoop`: every collector event of
 a connection made here that the handlers answer (`HANDED_ON`) is wrapped as proton's `Event` and
 dispatched to the connection's proton handler as the Container would, while the loop owns the sockets (epoll, no descriptor ceiling), TLS,
-the listener's SASL exchange, heartbeats and the limits.  `connect()`, `schedule()`,
-`selectable()`, `handler.add()` (with `on_reactor_quiesced` at the end of each turn; no daemon
-handler uses it now), `run()` and `stop()` behave as the Container's do for the daemon.  The
-proxy's `call_soon` work is not a quiesced handler: `proxy.loop.EngineLoop` runs it as an
-`after_turn` callback of the engine loop (`container.loop`).
+the listener's SASL exchange, heartbeats and the limits.  `connect()`, `handler.add()` (with
+`on_reactor_quiesced` at the end of each turn; no daemon handler uses it now), `run()` and `stop()`
+behave as the Container's do for the daemon.  Timers, signals and deferred work are not emulated:
+they are the engine loop's own (`container.loop`: `call_later`, `call_soon_threadsafe`, and
+`proxy.loop.EngineLoop` for `call_soon` at the end of a turn).
 
 The per-message events do not cross the bridge: a handler that routes a link (`route(link,
 Typed(...))`) gets that link's PN_DELIVERY as `transfer(delivery pointer)` and its PN_LINK_FLOW as
@@ -35,7 +35,7 @@ from ..amqp import types as t
 from ..security import IDENTITY_ATTRIBUTE, UserDatabase, server_ssl_context
 from ._cproton import ffi, lib
 from .endpoints import Condition, Connection, Handler, SaslClient, read_data
-from .loop import EVENT_READ, EventLoop, Limits
+from .loop import EventLoop, Limits
 from .streams import ServerSasl, Verify
 
 log = logging.getLogger("broker_filter.engine")
@@ -103,56 +103,13 @@ class _Bridge(Handler):
 _BRIDGE = _Bridge()
 
 
-class _Event:
-    """What a timer or selectable handler gets: `context` (the selectable), nothing else."""
+class _QuiescedEvent:
+    """What an `on_reactor_quiesced` handler gets (nothing to read)."""
 
-    __slots__ = ("context",)
-
-    def __init__(self, context: Any = None):
-        self.context = context
+    __slots__ = ()
 
 
-class _Task:
-    __slots__ = ("_timer",)
-
-    def __init__(self, timer: Any):
-        self._timer = timer
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-
-class _Selectable:
-    """A file descriptor a handler watches for reading (the graceful shutdown's wake-up pipe)."""
-
-    def __init__(self, container: EngineContainer, handler: Any, delegate: Any):
-        self._container = container
-        self._handler = handler
-        self._delegate = delegate
-        self._registered = False
-        self.reading = False
-        self._transport = None
-
-    def update(self) -> None:
-        selector = self._container.loop.selector
-        if self.reading and not self._registered and self._delegate is not None:
-            selector.register(self._delegate.fileno(), EVENT_READ, self._readable)
-            self._registered = True
-        elif not self.reading and self._registered:
-            self._unregister()
-
-    def terminate(self) -> None:
-        self.reading = False
-        self._unregister()
-        self._delegate = None
-
-    def _unregister(self) -> None:
-        if self._registered:
-            self._container.loop.selector.unregister(self._delegate.fileno())
-            self._registered = False
-
-    def _readable(self, mask: int) -> None:
-        self._handler.on_selectable_readable(_Event(self))
+_QUIESCED = _QuiescedEvent()
 
 
 class _Handlers:
@@ -330,17 +287,7 @@ class EngineContainer:
         log.info("refused a link with an unreadable source filter", extra={"fields": {"reason": error}})
         return True
 
-    # timers, selectables, running --------------------------------------------------------------
-
-    def schedule(self, delay: float, handler: Any) -> _Task:
-        return _Task(self.loop.call_later(max(0.0, delay), lambda: handler.on_timer_task(_Event())))
-
-    def selectable(self, handler: Any = None, delegate: Any = None) -> _Selectable:
-        selectable = _Selectable(self, handler, delegate)
-        init = getattr(handler, "on_selectable_init", None)
-        if init is not None:
-            init(_Event(selectable))
-        return selectable
+    # running ---------------------------------------------------------------------------------------
 
     def run(self) -> None:
         loop = self.loop
@@ -360,7 +307,7 @@ class EngineContainer:
         for handler in self.handler.handlers:
             quiesced = getattr(handler, "on_reactor_quiesced", None)
             if quiesced is not None:
-                quiesced(_Event())
+                quiesced(_QUIESCED)
 
     def stop(self) -> None:
         self.loop.stop()

@@ -17,7 +17,7 @@ DAEMON_MODULES = ["broker_filter.app"] + [
 
 def _connection_event_methods() -> dict[str, int]:
     """on_<name> -> proton event type number, for the events of a connection (not the reactor's
-    nor timers', which `EngineContainer.schedule` calls itself)."""
+    nor timers': the daemon's timers are the engine loop's own)."""
     from proton._events import EventType
 
     return {t.method: number for number, t in EventType.TYPES.items()
