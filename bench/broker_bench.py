@@ -14,6 +14,7 @@ run, so the ratios between rows are what to compare across machines.
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import subprocess
 import sys
@@ -80,38 +81,36 @@ def library_throughput(n: int) -> tuple[float, float]:
 
 class TimerLoop:
     """Baseline for comparison only: the proxy's former loop, which ran `call_soon` work on a
-    zero-delay Container timer (so after the next `select` and the socket reads that follow it)."""
+    zero-delay timer (so after the next poll and the socket reads that follow it)."""
 
     def __init__(self, container):
         from collections import deque
 
-        from broker_filter.proxy.loop import _guarded
-
         self.container = container
+        self.engine = container.loop
         self._soon = deque()
         self._scheduled = False
-        self._guarded = _guarded
 
     def call_soon(self, fn):
         self._soon.append(fn)
         if not self._scheduled:
             self._scheduled = True
-            self.container.schedule(0, self)
+            self.engine.call_later(0, self._run)
 
-    def on_timer_task(self, event):
+    def _run(self):
         self._scheduled = False
         for _ in range(len(self._soon)):
-            self._guarded(self._soon.popleft())
+            fn = self._soon.popleft()
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - as the product's loop: log, go on
+                logging.getLogger("broker_filter.proxy").exception("callback %r failed", fn)
         if self._soon and not self._scheduled:
             self._scheduled = True
-            self.container.schedule(0, self)
+            self.engine.call_later(0, self._run)
 
     def call_later(self, delay, fn):
-        from broker_filter.proxy.loop import _Timer
-
-        timer = _Timer(fn)
-        timer._task = self.container.schedule(max(0.0, delay), timer)
-        return timer
+        return self.engine.call_later(max(0.0, delay), fn)
 
 
 def serve_with_timer_loop(argv: list[str]) -> int:
@@ -119,12 +118,12 @@ def serve_with_timer_loop(argv: list[str]) -> int:
     import broker_filter.app as app
     from broker_filter.cli import main as cli_main
 
-    app.ProtonLoop = TimerLoop
+    app.EngineLoop = TimerLoop
     return cli_main(["serve", *argv])
 
 
 def start_daemon(loop: str) -> tuple[subprocess.Popen, str]:
-    """An embedded `broker-filter serve` on a free port; loop "quiesced" (the product) or "timer"."""
+    """An embedded `broker-filter serve` on a free port; loop "product" (`EngineLoop`) or "timer" (`TimerLoop`)."""
     import re
     import tempfile
 
@@ -164,7 +163,7 @@ def daemon_figures(messages: int, repeat: int, latency_messages: int, rate: floa
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from python_clients import cpu_seconds, run_once
 
-    daemons = {loop: start_daemon(loop) for loop in ("quiesced", "timer")}
+    daemons = {loop: start_daemon(loop) for loop in ("product", "timer")}
     out: dict = {loop: {"runs": [], "cpu": 0.0, "elapsed": 0.0} for loop in daemons}
     try:
         for _ in range(repeat):
@@ -202,7 +201,7 @@ def main() -> None:
     if args.daemon_messages:
         figures = daemon_figures(args.daemon_messages, args.daemon_repeat, args.latency_messages, args.rate)
         print(f"daemon produce->consume over loopback ({args.daemon_messages} messages per run):")
-        for loop, label in (("quiesced", "call_soon on quiesced (product)"), ("timer", "call_soon on a 0 s timer")):
+        for loop, label in (("product", "call_soon at the turn's end (product)"), ("timer", "call_soon on a 0 s timer")):
             r = figures[loop]
             runs = " / ".join(f"{x:,.0f}" for x in r["runs"])
             print(f"  {label:34} best {r['best']:>7,.0f} msg/s (runs {runs}); daemon CPU {r['cpu_share']:.0%} "

@@ -17,7 +17,7 @@ from typing import Any
 
 from .engine.container import EngineContainer, client_ssl_context
 from .engine.container import listen as engine_listen
-from .proxy.loop import ProtonLoop
+from .proxy.loop import EngineLoop
 from .workers import worker_index
 from .proxy.remote import RemoteUpstream
 from .proxy.server import ProxyServer
@@ -68,7 +68,7 @@ class App:
         self.worker = worker_index()
         if self.worker is not None:  # one of `listener.workers`: the port is shared (broker_filter.workers)
             self.container.loop.reuse_port = True
-        self.loop = ProtonLoop(self.container)
+        self.loop = EngineLoop(self.container)
         self.journal = None
         if config.journal.enabled:  # pyarrow (the [journal] extra) is imported only then
             from .archive.journal import Journal

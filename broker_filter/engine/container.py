@@ -7,6 +7,8 @@ registry and, with pass-through credentials, `PassThrough`), each upstream's `Re
 The loop owns the sockets (epoll, no descriptor ceiling), TLS, the listener's SASL exchange,
 heartbeats and the limits.  `EngineContainer` adds `connect()` (a client connection from an
 amqp[s]:// URL), `abort()`, `route()`, timers and the run loop.
+Timers, signals and deferred work are the engine loop's own (`container.loop`: `call_later`,
+`call_soon_threadsafe`, and `proxy.loop.EngineLoop` for `call_soon` at the end of a turn).
 
 The per-message events need no handler method at all: a handler that routes a link
 (`route(link, Typed(transfer))`) gets that link's deliveries as `transfer(delivery pointer)`
@@ -29,7 +31,7 @@ from ..amqp import types as t
 from ..security import UserDatabase, server_ssl_context
 from ._cproton import ffi, lib
 from .endpoints import Condition, Connection, Handler, Link, SaslClient
-from .loop import EVENT_READ, EventLoop, Limits
+from .loop import EventLoop, Limits
 from .streams import ServerSasl, Verify
 
 log = logging.getLogger("broker_filter.engine")
@@ -60,81 +62,13 @@ class Typed:
         self.failed = failed
 
 
-class _Event:
-    """What a timer or selectable handler gets: `context` (the selectable), nothing else."""
-
-    __slots__ = ("context",)
-
-    def __init__(self, context: Any = None):
-        self.context = context
-
-
-class _Task:
-    __slots__ = ("_timer",)
-
-    def __init__(self, timer: Any):
-        self._timer = timer
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-
-class _Selectable:
-    """A file descriptor a handler watches for reading (the graceful shutdown's wake-up pipe)."""
-
-    def __init__(self, container: EngineContainer, handler: Any, delegate: Any):
-        self._container = container
-        self._handler = handler
-        self._delegate = delegate
-        self._registered = False
-        self.reading = False
-        self._transport = None
-
-    def update(self) -> None:
-        selector = self._container.loop.selector
-        if self.reading and not self._registered and self._delegate is not None:
-            selector.register(self._delegate.fileno(), EVENT_READ, self._readable)
-            self._registered = True
-        elif not self.reading and self._registered:
-            self._unregister()
-
-    def terminate(self) -> None:
-        self.reading = False
-        self._unregister()
-        self._delegate = None
-
-    def _unregister(self) -> None:
-        if self._registered:
-            self._container.loop.selector.unregister(self._delegate.fileno())
-            self._registered = False
-
-    def _readable(self, mask: int) -> None:
-        self._handler.on_selectable_readable(_Event(self))
-
-
-class _Handlers:
-    """`container.handler`: global handlers that hear `on_reactor_quiesced` after each turn."""
-
-    def __init__(self) -> None:
-        self.handlers: list = []
-
-    def add(self, handler: Any) -> None:
-        self.handlers.append(handler)
-
-
 class EngineContainer:
-    """The subset of proton's Container the daemon uses, on an `EventLoop`."""
+    """The daemon's connections and routes on an `EventLoop` (see the module docstring)."""
 
     def __init__(self, container_id: str | None = None, *, client_tls: ssl.SSLContext | None = None):
         self.loop = EventLoop(container_id=container_id)
         self.client_tls = client_tls
-        self.handler = _Handlers()
         self.typed: dict[Any, Typed] = self.loop.typed  # link pointer -> its per-message handler (`route`)
-
-    @property
-    def quiesced(self) -> bool:
-        """No engine event is waiting to be handled."""
-        return lib.pn_collector_peek(self.loop.collector) == NULL
 
     @property
     def container_id(self) -> str:
@@ -189,21 +123,10 @@ class EngineContainer:
     def unroute(self, link: Link) -> None:
         self.typed.pop(link.ptr, None)
 
-    # timers, selectables, running --------------------------------------------------------------
-
-    def schedule(self, delay: float, handler: Any) -> _Task:
-        return _Task(self.loop.call_later(max(0.0, delay), lambda: handler.on_timer_task(_Event())))
-
-    def selectable(self, handler: Any = None, delegate: Any = None) -> _Selectable:
-        selectable = _Selectable(self, handler, delegate)
-        init = getattr(handler, "on_selectable_init", None)
-        if init is not None:
-            init(_Event(selectable))
-        return selectable
+    # running ---------------------------------------------------------------------------------------
 
     def run(self) -> None:
         loop = self.loop
-        loop.after_turn = self._quiesced
         try:
             loop.run()
             self.typed.clear()  # stopped: handlers hear nothing more
@@ -213,12 +136,6 @@ class EngineContainer:
                 loop.run_once(0.05)
         finally:
             loop.close()
-
-    def _quiesced(self) -> None:
-        for handler in self.handler.handlers:
-            quiesced = getattr(handler, "on_reactor_quiesced", None)
-            if quiesced is not None:
-                quiesced(_Event())
 
     def stop(self) -> None:
         self.loop.stop()

@@ -933,6 +933,11 @@ class Engine:
     # ---------------------------------------------------------------------------------------------
     # events
 
+    @property
+    def quiesced(self) -> bool:
+        """No event is waiting in the collector (`process` would handle none)."""
+        return lib.pn_collector_peek(self.collector) == NULL
+
     def process(self) -> int:
         """Drain the collector, calling the handlers; how many events there were."""
         collector = self.collector

@@ -5,8 +5,11 @@ plus sockets.  A turn: wait on epoll until a socket is ready, a timer is due or 
 wakes the loop (`call_soon_threadsafe`); read what is ready and push it into the transports (through
 TLS and, on a listener, the SASL exchange first); run due timers (heartbeat ticks, handshake
 deadlines); drain the collector, dispatching to the handlers; then, per connection that has work,
-one `pn_transport_pending`/`peek`/`pop` and a non-blocking send.  A socket is watched for writing
-only while output waits, and no longer read once its transport takes no more input.
+one `pn_transport_pending`/`peek`/`pop` and a non-blocking send; last the `after_turn` callbacks
+(`add_after_turn`: the proxy's `call_soon` work, `broker_filter.proxy.loop`), the events they make
+handled the same way.  The poll does not block while a connection has output to encode, a
+`call_soon_threadsafe` call waits, or a timer is due.  A socket is watched for writing only while
+output waits, and no longer read once its transport takes no more input.
 
 Limits refuse instead of dying: a listener's `max_connections` closes a connection at accept and
 counts it; a connection that has not opened AMQP within `handshake_timeout` is closed and counted;
@@ -546,7 +549,7 @@ class EventLoop(Engine):
         self._stopping = False
         self._executor: ThreadPoolExecutor | None = None
         self.thread: threading.Thread | None = None
-        self.after_turn: Callable[[], None] | None = None  # runs once the turn's events are handled
+        self.after_turn: Callable[[], None] | None = None  # runs once the turn's events are handled (`add_after_turn`)
         self.reuse_port = False  # listeners share their port with other processes' (SO_REUSEPORT)
 
     # --------------------------------------------------------------------------------------------
@@ -559,6 +562,21 @@ class EventLoop(Engine):
             os.write(self._wake_write, b"\0")
         except (BlockingIOError, OSError):
             pass  # the pipe is full (the loop will wake anyway) or closed (the loop is gone)
+
+    def add_after_turn(self, callback: Callable[[], None]) -> None:
+        """Run `callback` at the end of every turn too, after the turn's events are handled (after
+        the callbacks added before it).  Events it makes are handled, then it is asked again, up to
+        16 times a turn; if the last of those still handled events, the next poll does not block."""
+        previous = self.after_turn
+        if previous is None:
+            self.after_turn = callback
+            return
+
+        def both() -> None:
+            previous()
+            callback()
+
+        self.after_turn = both
 
     def stop(self) -> None:
         """Make `run()` return after the current turn (from any thread)."""
@@ -691,6 +709,8 @@ class EventLoop(Engine):
                 after_turn()
                 if not self._settle():
                     break
+            else:  # the last events handled may have given it work: ask again after a poll that does not block
+                calls.append((_nothing, ()))
 
     def _settle(self) -> int:
         """Dispatch events and write output until quiet (bounded); how many events there were."""
@@ -718,9 +738,16 @@ class EventLoop(Engine):
         self.release()
         self.selector.close()
         os.close(self._wake_read)
-        os.close(self._wake_write)
+        # -1 before the close: a signal handler's `call_soon_threadsafe` from now on writes to no
+        # descriptor (not to one the number was reused for)
+        wake_write, self._wake_write = self._wake_write, -1
+        os.close(wake_write)
         if self._executor is not None:
             self._executor.shutdown(wait=False)
+
+
+def _nothing() -> None:
+    pass
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -1,22 +1,24 @@
 """Lifecycle: signals and graceful shutdown of the daemon.
 
 Theory of operation.  The first SIGTERM (or SIGINT) asks the daemon to drain.  The signal handler
-itself only wakes the event loop through a pipe: the engine's objects are touched on the loop's thread
-alone.  There the listener stops accepting, `/readyz` turns 503, and the daemon waits until no
-delivery is in flight (sent to a client and not yet settled, or published by a client and not yet
-settled upstream) or `shutdown.grace_period` has passed.  Then every client link is detached and
+itself only hands the request to the event loop (`EventLoop.call_soon_threadsafe`: a deque append
+and a byte written to the loop's non-blocking wake-up pipe, safe between any two bytecodes of the
+main thread): the engine's objects are touched on the loop's thread alone.  There the listener stops
+accepting, `/readyz` turns 503, and the daemon waits until no delivery is in flight (sent to a
+client and not yet settled, or published by a client and not yet settled upstream) or
+`shutdown.grace_period` has passed.  Then every client link is detached and
 every client connection closed with `amqp:connection:forced` ("broker-filter is shutting down"),
 the upstream is stopped, and once the client connections are closed and the upstream broker has
 answered the upstream connection's close (at most two seconds; the outcomes written before that
 close have then reached it) the loop ends: exit status 0.  Deliveries still unsettled at that point
-go back to the upstream broker, which redelivers them (at-least-once).  A second signal forces: the loop is interrupted wherever it is and the
-daemon exits with 128 + the signal number.
+go back to the upstream broker, which redelivers them (at-least-once).  The waits poll every
+0.1 s on the loop's timers (`call_later`).  A second signal forces: the loop is interrupted wherever
+it is and the daemon exits with 128 + the signal number.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -40,37 +42,6 @@ class Forced(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
-
-
-class WakePipe:
-    """The pipe a signal handler writes to wake the event loop (any thread may call `wake`)."""
-
-    def __init__(self) -> None:
-        self.read, self.write = os.pipe()
-        os.set_blocking(self.read, False)
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def fileno(self) -> int:
-        return self.read
-
-    def wake(self) -> None:
-        with self._lock:
-            if not self._closed:
-                os.write(self.write, b"!")
-
-    def drain(self) -> None:
-        try:
-            os.read(self.read, 4096)
-        except BlockingIOError:
-            pass
-
-    def close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                os.close(self.read)
-                os.close(self.write)
 
 
 class ConnectionRegistry(Handler):
@@ -163,7 +134,7 @@ class GracefulShutdown:
 
     def __init__(
         self,
-        container: Any,
+        container: Any,  # an EngineContainer: its engine loop (`container.loop`) runs the drain
         registry: ConnectionRegistry,
         *,
         grace_period: float,
@@ -175,6 +146,7 @@ class GracefulShutdown:
         clock: Callable[[], float] = time.monotonic,
     ):
         self._container = container
+        self._loop = container.loop
         self._registry = registry
         self._grace = grace_period
         self._in_flight = in_flight
@@ -183,15 +155,13 @@ class GracefulShutdown:
         self._upstream_closing = upstream_closing
         self.health = health
         self._clock = clock
-        self._pipe = WakePipe()
         self._previous: dict[int, Any] = {}
         self.requested_by: int | None = None
         self.finished = False
         self._deadline = 0.0
         self._phase = "running"
-        self._selectable = container.selectable(handler=self, delegate=self._pipe)
 
-    # signals (any thread may be interrupted; only the pipe is touched)
+    # signals (any thread may be interrupted; only the loop's thread-safe entry point is touched)
 
     def install(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -213,20 +183,16 @@ class GracefulShutdown:
         """Ask for a graceful shutdown (thread-safe)."""
         if self.requested_by is None:
             self.requested_by = signum
-        self._pipe.wake()
+        if not self.finished:
+            self._loop.call_soon_threadsafe(self._requested)
 
     # the event loop's thread
 
-    def on_selectable_init(self, event: Any) -> None:
-        event.context.reading = True
-        event.context.update()
-
-    def on_selectable_readable(self, event: Any) -> None:
-        self._pipe.drain()
+    def _requested(self) -> None:
         if self.requested_by is not None and self._phase == "running":
             self._begin()
 
-    def on_timer_task(self, event: Any) -> None:
+    def _poll(self) -> None:
         try:
             if self._phase == "draining":
                 self._drain()
@@ -252,7 +218,7 @@ class GracefulShutdown:
     def _drain(self) -> None:
         pending = self._in_flight()
         if pending and self._clock() < self._deadline:
-            self._container.schedule(_POLL, self)
+            self._loop.call_later(_POLL, self._poll)
             return
         if pending:
             log.warning("grace period over with deliveries in flight; they return to the upstream",
@@ -283,17 +249,11 @@ class GracefulShutdown:
         # accepted original) must reach the broker, or it would redeliver what was settled.
         busy = self._registry.connections or self._upstream_closing()
         if busy and self._clock() < self._deadline:
-            self._container.schedule(_POLL, self)
+            self._loop.call_later(_POLL, self._poll)
             return
         self._stop()
 
     def _stop(self) -> None:
         self._phase = "stopped"
         self.finished = True
-        self._pipe_close()
         self._container.stop()
-
-    def _pipe_close(self) -> None:
-        self._selectable.terminate()
-        self._selectable.update()
-        self._pipe.close()

@@ -46,7 +46,8 @@ THIRD_PARTY: dict[str, set[str]] = {
     "lark": {"filters"},
     "sortedcontainers": {"broker"},
     "prometheus_client": {"metrics"},
-    "proton": {"engine", "proxy", "app", "spark"},
+    "proton": {"spark"},  # the daemon's path (engine, proxy, app) uses none of proton's wrappers or events
+    "cproton": {"engine"},  # (python-qpid-proton's C binding module: the engine's frame tracer hook)
     "cproton_ffi": {"engine"},
     "pyarrow": {"archive"},
     "pyspark": {"spark"},
@@ -173,8 +174,8 @@ FLOORS = {
     "archive": ({"lark", "pyarrow"}, ""),
     "security": (set(), ""),
     "config": ({"lark"}, "broker_filter.config.load(None, {})"),
-    "engine": (PROTON, ""),
-    "proxy": (PROTON | {"lark", "sortedcontainers"}, ""),
+    "engine": (PROTON - {"proton", "_proton"}, ""),
+    "proxy": ((PROTON - {"proton", "_proton"}) | {"lark", "sortedcontainers"}, ""),
     # pyspark loads pyarrow and py4j itself
     "spark": (PROTON | {"lark", "pyarrow", "pyspark", "py4j"}, ""),
 }
@@ -199,4 +200,7 @@ def test_the_probe_would_see_proton_and_a_floor_above() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     loaded = json.loads(done.stdout.splitlines()[-1])
     assert "proxy" in loaded["ours"] and "security" in loaded["ours"]
-    assert "proton" in loaded["libraries"]
+    assert "cproton_ffi" in loaded["libraries"]
+    probe = PROBE.format(names=["proton"], then="", probed=PROBED)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert "proton" in json.loads(done.stdout.splitlines()[-1])["libraries"]

@@ -142,7 +142,7 @@ class Recorder(Handler):
 
 def settle_proxy(container: Any, loop: Any, pairs: list, rounds: int = 50) -> None:
     """Pump each (a, b) connection pair of `container`'s engine, run the proxy's call_soon work
-    (`loop`: its ProtonLoop) and due timers, until nothing happens."""
+    (`loop`: its EngineLoop, run by the engine's `after_turn`) and due timers, until nothing happens."""
     from broker_filter.engine.memory import pump
 
     engine = container.loop
@@ -150,7 +150,7 @@ def settle_proxy(container: Any, loop: Any, pairs: list, rounds: int = 50) -> No
         moved = sum(pump(engine, a, b) for a, b in pairs)
         engine.dirty.clear()  # pump moved every byte there was
         before = loop.rounds
-        container._quiesced()
+        engine.after_turn()
         ran = engine.run_timers()
         if not moved and loop.rounds == before and not ran:
             return

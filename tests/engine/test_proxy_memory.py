@@ -14,7 +14,7 @@ from broker_filter.engine import ACCEPTED, Terminus
 from broker_filter.engine.container import EngineContainer
 from broker_filter.proxy.lifecycle import ConnectionRegistry
 from broker_filter.proxy.embedded import EmbeddedUpstream
-from broker_filter.proxy.loop import ProtonLoop
+from broker_filter.proxy.loop import EngineLoop
 from broker_filter.proxy.server import ProxyServer
 
 from .apps import Recorder, settle_proxy
@@ -29,7 +29,7 @@ class Proxied:
         config = Config()
         self.container = EngineContainer("proxy-in-memory")
         self.engine = self.container.loop
-        self.loop = ProtonLoop(self.container)
+        self.loop = EngineLoop(self.container)
         self.upstream = EmbeddedUpstream.from_config(config.embedded)
         self.server = ProxyServer(self.upstream, instance="proxy-in-memory", window=100, config=config)
         self.upstream.start(self.loop, self.server)
@@ -100,7 +100,7 @@ def test_a_garbled_filter_map_is_refused_with_decode_error_not_served_unfiltered
     data = _raw_attach(count)
     assert proxied.engine.push(conn, data) == len(data)
     proxied.engine.process()
-    proxied.container._quiesced()
+    proxied.engine.after_turn()  # the proxy's call_soon work (EngineLoop)
     proxied.engine.process()
     out = bytes(proxied.engine.take_output(conn))
     frames, pos = [], 8  # after the AMQP header

@@ -17,7 +17,7 @@ from broker_filter.config import Config
 from broker_filter.engine import ACCEPTED, MODIFIED, REJECTED, RELEASED, Handler, Terminus
 from broker_filter.engine.container import EngineContainer, _symbol_keys
 from broker_filter.proxy.lifecycle import ConnectionRegistry
-from broker_filter.proxy.loop import ProtonLoop
+from broker_filter.proxy.loop import EngineLoop
 from broker_filter.proxy.remote import RemoteUpstream
 from broker_filter.proxy.server import ProxyServer
 
@@ -99,7 +99,7 @@ class Relayed:
             return out
 
         self.engine.take_output = recorded
-        self.loop = ProtonLoop(self.container)
+        self.loop = EngineLoop(self.container)
         self.upstream = RemoteUpstream("amqp://127.0.0.1:5672")
         self.server = ProxyServer(self.upstream, instance="typed", window=100, config=Config())
         self.upstream.start(self.loop, self.server)
