@@ -201,6 +201,6 @@ def test_the_probe_would_see_proton_and_a_floor_above() -> None:
     loaded = json.loads(done.stdout.splitlines()[-1])
     assert "proxy" in loaded["ours"] and "security" in loaded["ours"]
     assert "cproton_ffi" in loaded["libraries"]
-    probe = PROBE.format(names=["proton"], then="", probed=PROBED)
+    probe = PROBE.format(names=["broker_filter.security"], then="import proton", probed=PROBED)
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert "proton" in json.loads(done.stdout.splitlines()[-1])["libraries"]
