@@ -1,33 +1,14 @@
-"""Proton-side conversions shared by both sides of the proxy: terminus data (filter-sets,
-capabilities) <-> typed values of `broker_filter.amqp.types` (through `broker_filter.amqp`, so a
-value keeps its AMQP type both ways), and the per-message path on proton-c pointers: receiving and
+"""The per-message path shared by both sides of the proxy, on proton-c pointers: receiving and
 sending a message's bytes, delivery dispositions <-> `Outcome`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..amqp import decode, encode
 from ..amqp import types as t
 from ..engine._cproton import ffi, lib
 from ..engine.endpoints import condition_of, read_data, set_disposition
 from .forwarding import ACCEPTED, RELEASED, Outcome
-
-
-def data_value(data) -> Any:
-    """A proton Data (terminus filter/capabilities) as typed values of `broker_filter.amqp.types`."""
-    raw = data.encode() if data is not None else b""
-    if not raw:
-        return None
-    value, _ = decode(raw, 0)
-    return value
-
-
-def put_value(data, value: Any) -> None:
-    """Write a typed value into a proton Data (replacing its content)."""
-    data.clear()
-    if value is not None:
-        data.decode(encode(value))
 
 
 # --------------------------------------------------------------------------------------------------
