@@ -124,7 +124,7 @@ class FeedIO(Protocol):
     # ready (a drain without credit, which RabbitMQ 4 answers with `available`); False if it cannot
     # be asked now (credit outstanding), None if this upstream is never asked.  answer(n) later:
     # n >= 0 the count, -1 the question was withdrawn (ask again), None the upstream did not answer
-    # (see `Feed.tick`).
+    # (see `QueueSearch.look`).
 
     def recycle(self, delivery: Any, data: bytes, done: Callable[[bool], None]) -> bool:
         """Publish `data` (the delivery's bytes with the offered mark) to the tail of the queue.
@@ -145,7 +145,7 @@ class FeedStats:
     moving: int = 0  # moves in flight right now
     passes: int = 0  # searches of the queue completed (a marked copy came round)
     blocked: int = 0  # times a queue feed stopped pulling with outlets waiting
-    handed_back: int = 0  # held messages the feed moved to the tail for other consumers (see Feed.tick)
+    handed_back: int = 0  # held messages the feed moved to the tail for other consumers (see QueueSearch.look)
     held: int = 0  # messages held right now
     held_peak: int = 0
     starved: int = 0  # outlets with credit waiting on a blocked feed right now
@@ -225,7 +225,7 @@ class Custody:
         self.redelivered = False  # a client had it: first-acquirer false from now on
         self.failed = 0  # failed attempts in the proxy (added to the header's delivery-count)
         self.refused = 0  # the pass in which the broker refused its copy (not moved again in it)
-        self.kept = False  # held for links that select it and have no credit (see `Feed.reserve`)
+        self.kept = False  # held for links that select it and have no credit (see `QueueSearch.keep`)
         self.offered = -1  # the feed's `_offers` when every outlet with credit last turned it down
         self.annotations: dict | None = None  # what clients' `modified` outcomes added (3.4.5)
 
