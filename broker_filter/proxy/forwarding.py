@@ -1,5 +1,6 @@
 """Per-link forwarding state, without I/O: credit, custody of upstream deliveries, settlement,
-held messages, redelivery in place and the search of a queue for waiting links.
+held messages, redelivery in place, and the moves of the search of a queue for waiting links (whose
+decisions are in `broker_filter.proxy.search`).
 
 Theory of operation
 -------------------
@@ -28,30 +29,13 @@ max_credit) + window, so the proxy never holds more than that many messages per 
 returned deliveries come on top: at most its credit); with no client credit it pulls nothing.
 
 The search (queue feeds with `recycle`).  A message that no outlet can take blocks the ones behind
-it on a broker that cannot filter.  While an outlet waits with credit, the feed moves every message
-no outlet selects to the queue's tail (the I/O layer publishes the copy; the feed accepts the
-original once the broker accepted the copy), many at a time.  Each copy carries the message
-annotation `x-opt-broker-filter-offered`, a map: filter identity -> [feed token, first offer time]
-for every filter it was offered to (merged with what is there, so several daemons add to one mark),
-and "" -> [the pass that moved it, time].  The search stops by knowing, not by a counter:
-
-* a pass ends when a copy it moved comes round (everything ahead of that copy has been offered);
-* a pass starts when the set of filters changes (a new filter attaches), when the feed pulls a
-  message not yet offered to every filter it knows, when `poke` says a client published to the
-  queue through the proxy, when a mark shows a filter another daemon serves on the queue, and when
-  the queue's ready count shows what the feed did not put there (`tick`);
-* once the pass is over, a message already offered to every filter is held, never moved again.
-
-So each non-matching message is moved at most once per pass, a selective outlet finds a match at
-any depth, and a queue nobody matches is not cycled.  Other daemons' filters count while their
-marks are younger than `foreign_ttl` (first-offer times: moving a message again is no sign of
-life), so two daemons in front of one queue pass each other's messages on and then go quiet.
-A message some outlet selects waits for that outlet's credit, within a bound: messages held for
-outlets that select them but have no credit take at most `reserve` (half the window); while
-searching, the ones past it are moved like non-matching ones (a link that never takes its messages
-cannot fill the window and starve the others or new arrivals), and when an outlet whose messages
-were moved gets credit, one more pass starts, which brings them round to it.  They are never
-given to an outlet that does not select them.
+it on a broker that cannot filter.  While an outlet waits with credit, the feed moves the messages
+no outlet selects to the queue's tail, each copy marked with the filters it was offered to and the
+pass that moved it, until a copy it moved comes round.  The theory, and every decision of the search
+(what a pass is, when one opens and ends, what is moved and what is held, when to look again, count
+the queue, go round or hand back), are in `broker_filter.proxy.search` (`QueueSearch`, the feed's
+`search`); the feed does the moving: it publishes the marked copy through the I/O layer and accepts
+the original once the broker accepted the copy.
 
 Stopping (`stop`): no move starts, nothing more is pulled or sent; moves in flight finish (the I/O
 layer waits for `moving` to reach 0, bounded by its grace) and their originals are accepted; then
@@ -63,35 +47,21 @@ The I/O layer implements `FeedIO` and calls the `on_*` methods; decisions come b
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Protocol
 
 from ..amqp.types import symbol
 from ..amqp import CodecError, decode as _decode_value, decode_message, redelivery_bytes, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, annotations_section, encode_section
-
-# A feed holding messages hands back what it holds (see `Feed.tick`) first this many seconds after it began
-# (aligned to the wall clock), then twice as long each time, at most `look_again_max`.
-HAND_BACK_FIRST = 1.0
-
-# A feed walled in while another daemon on the queue is live (see `Feed._top_up`) goes round again at
-# once while its go-rounds bring its links something; after one that brought nothing, it waits this
-# long before the next, then twice as long each time, at most `WALLED_MAX` seconds.
-WALLED_FIRST = 0.25
-WALLED_MAX = 8.0
+from .search import QueueSearch
 
 # On a moved copy: the identities (see `filter_identity`) of the filters it was offered to.
 OFFERED_ANNOTATION = symbol("x-opt-broker-filter-offered")
 # RabbitMQ 4's annotation on each message delivered from a stream (its offset in the stream)
 STREAM_OFFSET = b"x-stream-offset"
-
-
-# Where the upstream answers the count (`FeedIO.probe`) and no other consumer was seen, a finished
-# pass is looked at again only after this many times `look_again` (see `Feed.tick`).
-COUNTED_LOOK = 6
 
 
 @dataclass(frozen=True)
@@ -154,7 +124,7 @@ class FeedIO(Protocol):
     # ready (a drain without credit, which RabbitMQ 4 answers with `available`); False if it cannot
     # be asked now (credit outstanding), None if this upstream is never asked.  answer(n) later:
     # n >= 0 the count, -1 the question was withdrawn (ask again), None the upstream did not answer
-    # (see `Feed.tick`).
+    # (see `QueueSearch.look`).
 
     def recycle(self, delivery: Any, data: bytes, done: Callable[[bool], None]) -> bool:
         """Publish `data` (the delivery's bytes with the offered mark) to the tail of the queue.
@@ -175,7 +145,7 @@ class FeedStats:
     moving: int = 0  # moves in flight right now
     passes: int = 0  # searches of the queue completed (a marked copy came round)
     blocked: int = 0  # times a queue feed stopped pulling with outlets waiting
-    handed_back: int = 0  # held messages the feed moved to the tail for other consumers (see Feed.tick)
+    handed_back: int = 0  # held messages the feed moved to the tail for other consumers (see QueueSearch.look)
     held: int = 0  # messages held right now
     held_peak: int = 0
     starved: int = 0  # outlets with credit waiting on a blocked feed right now
@@ -226,6 +196,18 @@ _ns = time.perf_counter_ns
 _NO_MARK: dict = {}  # shared: a mark is never changed in place
 
 
+def mark_section(sections: dict[tuple, bytes], mark: dict) -> bytes:
+    """The message-annotations section that writes `mark` on a moved copy (a feed's search's
+    `encode`), cached in `sections` (at most 64)."""
+    key = tuple(sorted((k, v[0], v[1]) for k, v in mark.items()))
+    section = sections.get(key)
+    if section is None:
+        if len(sections) >= 64:
+            sections.clear()
+        section = sections[key] = encode_section(MESSAGE_ANNOTATIONS, {OFFERED_ANNOTATION: mark})
+    return section
+
+
 class Custody:
     """An upstream delivery the feed holds or a client has unsettled, with what the proxy knows of it:
     the decoded sections, the filters it was offered to (`mark`, from a moved copy's annotation),
@@ -243,7 +225,7 @@ class Custody:
         self.redelivered = False  # a client had it: first-acquirer false from now on
         self.failed = 0  # failed attempts in the proxy (added to the header's delivery-count)
         self.refused = 0  # the pass in which the broker refused its copy (not moved again in it)
-        self.kept = False  # held for links that select it and have no credit (see `Feed.reserve`)
+        self.kept = False  # held for links that select it and have no credit (see `QueueSearch.keep`)
         self.offered = -1  # the feed's `_offers` when every outlet with credit last turned it down
         self.annotations: dict | None = None  # what clients' `modified` outcomes added (3.4.5)
 
@@ -276,9 +258,6 @@ def _undecodable(e: Exception, stats: FeedStats, log: Callable[[str], None] | No
         kind = "" if isinstance(e, CodecError) else f" ({type(e).__name__})"
         log(f"upstream message not decodable{kind}, no filter selects it: {e}")
     return UNDECODABLE
-
-
-_NO_PASS = (None,)
 
 
 class UpstreamCredit:
@@ -349,31 +328,20 @@ class Feed(UpstreamCredit):
         self.held: deque[Custody] = deque()
         self.upstream_credit = 0
         self.moving = 0
-        self.pass_open = False
-        self.pass_no = 0
         self.stopping = False
         self.stats = FeedStats()
         self._rr = 0
-        # Messages held for links that select them but have no credit take at most `reserve` of the
-        # window; while searching, the rest are moved like non-matching ones (see `_keep`), and a link
-        # whose messages were moved (`_deferred`, by filter identity) starts a pass when it has credit.
-        self.reserve = max(1, window // 2)
-        self._kept = 0  # held messages with `kept` set
-        self._deferred: set[str] = set()
-        self._reads: frozenset = frozenset()
-        self._identities: frozenset = frozenset()
-        self._clock = clock
-        self._wall = wall
-        self.token = token  # names this feed in the marks it writes (unique across daemons)
-        # Filters of other consumers of the queue (other daemons), learnt from the marks they wrote:
-        # identity -> when last written.  Forgotten `foreign_ttl` seconds after the last sign of life.
-        self._foreign: dict[str, float] = {}
-        self._nobody = False  # the last `_offer` found that no outlet selects the message
+        # The search's state and decisions (queue feeds with `recycle`; see broker_filter.proxy.search)
         self._sections: dict[tuple, bytes] = {}  # mark -> its encoded message-annotations section
+        self.search = QueueSearch(token=token, window=window, clock=clock, wall=wall, foreign_ttl=foreign_ttl,
+                                  look_again=look_again, look_again_max=look_again_max,
+                                  encode=partial(mark_section, self._sections))
+        self._reads: frozenset = frozenset()
+        self._clock = clock
+        self._nobody = False  # the last `_offer` found that no outlet selects the message
         # Most messages of a pass carry the same annotations (the same mark): what was read of them,
-        # by their bytes, and the mark a move gives a message with a given mark in a given second.
+        # by their bytes.
         self._marks_read: dict[bytes | None, Any] = {}
-        self._marks_moved: dict[tuple, tuple] = {}
         self._merged: dict = {}  # set_message_annotation's cache of merged annotation sections
         # The upstream refused a move for want of room (its publisher has no credit): no more tries
         # until the next pump (its credit pumps the feed), so a backlog is not re-marked per message.
@@ -384,44 +352,13 @@ class Feed(UpstreamCredit):
         # (rabbitmq-server#2597): frequent small grants during a search made it send thousands of
         # messages past the feed's bound.  Set by the I/O side when it knows the upstream.
         self.whole_grants = False
-        self.foreign_ttl = foreign_ttl
-        # After a pass that found nothing, with links still waiting: look again after `look_again`
-        # seconds, doubling up to `look_again_max` (see `tick`).
-        self.look_again = look_again
-        self.look_again_max = look_again_max
-        self._next_look: float | None = None
-        self._look_delay = look_again
-        # Knowing instead of looking again (see `tick`): copies of the last pass the broker accepted
-        # and copies of it pulled back (their difference is what the queue holds of them); all
-        # copies accepted and all messages pulled, and the highest and lowest count of the queue net
-        # of them (what others put in or took out); whether another consumer of the queue was seen;
-        # a count asked for; counts never answered.
-        self._pass_moved = 0
-        self._pass_back = 0
-        self._moved_total = 0
-        self._pulled_total = 0
-        self._others_high: int | None = None
-        self._others_low = 0
-        self._others = False
-        self._probing = False
-        self._unanswered = 0
-        # Handing back what it holds (see `tick`): the wall-clock time of the next, and the delay.
-        self._next_hand_back: float | None = None
-        # Going round when walled in (see `_top_up`): not before `_walled_next`; the delay after a
-        # go-round that brought the links nothing (0: at once), and what they had had at the last.
-        self._walled_next = 0.0
-        self._walled_delay = 0.0
-        self._walled_delivered = -1
-        self._hand_back_delay = HAND_BACK_FIRST
+        self._pulled_total = 0  # upstream deliveries had (the search's count of the queue nets them out)
         self._log = log
 
     # ------------------------------------------------------------------ outlets
     def add_outlet(self, outlet: Outlet) -> None:
         self.outlets.append(outlet)
-        before = self._identities
-        self._filters_changed()
-        if self._identities != before:
-            self._open_pass()  # a new filter: one more search
+        self._filters_changed(added=True)  # (a new filter: one more search)
         self.pump()
 
     def remove_outlet(self, outlet: Outlet) -> None:
@@ -450,28 +387,20 @@ class Feed(UpstreamCredit):
         outlet.credit = max(0, credit)
         if had <= 0 < outlet.credit:
             self._offers += 1  # a link that was passed over may select what is held
-            if outlet.identity in self._deferred and not self.stopping:
-                # Messages this filter selects were moved while its links had no credit: go round
-                # once more for them.  A new pass even if one is open (as `poke`): that one may end
-                # at a copy it moved before them, and a pass ends only at a copy moved after it started.
-                self._deferred.discard(outlet.identity)
-                self._open_pass()
+            if self.search.deferred and not self.stopping:
+                self.search.credit(outlet.identity)  # (messages it selects were moved: one more pass)
         self.pump()
 
     def poke(self) -> None:
         """A message was published to this queue through the proxy: the search goes on at least until
         a copy moved after it comes round (a new pass: the end of the current one may lie before it)."""
-        if self.recycle and not self.stopping:
-            was_open = self.pass_open
-            self._open_pass()
-            if not was_open:
-                self.pump()
+        if self.recycle and not self.stopping and not self.search.published():
+            self.pump()
 
-    def _filters_changed(self) -> None:
+    def _filters_changed(self, added: bool = False) -> None:
         self._offers += 1
         self._reads = frozenset().union(*(o.filter.reads for o in self.outlets))
-        self._identities = frozenset(o.identity for o in self.outlets)
-        self._marks_moved.clear()
+        self.search.filters(frozenset(o.identity for o in self.outlets), added)
 
     # ------------------------------------------------------------------ upstream events
     def on_upstream_delivery(self, delivery: Any) -> None:
@@ -479,13 +408,14 @@ class Feed(UpstreamCredit):
         self._pulled_total += 1
         if self._unchecked:
             self._check_stream(delivery.data)
-        before = self.pass_no
+        search = self.search
+        before = search.pass_no
         c = self._custody(delivery)
         if self.subscription:
             self._subscription_delivery(c)
         elif not self._offer(c, frozenset()):
             self._place(c)
-        if self.pass_no != before:  # a new pass: what is held goes round too
+        if search.pass_no != before:  # a new pass: what is held goes round too
             self.pump()
             return
         self._top_up()
@@ -507,7 +437,7 @@ class Feed(UpstreamCredit):
         self.subscription = True
         self.recycle = False
         self.custody = False
-        self.pass_open = False
+        self.search.pass_open = False
         if self._log is not None:
             self._log("the queue is a stream (its messages carry x-stream-offset): reading and skipping, "
                       "never moving")
@@ -586,7 +516,7 @@ class Feed(UpstreamCredit):
     def stop(self) -> None:
         """Stop starting anything: no move, no pull, no send.  Moves in flight still complete."""
         self.stopping = True
-        self.pass_open = False
+        self.search.pass_open = False
         self.stats.starved = 0
 
     def returns(self) -> list[tuple[Any, Outcome]]:
@@ -612,7 +542,7 @@ class Feed(UpstreamCredit):
             out.extend(c.delivery for c in o.in_flight.values())
             o.in_flight.clear()
         self.held.clear()
-        self._kept = 0
+        self.search.kept = 0
         self.outlets.clear()
         self.stopping = True
         self._count_held()
@@ -637,17 +567,15 @@ class Feed(UpstreamCredit):
                 if not self._offer(c, c.excluded):
                     keep.append(c)
             self.held = keep
-            self._kept = sum(1 for c in keep if c.kept)
+            self.search.kept = sum(1 for c in keep if c.kept)
             self._count_held()
         if self.held and self._searching():
             self._move_held()
         self._top_up()
 
     def _searching(self) -> bool:
-        """Moving: a pass is open, or another daemon on the queue has offered messages to a filter
-        of its own lately (its links may wait for what this one holds), and a link here waits."""
-        return (self.recycle and not self.stopping and (self.pass_open or bool(self._live_foreign()))
-                and any(o.credit > 0 for o in self.outlets))
+        """Moving (see `QueueSearch.searching`)."""
+        return self.recycle and not self.stopping and self.search.searching(self.outlets)
 
     def _selects(self, o: Outlet, c: Custody) -> bool:
         if o.max_size and len(c.delivery.data) > o.max_size:
@@ -702,99 +630,30 @@ class Feed(UpstreamCredit):
         o.waiting_since = self._clock() if o.credit > 0 else None
         self.stats.delivered += 1
 
-    def _open_pass(self) -> None:
-        self.pass_no += 1
-        self.pass_open = True
-        self._pass_moved = self._pass_back = 0
-        self._next_look = None
-        self._look_delay = self.look_again
-
     def tick(self) -> None:
-        """Called by the I/O layer now and then (about once a second).  A pass that is over while
-        links still wait, and nothing in flight: ask the upstream how many messages the queue has
-        ready (`probe`, answered in `on_available`).  What the queue should hold is known: the copies
-        of the last pass not yet pulled back.  More than that is a message this feed never saw
-        (published directly behind the finished pass): one more pass.  The count net of everything
-        this feed pulled and moved is what others put in or took out: when it first falls, another
-        consumer takes messages (another daemon, which may wait for what this one holds, and whose
-        copies carry its filters): one more pass.  While the counts stay put nothing is moved but
-        for a rare look again (`COUNTED_LOOK` × `look_again`, then doubling): another consumer that
-        took its messages before this feed's first count never makes the count fall.
-
-        Once another consumer was seen (a fall, or a copy another daemon moved), its own moves
-        make copies this feed did not move, so from then on only a net count higher than ever
-        starts a pass, and looking again after a while remains (10 s, then twice as long each time,
-        at most 10 minutes; any other reason for a pass starts the delays over): the counts cannot
-        tell a message published while the other consumer takes one.  So does an upstream that
-        cannot be asked (no `probe`) or did not answer twice.
-
-        A feed that holds messages after its pass while its links wait hides them from every other
-        consumer of the queue, and when it is blocked (its window full of messages every filter it
-        knows was offered) it sees nothing new either: another daemon may hold this one's messages
-        while this one holds its, and neither pulls the copy that would tell it of the other.
-        Neither a count (what others hold unsettled is not in it) nor a rare look again ends that
-        soon.  So such a feed hands back what it holds that no link here selects (`_hand_back`): it
-        moves those messages to the tail (no pass: each is moved once) and pulls as many, first
-        `HAND_BACK_FIRST` second after it began holding, then twice as long each time up to
-        `look_again_max`, at whole multiples of the delay on the wall clock, so that daemons
-        blocked alike hand back at the same moment and each pulls the other's copies (their marks
-        name the other's filters: from then on the search serves both).  Alone, it costs at most a
-        window of moves now and then."""
+        """Called by the I/O layer now and then (about once a second): takes the broker's word on
+        the credit, and while links wait, asks the search whether to hand back what the feed holds
+        (`QueueSearch.hand_back_due`) and whether to look at the queue again (`QueueSearch.look`:
+        a count asked of the upstream through `probe`, answered in `on_available`, or a timer)."""
         if not self.stopping:
             self._take_broker_word()
+        search = self.search
         if not self.recycle or self.stopping or not any(o.credit > 0 for o in self.outlets):
-            self._next_look = None
-            self._next_hand_back = None
+            search.rest()
             return
         self._top_up()  # (a feed walled in may go round again now)
-        self._tick_hand_back()
-        if self.pass_open:
-            self._next_look = None
-            return
-        probe = getattr(self.io, "probe", None)
-        if probe is not None and self._unanswered < 2:
-            if not self._probing and self.moving == 0:
-                asked = probe(self.on_available)
-                if asked is None:
-                    self._unanswered = 2  # never asked: look again instead, from now on
-                self._probing = bool(asked)
-            if not self._others and self._unanswered < 2:
-                # No other consumer seen: the counts tell nearly everything, so look again only
-                # rarely (COUNTED_LOOK times later): a consumer that had already taken its messages
-                # before the first count never makes the count fall.
-                self._look_delay = max(self._look_delay, self.look_again * COUNTED_LOOK)
-        now = self._clock()
-        if self._next_look is None:
-            self._next_look = now + self._look_delay
-        elif now >= self._next_look:
-            delay = min(self._look_delay * 2, self.look_again_max)
-            self._open_pass()
-            self._look_delay = delay
+        if search.hand_back_due(bool(self.held), self.moving):
+            self._hand_back()
+        if search.look(getattr(self.io, "probe", None), self.on_available, self.moving):
             self.pump()
 
-    def _tick_hand_back(self) -> None:
-        if self.pass_open or not self.held:
-            self._next_hand_back = None
-            self._hand_back_delay = HAND_BACK_FIRST
-            return
-        wall = self._wall()
-        delay = self._hand_back_delay
-        if self._next_hand_back is None:
-            # the first whole multiple of the delay at least half of it away
-            self._next_hand_back = math.ceil((wall + delay / 2) / delay) * delay
-            return
-        if wall < self._next_hand_back or self.moving:
-            return
-        self._hand_back_delay = min(delay * 2, max(self.look_again_max, HAND_BACK_FIRST))
-        self._next_hand_back = None
-        self._hand_back()
-
     def _hand_back(self) -> None:
-        """Move the held messages no link here selects to the queue's tail (see `tick`)."""
+        """Move the held messages no link here selects to the queue's tail (see `QueueSearch.look`)."""
         keep: deque[Custody] = deque()
         handed = 0
+        search = self.search
         for c in self.held:
-            if c.message is _BAD or c.refused == self.pass_no or c.kept or self._wanted(c) or not self._move(c):
+            if c.message is _BAD or not search.may_hand_back(c) or self._wanted(c) or not self._move(c):
                 keep.append(c)
             else:
                 handed += 1
@@ -804,82 +663,36 @@ class Feed(UpstreamCredit):
         self._top_up()
 
     def on_available(self, n: int | None) -> None:
-        """The upstream's count of messages ready in the queue (see `tick`)."""
-        self._probing = False
-        if n is None:
-            self._unanswered += 1
-            return
-        self._unanswered = 0
-        if n < 0 or self.stopping or self.pass_open or self.moving:
-            return
-        net = n - self._moved_total + self._pulled_total  # the queue as others left it
-        if self._others_high is None:
-            self._others_high = self._others_low = net
-        grew = net > self._others_high
-        met = net < self._others_low and not self._others
-        self._others_high = max(self._others_high, net)
-        self._others_low = min(self._others_low, net)
-        if met:
-            self._others = True
-        if met or (grew if self._others else n > self._pass_moved - self._pass_back):
-            self._open_pass()
+        """The upstream's count of messages ready in the queue (see `QueueSearch.counted`)."""
+        if self.search.counted(n, self.stopping or self.moving != 0, self._pulled_total):
             self.pump()
-
-    def _pass_tag(self) -> str:
-        return f"{self.token}#{self.pass_no}"
 
     def _place(self, c: Custody) -> None:
         """A queue message no outlet can take now: move it while searching, else hold it."""
         if not self.recycle or self.stopping or c.message is _BAD or not self.outlets:
             self._hold(c)
             return
-        if self.pass_open:
-            last = c.mark.get("")
-            if last is not None and last[0] == self._pass_tag():
-                # A copy this pass moved came round: everything that was in the queue before it
-                # has been offered.  The pass is over.
-                self.pass_open = False
-                self.stats.passes += 1
-        elif not self._identities.issubset(c.mark) and any(o.credit > 0 for o in self.outlets):
-            self._open_pass()  # not yet offered to a filter here: there may be more behind it
+        search = self.search
+        if search.pulled(c.mark, self.outlets):
+            self.stats.passes += 1  # a copy this pass moved came round
         wanted = not self._nobody and self._wanted(c)
-        if not self._searching() or (wanted and self._keep(c)) or not self._movable(c) or not self._move(c, wanted):
+        if not self._searching() or not search.to_move(c, wanted) or not self._move(c, wanted):
             self._hold(c)  # (an outlet that selects it takes it with its next credit)
-
-    def _movable(self, c: Custody) -> bool:
-        """During a pass everything is moved (to go round the queue); after it only what a filter of
-        another daemon was not offered yet."""
-        return c.message is not _BAD and c.refused != self.pass_no and (self.pass_open or not self._done(c))
 
     def _wanted(self, c: Custody) -> bool:
         return any(o.name not in c.excluded and self._selects(o, c) for o in self.outlets)
 
-    def _keep(self, c: Custody) -> bool:
-        """A message some outlet selects (none with credit has taken it): held while such messages
-        take less than `reserve` of the window, the oldest first; past it, it may be moved like a
-        non-matching one (it comes round to its links, and a pass starts when one gets credit)."""
-        if c.redelivered or self._kept < self.reserve:
-            if not c.redelivered:
-                c.kept = True
-                self._kept += 1
-            return True
-        return False
-
     def _move_held(self) -> None:
-        """While searching: move the held messages no outlet here selects (see `_movable`), and
-        those kept past the reserve."""
+        """While searching: move the held messages the search moves (`QueueSearch.to_move`)."""
         keep: deque[Custody] = deque()
-        self._kept = 0
+        search = self.search
+        search.kept = 0
         searching = self._searching()  # (once: nothing in the loop changes it)
         for c in self.held:
             if self._no_room and searching:
                 # No move starts before the next pump: the rest stay as they are, unevaluated (the
                 # filters ran for each held message at every pump), kept within the reserve.
-                if c.kept:
-                    if self._kept < self.reserve:
-                        self._kept += 1
-                    else:
-                        c.kept = False
+                search.recount(c)
                 keep.append(c)
                 continue
             c.kept = False
@@ -887,60 +700,35 @@ class Feed(UpstreamCredit):
                 keep.append(c)
                 continue
             wanted = self._wanted(c)
-            if (wanted and self._keep(c)) or not self._movable(c) or not self._move(c, wanted):
+            if not search.to_move(c, wanted, c.message is not _BAD) or not self._move(c, wanted):
                 keep.append(c)
         self.held = keep
         self._count_held()
 
-    def _new_mark(self, old: dict) -> tuple[dict, bytes]:
-        """The mark a move gives a message marked `old`, now, and its annotations section: cached
-        per (old mark, second, pass), as most copies of a pass share them."""
-        ms = int(self._wall()) * 1000  # whole seconds: most copies of a pass share one mark
-        tag = self._pass_tag()
-        cache_key = (id(old), ms, tag)
-        hit = self._marks_moved.get(cache_key)
-        if hit is not None and hit[0] is old:
-            return hit[1], hit[2]
-        stamp = [self.token, ms]
-        mark = dict(old)
-        for identity in self._identities:
-            # the time of the first offer: moving it again is no sign of life for the others
-            mark.setdefault(identity, stamp)
-        mark[""] = [tag, ms]  # which pass moved it last
-        key = tuple(sorted((k, v[0], v[1]) for k, v in mark.items()))
-        section = self._sections.get(key)
-        if section is None:
-            if len(self._sections) >= 64:
-                self._sections.clear()
-            section = self._sections[key] = encode_section(MESSAGE_ANNOTATIONS, {OFFERED_ANNOTATION: mark})
-        if len(self._marks_moved) >= 64:
-            self._marks_moved.clear()
-        self._marks_moved[cache_key] = (old, mark, section)  # (holds `old`: its id is not reused)
-        return mark, section
-
     def _move(self, c: Custody, wanted: bool = False) -> bool:
+        """Publish `c`'s copy with its new mark to the queue's tail; accept the original once the
+        broker accepted the copy, else hold it again.  `wanted`: links without credit select it."""
         if self._no_room:
             return False
-        mark, section = self._new_mark(c.mark)
+        search = self.search
+        mark, section = search.new_mark(c.mark)
         try:
             data = set_message_annotation(c.data(), OFFERED_ANNOTATION, mark, section, self._merged)
         except CodecError:
             c.message = _BAD  # cannot carry a mark: never moved
             return False
-        moved_in = self.pass_no
+        moved_in = search.pass_no
 
         def done(ok: bool) -> None:
             self.moving -= 1
             self.stats.moving = self.moving
             if ok:
-                if moved_in == self.pass_no:
-                    self._pass_moved += 1
-                self._moved_total += 1
+                search.copy_accepted(moved_in)
                 self.stats.recycled += 1
                 self.io.settle_upstream(c.delivery, ACCEPTED)
             else:
                 # The broker refused the copy: hold the original, not moved again in this pass.
-                c.refused = self.pass_no
+                c.refused = search.pass_no
                 self.held.appendleft(c)
                 self._count_held()
             self._top_up()  # room to pull more (nothing held became deliverable)
@@ -955,8 +743,7 @@ class Feed(UpstreamCredit):
         c.mark = mark
         c.kept = False
         if wanted:  # moved away from links without credit that select it
-            self._deferred.update(o.identity for o in self.outlets
-                                  if o.name not in c.excluded and self._selects(o, c))
+            search.defer(o.identity for o in self.outlets if o.name not in c.excluded and self._selects(o, c))
         return True
 
     def _hold(self, c: Custody) -> None:
@@ -983,11 +770,10 @@ class Feed(UpstreamCredit):
             self.stats.starved = 0
             return
         held = len(self.held) + self.moving
-        if (held >= self.window and self.recycle and not self.pass_open and self.held
-                and self._live_foreign() and self._go_round_walled()):
+        if (held >= self.window and self.recycle and self.held
+                and self.search.go_round(self.stats.delivered)):
             # Walled in by messages every filter was offered, while another daemon on the queue
-            # offers messages to its filters: what it moved may lie behind them.  Go round again.
-            self._open_pass()
+            # offers messages to its filters: what it moved may lie behind them.  Going round again.
             self._move_held()
             held = len(self.held) + self.moving
         if not self.subscription and held >= self.window:
@@ -1006,23 +792,6 @@ class Feed(UpstreamCredit):
     def _upstream_received(self) -> int:
         return self._pulled_total
 
-    def _go_round_walled(self) -> bool:
-        """Whether a feed walled in goes round now: at once while its last go-round brought its
-        links something, else `WALLED_FIRST` s after it, doubling up to `WALLED_MAX` (`tick` asks
-        again).  Messages no daemon's links select would otherwise go round for as long as the
-        other daemon is live, which under steady traffic is for ever."""
-        now = self._clock()
-        if now < self._walled_next:
-            return False
-        delivered = self.stats.delivered
-        if delivered != self._walled_delivered:
-            self._walled_delay = 0.0
-        else:
-            self._walled_delay = min(WALLED_MAX, max(WALLED_FIRST, self._walled_delay * 2))
-        self._walled_delivered = delivered
-        self._walled_next = now + self._walled_delay
-        return True
-
     def longest_wait(self) -> float:
         """Seconds the longest-waiting outlet has had credit without receiving anything."""
         since = [o.waiting_since for o in self.outlets if o.waiting_since is not None and o.credit > 0]
@@ -1039,9 +808,7 @@ class Feed(UpstreamCredit):
             if mark is _BAD:
                 message, mark = _BAD, _NO_MARK
             elif mark:
-                self._learn(mark)
-                if mark.get("", _NO_PASS)[0] == self._pass_tag():
-                    self._pass_back += 1  # a copy of this (or the last) pass came back
+                self.search.learn(mark)
         return Custody(delivery, message, reads, mark)
 
     def _read_mark(self, data: bytes, checked: bool = False) -> Any:
@@ -1070,37 +837,6 @@ class Feed(UpstreamCredit):
             self._marks_read.clear()
         self._marks_read[raw] = mark
         return mark
-
-    # ------------------------------------------------------------------ marks
-    def _learn(self, mark: dict) -> None:
-        last = mark.get("")
-        if last is not None and not last[0].startswith(self.token + "#"):
-            self._others = True  # moved by another daemon on this queue
-        for identity, (token, ms) in mark.items():
-            if identity and token != self.token and identity not in self._identities:
-                seen = ms / 1000.0
-                if identity not in self._foreign and seen > self._wall() - self.foreign_ttl:
-                    # another daemon serves a filter this one did not know: one more pass, and the
-                    # messages held here that it was not offered must reach it
-                    self._open_pass()
-                if seen > self._foreign.get(identity, 0.0):
-                    self._foreign[identity] = seen
-
-    def _live_foreign(self) -> list[str]:
-        if not self._foreign:
-            return []
-        horizon = self._wall() - self.foreign_ttl
-        for identity in [i for i, seen in self._foreign.items() if seen < horizon]:
-            del self._foreign[identity]
-        return [i for i in self._foreign if i not in self._identities]
-
-    def _done(self, c: Custody) -> bool:
-        """Offered to every filter here and to every filter another daemon is known to serve now
-        (the key "" names the pass that moved it last, not a filter)."""
-        mark = c.mark
-        if not self._identities.issubset(mark):
-            return False
-        return all(i in mark for i in self._live_foreign())
 
     def _decode(self, delivery: Any, reads: frozenset) -> Any:
         return decode_reads(delivery.data, reads, self.stats, self._log)

@@ -274,7 +274,7 @@ class FeedBinding:
             self.consumer.flow(n)
 
     def probe(self, answer: Callable[[int | None], None]) -> bool | None:
-        """The queue's ready count, if the upstream consumer can be asked (see forwarding.Feed.tick)."""
+        """The queue's ready count, if the upstream consumer can be asked (see search.QueueSearch.look)."""
         probe = getattr(self.consumer, "probe", None)
         if probe is None:
             return None if self.consumer is not None else False

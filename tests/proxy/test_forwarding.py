@@ -355,7 +355,7 @@ def test_a_link_without_credit_takes_at_most_its_share_of_the_window_and_gets_it
     sim.run()
     assert c.received == {"blue": [f"m{n + i}" for i in range(5)]}  # not starved by red's messages
     kept = [h for h in c.feed.held if h.kept]
-    assert 0 < len(kept) <= c.feed.reserve == 10  # red's messages hold at most the reserve
+    assert 0 < len(kept) <= c.feed.search.reserve == 10  # red's messages hold at most the reserve
     assert all(decode_message(h.delivery.data).application_properties["color"] == "red" for h in kept)
     assert len(sim.ready) + len(c.feed.held) == n and len(set(sim.ready)) == len(sim.ready)  # none lost or doubled
     moves = sim.moves
@@ -452,7 +452,7 @@ def test_a_match_published_directly_behind_a_finished_pass_is_found_by_counting_
     c.feed.add_outlet(red)
     c.feed.set_credit(red, 5)
     sim.run()
-    assert c.feed.stats.passes == 1 and sim.moves == n and not c.feed.pass_open
+    assert c.feed.stats.passes == 1 and sim.moves == n and not c.feed.search.pass_open
     for _ in range(20):  # the counts show nothing new: nothing moves
         c.feed.tick()
         sim.run()
@@ -481,7 +481,7 @@ def test_two_daemons_meet_by_counting_without_a_timer(seed):
     one.feed.add_outlet(red)
     one.feed.set_credit(red, 5)
     seconds(5)  # the first daemon alone: one pass, then quiet, holding what it pulled last
-    assert one.feed.stats.passes == 1 and not one.feed.pass_open
+    assert one.feed.stats.passes == 1 and not one.feed.search.pass_open
     assert not two.feed.outlets and one.received["red"]
     two.feed.add_outlet(blue)
     two.feed.set_credit(blue, 5)
@@ -825,7 +825,7 @@ def test_two_daemons_that_met_go_round_what_neither_selects_ever_less_often(seed
     stay: a daemon walled in by them goes round again only after a delay that doubles while its
     go-rounds bring its links nothing (at most `WALLED_MAX`), instead of going round continuously
     for as long as the other daemon is live (about 20,000 moves in these 40 s before)."""
-    from broker_filter.proxy.forwarding import WALLED_MAX
+    from broker_filter.proxy.search import WALLED_MAX
 
     wall = [1_000_000.0]
     sim = SimQueue(three_colors(900), seed=seed, wall=wall)
