@@ -29,13 +29,11 @@ from urllib.parse import unquote, urlsplit
 
 from ..amqp import types as t
 from ..security import UserDatabase, server_ssl_context
-from ._cproton import ffi, lib
 from .endpoints import Condition, Connection, Handler, Link, SaslClient
 from .loop import EventLoop, Limits
 from .streams import ServerSasl, Verify
 
 log = logging.getLogger("broker_filter.engine")
-NULL = ffi.NULL
 
 
 def client_ssl_context(tls: Any) -> ssl.SSLContext:
@@ -120,9 +118,6 @@ class EngineContainer:
         forgets the link."""
         self.typed[link.ptr] = typed
 
-    def unroute(self, link: Link) -> None:
-        self.typed.pop(link.ptr, None)
-
     # running ---------------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -151,8 +146,6 @@ class UpstreamLogin:
     on_loop = True  # `EventLoop` calls it on its thread as check(user, password, done)
 
     def __init__(self, container: EngineContainer, urls: tuple[str, ...] | list[str], *, timeout: float = 10.0):
-        from urllib.parse import urlsplit
-
         self._container = container
         self._timeout = timeout
         self._targets = []

@@ -543,10 +543,6 @@ class Link(_Endpoint):
     def drain_mode(self) -> bool:
         return bool(lib.pn_link_get_drain(self.ptr)) if self.ptr is not None else False
 
-    @property
-    def remote_snd_settle_mode(self) -> int:
-        return lib.pn_link_remote_snd_settle_mode(self.ptr) if self.ptr is not None else 0
-
     def set_snd_settle_mode(self, settled: bool) -> None:
         """Send settled (snd-settle-mode settled) or unsettled, as the attach reply will say."""
         if self.ptr is not None:

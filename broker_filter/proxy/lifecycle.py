@@ -79,27 +79,19 @@ class ConnectionRegistry(Handler):
         self._forward(self.inner.on_flow, link)
 
     def on_message(self, delivery: Delivery, data: memoryview) -> None:
-        token = logs.enter(event_ids, delivery.link)
-        try:
-            self.inner.on_message(delivery, data)
-        finally:
-            logs.leave(token)
+        self._forward(self.inner.on_message, delivery, data)
 
     def on_delivery_update(self, delivery: Delivery) -> None:
         self._forward(self.inner.on_delivery_update, delivery)
 
     def on_disconnected(self, connection: Connection, error: Condition | None) -> None:
         self.connections.discard(connection)
-        token = logs.enter(event_ids, connection)
-        try:
-            self.inner.on_disconnected(connection, error)
-        finally:
-            logs.leave(token)
+        self._forward(self.inner.on_disconnected, connection, error)
 
-    def _forward(self, method: Callable[[Any], None], subject: Any) -> None:
+    def _forward(self, method: Callable[..., None], subject: Any, *rest: Any) -> None:
         token = logs.enter(event_ids, subject)
         try:
-            method(subject)
+            method(subject, *rest)
         finally:
             logs.leave(token)
 

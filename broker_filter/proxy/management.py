@@ -29,7 +29,7 @@ from typing import Any
 
 from ..engine._cproton import lib
 from ..engine.container import Typed
-from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Link, Terminus, copy_remote
+from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, LOCAL_UNINIT, Link, Terminus, copy_remote
 from .refusal import refuse_link
 from .wire import receive, remote_outcome, send, settle_with
 
@@ -247,14 +247,14 @@ class ManagementPair:
 
     def _client_credit(self, client: Link) -> None:
         up = client.context.peer
-        if client.is_sender and up is not None and up.ptr is not None and up.local_state == lib.PN_LOCAL_ACTIVE:
+        if client.is_sender and up is not None and up.local_state == LOCAL_ACTIVE:
             add = client.credit - up.credit - up.queued
             if add > 0:
                 up.flow(add)
 
     def _upstream_credit(self, up: Any) -> None:
         client = up.context.peer
-        if client is None or client.local_state != lib.PN_LOCAL_ACTIVE:
+        if client is None or client.local_state != LOCAL_ACTIVE:
             return
         add = up.credit - client.credit - client.queued
         if add > 0:
