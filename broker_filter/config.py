@@ -341,8 +341,9 @@ class Limits:
     kept_subscriptions: int = setting(
         1000,
         "durable subscriptions the daemon keeps for their subscribers in front of an upstream without "
-        "named subscriptions (RabbitMQ), attached or detached; a new one beyond is refused at its attach "
-        "with amqp:resource-limit-exceeded",
+        "named subscriptions (RabbitMQ 3.10; RabbitMQ 4 for non-topic addresses), attached or detached; "
+        "a new one beyond is refused at its attach with amqp:resource-limit-exceeded (in front of "
+        "RabbitMQ 4 a durable subscription on a topic is a queue on the broker and is not counted)",
         kind="int",
         minimum=1,
     )

@@ -365,7 +365,8 @@ class RemoteUpstream(Handler):
         self._abandoned_timer = None
         self.stuck_reconnects = 0  # reconnects because a begin, attach or end went unanswered
         self.serves_management = False  # RabbitMQ 4: client `/management` link pairs pass through
-        self.pairs: set = set()  # `management.ManagementPair`s on this connection
+        self.pairs: set = set()  # `management.ManagementPair`s on this connection, and `topology_pair`
+        self.topology_pair: Any = None  # the daemon's own /management pair (`topology.Topology`)
         self.loop: Loop | None = None
         self.listener: UpstreamListener | None = None
         self.connection = None

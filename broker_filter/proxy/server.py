@@ -44,7 +44,7 @@ from ..amqp import CodecError, decode_message, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
-from . import fanout, introspect, management, sharing
+from . import fanout, introspect, management, sharing, topology
 from .refusal import close_link, refuse_link
 from .routing import Routing, vhost_asked
 from .replicas import PROPERTY as REPLICA_PROPERTY
@@ -159,8 +159,8 @@ class _Conn:
 class _ClientLink:
     """What the proxy keeps on each client link (`Link.context`)."""
 
-    __slots__ = ("outlet", "inlet", "relay", "place", "fs", "subscription", "unsubscribe", "pair", "peer",
-                 "unsettled")
+    __slots__ = ("outlet", "inlet", "relay", "place", "fs", "subscription", "unsubscribe", "unsubscribe_queue",
+                 "pair", "peer", "unsettled")
 
     def __init__(self) -> None:
         self.outlet: Outlet | None = None  # a receiving link's place on its feed
@@ -170,6 +170,7 @@ class _ClientLink:
         self.fs: FilterSet | None = None  # its filter-set as attached
         self.subscription = False
         self.unsubscribe: str | None = None  # the kept durable subscription a null-source attach names
+        self.unsubscribe_queue: str | None = None  # ... or the queue on the broker holding it (`topology`)
         self.pair: Any = None  # a /management link: its `management.ManagementPair`
         self.peer: Any = None  # ... and its upstream link
         self.unsettled: dict | None = None  # ... and the deliveries relayed on it -> their origins
@@ -246,6 +247,9 @@ class FeedBinding:
         # address its subscriber attached to (the source a null-source lookup is answered with)
         self.kept_name: str | None = None
         self.kept_address: str | None = None
+        # the queue on the broker (RabbitMQ 4) that holds the durable subscription (`topology`): the
+        # subscription outlives this feed, which consumes the queue while its subscriber is attached
+        self.broker_queue: str | None = None
         self.consumer = None
         self.info: ConsumerInfo | None = None
         self.evaluated: frozenset = frozenset()  # `_offer_identity` of each offered filter the upstream evaluates
@@ -1149,20 +1153,54 @@ class ProxyServer(Handler):
 
     def _look_up_kept(self, link, conn: _Conn) -> None:
         """A null-source attach names a durable subscription (Qpid JMS's unsubscribe): answered with
-        the kept subscription's source (Qpid JMS requires one); closing the link ends it."""
+        the kept subscription's source (Qpid JMS requires one); closing the link ends it.  In front
+        of RabbitMQ 4 the subscription is looked for on the broker as well (`_hold_on_broker`)."""
         name = sharing.kept_name(link.name, link.connection.remote_container)
         binding = self.kept.get(name) if name is not None else None
-        if binding is None:
+        if binding is not None:
+            self._answer_lookup(link, conn, name, binding.kept_address)
+            return
+        pair = topology.topology(self.upstream) if name is not None else None
+        if pair is None:
             self._refuse(link, "amqp:not-found",
                          f"no durable subscription named {link.name!r} is kept for a detached subscriber here "
                          f"(in front of upstream {self.upstream.name} the proxy keeps one from its subscriber's "
                          "detach until the upstream connection goes)")
             return
-        link.set_source(_kept_source(binding.kept_address))
+        queue = topology.durable_queue(name)
+        state = link_state(link)
+        state.unsubscribe_queue = queue  # (set while the broker is asked: a detach meanwhile clears it)
+
+        def found(arguments: dict | None, failure: tuple[str, str] | None) -> None:
+            if state.unsubscribe_queue != queue or link.local_state != LOCAL_UNINIT:
+                return  # the client went meanwhile
+            if arguments is None:
+                state.unsubscribe_queue = None
+                self._refuse(link, failure[0] if failure else "amqp:not-found",
+                             f"durable subscription {link.name!r}: {failure[1]}" if failure else
+                             f"no durable subscription named {link.name!r} of client "
+                             f"{link.connection.remote_container!r} exists on upstream {self.upstream.name} "
+                             f"(no queue {queue!r})")
+                return
+            self._answer_lookup(link, conn, name, str(arguments.get(topology.ARG_ADDRESS) or "") or None)
+
+        topology.find_subscription_queue(pair, queue, found)
+
+    def _answer_lookup(self, link, conn: _Conn, name: str, address: str | None) -> None:
+        link.set_source(_kept_source(address))
         link.copy_remote_target()
         link_state(link).unsubscribe = name
         conn.links.add(link)
         link.open()
+
+    def _unsubscribe_on_broker(self, name: str | None, queue: str) -> None:
+        pair = topology.topology(self.upstream)
+        if pair is None:
+            log.warning("durable subscription %r could not be unsubscribed: upstream %s is not connected; its "
+                        "queue %s stays on the broker", name, self.upstream.name, queue)
+            return
+        log.info("durable subscription %r unsubscribed: deleting its queue %s", name, queue)
+        topology.delete_subscription_queue(pair, queue)
 
     def _place(self, link, outlet: Outlet) -> None:
         """Serve a client's receiving link: join the feed of its kind on its upstream, or open one
@@ -1210,6 +1248,15 @@ class ProxyServer(Handler):
                                durable=bool(src.durability) or spec.expiry_policy == "never",
                                dynamic=spec.dynamic, kept=kept)
         kept_name = key[2] if key[0] == sharing.KEPT else None
+        if kept_name is not None and not (pushed or offered or passthrough):
+            held = topology.exchange_binding(up_address) if getattr(upstream, "serves_management", False) else None
+            if held is not None:
+                # RabbitMQ 4: the subscription is a durable queue of its own on the broker
+                existing = self.feeds.get(key)
+                if existing is None or existing.closed:
+                    self._hold_on_broker(link, outlet, key, spec, kept_name, held, up_address, local)
+                    return
+                kept_name = None  # (attached already: the link joins that feed, below)
         if kept_name is not None:
             if self._beyond_kept_limit(link, kept_name):
                 return
@@ -1253,6 +1300,48 @@ class ProxyServer(Handler):
         else:
             binding.pending.append(outlet)
 
+    def _hold_on_broker(self, link, outlet: Outlet, key: Any, spec: ConsumerSpec, kept_name: str,
+                        binding_key: tuple[str, str], address: str, local: FilterSet) -> None:
+        """A durable subscription in front of RabbitMQ 4: its queue on the broker is found or declared
+        (and bound) over the daemon's `/management` pair (`topology`), then consumed by a
+        subscription feed (what the link's filters do not select is accepted and dropped).  The
+        queue, not the daemon, keeps the subscription while its subscriber is detached, across
+        daemon restarts and upstream reconnects; an unsubscribe deletes it."""
+        state = _state(link)
+        pair = topology.topology(self.upstream)
+        if pair is None:
+            self._drop_link(link)
+            self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
+            return
+        queue = topology.durable_queue(kept_name)
+        arguments = {"x-queue-type": "classic", topology.ARG_ADDRESS: address, topology.ARG_FILTER: local.description,
+                     topology.ARG_CLIENT: spec.container_id or "", topology.ARG_NAME: link.name}
+
+        def ready(failure: tuple[str, str] | None, replaced: bool) -> None:
+            if state.outlet is not outlet or self.stopping:
+                return  # the subscriber went meanwhile (the queue stays, as its detach asks)
+            if failure is not None:
+                self._drop_link(link)
+                self._refuse(link, failure[0], f"durable subscription {link.name!r}: {failure[1]}")
+                return
+            if replaced:
+                log.info("durable subscription %r resubscribed with another address or selector: its queue "
+                         "%s was replaced", kept_name, queue)
+            binding = self.feeds.get(key)
+            if binding is not None and not binding.closed:
+                outlet.io_owner = binding
+                if binding.ready:
+                    self.complete_outlet(binding, outlet)
+                else:
+                    binding.pending.append(outlet)
+                return
+            consumed = dataclasses.replace(spec, address=topology.queue_path(queue), capabilities=(),
+                                           distribution_mode=None, durable=None, expiry_policy=None)
+            opened = self._open_feed(key, consumed, True, outlet, self.upstream)
+            opened.kept_name, opened.kept_address, opened.broker_queue = kept_name, address, queue
+
+        topology.ensure_subscription_queue(pair, queue, binding_key, arguments, ready)
+
     def _beyond_kept_limit(self, link, name: str) -> bool:
         """A new durable subscription the daemon would keep (`name`: not attached nor kept now) while
         it already has `limits.kept_subscriptions` of them, attached or kept: refused at its attach,
@@ -1261,7 +1350,8 @@ class ProxyServer(Handler):
         limit = getattr(getattr(self.config, "limits", None), "kept_subscriptions", 0) or 0
         if not limit or name in self.kept:
             return False
-        names = {key[2] for key, b in self.feeds.items() if key[0] == sharing.KEPT and not b.closed}
+        names = {key[2] for key, b in self.feeds.items()
+                 if key[0] == sharing.KEPT and not b.closed and b.broker_queue is None}
         if name in names or len(names) < limit:
             return False
         self._drop_link(link)
@@ -1734,7 +1824,12 @@ class ProxyServer(Handler):
                 binding.feed.remove_outlet(outlet)
                 self.filter_totals.retire(binding.spec.address, outlet)
                 if not binding.feed.outlets and not binding.pending:
-                    if binding.kept_name is not None and not closed and not self.stopping and self.upstream_up:
+                    if binding.broker_queue is not None:
+                        # Its queue on the broker keeps the subscription; closing the link ends it.
+                        self._end_feed(binding, closed)
+                        if closed:
+                            self._unsubscribe_on_broker(binding.kept_name, binding.broker_queue)
+                    elif binding.kept_name is not None and not closed and not self.stopping and self.upstream_up:
                         # A durable subscriber detached without closing (JMS consumer.close()): the
                         # subscription stays, its upstream consumer attached, until it comes back,
                         # unsubscribes, or the upstream connection goes.
@@ -1744,6 +1839,10 @@ class ProxyServer(Handler):
                     else:
                         self._end_feed(binding, closed)
         unsubscribing = state.unsubscribe
+        if state.unsubscribe_queue is not None:
+            queue, state.unsubscribe_queue = state.unsubscribe_queue, None
+            if closed and unsubscribing is not None:  # (answered: found on the broker)
+                self._unsubscribe_on_broker(unsubscribing, queue)
         if unsubscribing is not None:
             state.unsubscribe = None
             binding = self.kept.get(unsubscribing)

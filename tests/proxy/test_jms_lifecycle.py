@@ -1,16 +1,9 @@
 """Qpid JMS's durable subscription lifecycle through the daemon, frame for frame
 as Qpid JMS sends it (it cannot be installed here), as Artemis behaves: subscribe, close (detach
 without closing), resubscribe, change the selector, unsubscribe by name with a null source; and, in
-front of RabbitMQ, the bound on the durable subscriptions the daemon keeps (`limits.kept_subscriptions`).
+front of RabbitMQ 3.10, the bound on the durable subscriptions the daemon keeps (`limits.kept_subscriptions`).
 
-Frames reproduced with python-qpid-proton, after qpid-jms-client:
-- subscribe: `AmqpConsumerBuilder.configureSource` — link name = the subscription name, source
-  durable `unsettled-state`, expiry `never`, distribution-mode `copy`, capability `topic`
-  (`AmqpDestinationHelper.toTypeCapability`), the selector under `jms-selector`;
-- close of a durable consumer: a detach with closed=false (`AmqpConsumer.close` of a durable one);
-- unsubscribe: `AmqpConnectionSession.unsubscribe` / `DurableSubscriptionReattachBuilder` — a
-  receiver with the subscription's link name, no source at all, an empty target; the reply must carry
-  a source (else "Cannot remove a subscription that does not exist"), then a detach with closed=true.
+The frames are Qpid JMS's, reproduced with proton in tests/support/jms_frames.py (each cites its source).
 """
 
 from __future__ import annotations
@@ -18,49 +11,22 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from proton import Message, Terminus
-from proton.reactor import Copy, LinkOption, Selector
+from proton import Delivery, Message
+from proton.reactor import Copy
 from proton.utils import LinkDetached
 
 from clients import Capabilities, connect, receive_until_quiet
+from jms_frames import DurableSubscriber, NullSource, detach, subscribe, unsubscribe
 from launcher import Daemon, free_port, metric_value, scrape
 
 
-class DurableSubscriber(LinkOption):
-    def apply(self, link) -> None:
-        link.source.durability = Terminus.DELIVERIES
-        link.source.expiry_policy = Terminus.EXPIRE_NEVER
-
-
-class NullSource(LinkOption):
-    def apply(self, link) -> None:
-        link.source.type = Terminus.UNSPECIFIED
-
-
-def subscribe(conn, topic: str, name: str, selector: str):
-    return conn.create_receiver(topic, name=name, credit=10,
-                                options=[DurableSubscriber(), Copy(), Capabilities("topic"), Selector(selector)])
-
-
-def detach(conn, receiver) -> None:
-    """Detach without closing; the daemon handles a connection's frames in order, so a link attached
-    after it was answered means the detach was handled."""
-    receiver.link.detach()
-    conn.create_sender(f"after-detach-{uuid.uuid4().hex[:6]}").close()
-
-
-def publish(conn, topic: str, *colours: str) -> None:
+def publish(conn, topic: str, *colours: str, unroutable: bool = False) -> None:
+    """unroutable: nobody may be subscribed (RabbitMQ 4 releases a message no queue is bound for)."""
     s = conn.create_sender(topic, options=Capabilities("topic", target=True))
     for i, colour in enumerate(colours):
-        s.send(Message(body=f"{colour}-{i}", properties={"color": colour}))
+        s.send(Message(body=f"{colour}-{i}", properties={"color": colour}),
+               error_states=[Delivery.REJECTED] if unroutable else None)
     s.close()
-
-
-def unsubscribe(conn, name: str):
-    u = conn.create_receiver(None, name=name, options=NullSource())
-    assert u.link.remote_source.type == Terminus.SOURCE  # Qpid JMS requires a source in the reply
-    u.close()
-    return u
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +59,7 @@ def test_the_qpid_jms_durable_subscription_lifecycle(daemon):
         detach(c, sub)
         publish(c, topic, "blue")
         unsubscribe(c, "sub")
-        publish(c, topic, "blue")  # after the unsubscribe: nobody keeps it
+        publish(c, topic, "blue", unroutable=True)  # after the unsubscribe: nobody keeps it
         with pytest.raises(LinkDetached) as info:
             c.create_receiver(None, name="sub", options=NullSource())
         assert info.value.link.remote_condition.name == "amqp:not-found"
@@ -153,10 +119,11 @@ LIMIT = 2
 
 
 @pytest.fixture
-def limited(rabbitmq):
-    """A daemon in front of RabbitMQ 3.10 and 4.0 that keeps at most two durable subscriptions."""
+def limited(rabbitmq3):
+    """A daemon in front of RabbitMQ 3.10 that keeps at most two durable subscriptions (in front of
+    RabbitMQ 4 the broker keeps them: tests/proxy/test_durable_on_broker.py)."""
     mport = free_port()
-    d = Daemon("--metrics", f"127.0.0.1:{mport}", upstream=rabbitmq,
+    d = Daemon("--metrics", f"127.0.0.1:{mport}", upstream=rabbitmq3.url,
                config=f"[limits]\nkept_subscriptions = {LIMIT}\n")
     d.metrics_port = mport
     yield d

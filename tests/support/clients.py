@@ -345,11 +345,11 @@ def _management(url: str, subject: str, to: str, body, absent: str | None = None
         conn.close()
 
 
-def declare_queue(url: str, name: str, queue_type: str = "classic") -> str:
+def declare_queue(url: str, name: str, queue_type: str = "classic", expires: bool = True) -> str:
     """Declare a durable queue on RabbitMQ 4 (v2 addresses need the queue to exist); it expires after
-    ten minutes unused, so test runs leave nothing behind."""
+    ten minutes unused, so test runs leave nothing behind (unless `expires` is false: delete it)."""
     arguments = {"x-queue-type": queue_type}
-    if queue_type != "stream":  # a stream takes no x-expires: delete it when done
+    if queue_type != "stream" and expires:  # a stream takes no x-expires: delete it when done
         arguments["x-expires"] = 600_000
     return _management(url, "PUT", _queue_path(name), {"durable": True, "arguments": arguments})
 

@@ -1,0 +1,249 @@
+"""Durable subscriptions kept on the broker: in front of RabbitMQ 4 a JMS durable subscription is a
+durable queue of its own on the broker (declared and bound over RabbitMQ 4's `/management` node,
+named from the client id and the subscription name), so it outlives the daemon: a restart, a
+SIGKILL, and the subscriber's absence meanwhile lose nothing it selects.
+
+Frames as Qpid JMS sends them (tests/support/jms_frames.py cites the source of each): subscribe with a
+durable source (`unsettled-state`, expiry `never`, `copy`, capability `topic`, `jms-selector`),
+close a durable consumer with a detach (closed=false), unsubscribe with a null-source attach under
+the subscription's name and then a close.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from proton import Message
+from proton.utils import LinkDetached
+
+from clients import Capabilities, connect, declare_queue, delete_queue, queue_exists, receive_until_quiet
+from launcher import Daemon
+from jms_frames import NullSource, detach, subscribe, unsubscribe
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.rabbitmq4]
+
+
+def queue_of(client: str, name: str) -> str:
+    return f"broker-filter.durable.{client}.{name}"
+
+
+def publish(url: str, topic: str, *messages: tuple[str, str]) -> None:
+    """(body, colour) pairs to `topic` at `url` (a daemon, or RabbitMQ itself)."""
+    c = connect(url)
+    try:
+        s = c.create_sender(topic, options=Capabilities("topic", target=True))
+        for body, colour in messages:
+            s.send(Message(body=body, properties={"color": colour}))
+        s.close()
+    finally:
+        c.close()
+
+
+def bodies(receiver) -> list[str]:
+    return sorted(m.body for m in receive_until_quiet(receiver, idle=0.5))
+
+
+class Daemons:
+    """One daemon in front of RabbitMQ 4 at a time, started again as a test asks."""
+
+    def __init__(self, url: str, config: str | None = None):
+        self.url, self.config = url, config
+        self.daemon: Daemon | None = None
+        self.logs: list[str] = []
+
+    def start(self) -> Daemon:
+        self.daemon = Daemon(upstream=self.url, config=self.config)
+        return self.daemon
+
+    def stop(self, kill: bool = False) -> None:
+        d, self.daemon = self.daemon, None
+        if d is None:
+            return
+        if kill:
+            d.proc.kill()
+            d.proc.wait(10)
+        d.stop()
+        self.logs.append(d.log())
+
+
+@pytest.fixture
+def daemons(rabbitmq4):
+    ds = Daemons(rabbitmq4.url)
+    yield ds
+    ds.stop()
+    for text in ds.logs:
+        assert "Traceback" not in text, text
+
+
+@pytest.fixture
+def topic():
+    return f"/topic/orders-{uuid.uuid4().hex[:8]}"
+
+
+def test_a_durable_subscription_outlives_a_daemon_restart(daemons, topic, rabbitmq4):
+    """Subscribe, detach, stop the daemon (SIGTERM); what is published meanwhile, through the
+    daemon before it stopped and straight to RabbitMQ while none runs, reaches the subscriber on
+    the next daemon; the unsubscribe deletes the queue."""
+    client, queue = "jms-restart-1", queue_of("jms-restart-1", "sub")
+    d = daemons.start()
+    c = connect(d.url, container_id=client)
+    detach(c, subscribe(c, topic, "sub", "color = 'red'"))
+    c.close()
+    assert queue_exists(rabbitmq4.url, queue)
+    publish(d.url, topic, ("r1", "red"), ("b1", "blue"), ("r2", "red"))
+    daemons.stop()
+    publish(rabbitmq4.url, topic, ("r3", "red"), ("b2", "blue"))
+    d = daemons.start()
+    c = connect(d.url, container_id=client)
+    try:
+        sub = subscribe(c, topic, "sub", "color = 'red'")
+        assert bodies(sub) == ["r1", "r2", "r3"]
+        publish(d.url, topic, ("r4", "red"), ("b3", "blue"))
+        assert bodies(sub) == ["r4"]
+        detach(c, sub)
+        unsubscribe(c, "sub")
+    finally:
+        c.close()
+    assert not queue_exists(rabbitmq4.url, queue)
+    assert f"durable subscription 'jms-restart-1.sub' unsubscribed: deleting its queue {queue}" in d.log()
+
+
+def test_messages_a_killed_daemon_held_unsettled_come_back(daemons, topic, rabbitmq4):
+    """The subscriber holds three deliveries unsettled when the daemon is killed (SIGKILL): the
+    broker still has them, and the subscriber gets them on the next daemon (at-least-once: these
+    were never accepted, so each comes back)."""
+    client = "jms-kill-1"
+    d = daemons.start()
+    c = connect(d.url, container_id=client)
+    sub = subscribe(c, topic, "sub", "color = 'red'")
+    publish(d.url, topic, ("r1", "red"), ("b1", "blue"), ("r2", "red"), ("r3", "red"))
+    held = [sub.receive(timeout=10) for _ in range(3)]  # received, never accepted
+    assert sorted(m.body for m in held) == ["r1", "r2", "r3"]
+    daemons.stop(kill=True)
+    try:
+        c.close()
+    except Exception:  # noqa: BLE001 - its daemon is gone
+        pass
+    publish(rabbitmq4.url, topic, ("r4", "red"))
+    d = daemons.start()
+    c = connect(d.url, container_id=client)
+    try:
+        sub = subscribe(c, topic, "sub", "color = 'red'")
+        assert bodies(sub) == ["r1", "r2", "r3", "r4"]
+        detach(c, sub)
+        unsubscribe(c, "sub")
+    finally:
+        c.close()
+    assert not queue_exists(rabbitmq4.url, queue_of(client, "sub"))
+
+
+def test_another_selector_after_a_restart_replaces_the_subscription(daemons, topic, rabbitmq4):
+    """JMS: subscribing again under the name with another selector is a new subscription; what the
+    old one collected goes with it, across a restart too."""
+    client = "jms-replace-1"
+    d = daemons.start()
+    c = connect(d.url, container_id=client)
+    detach(c, subscribe(c, topic, "sub", "color = 'red'"))
+    c.close()
+    publish(d.url, topic, ("r1", "red"), ("b1", "blue"))
+    daemons.stop()
+    d = daemons.start()
+    c = connect(d.url, container_id=client)
+    try:
+        sub = subscribe(c, topic, "sub", "color = 'blue'")
+        assert bodies(sub) == []
+        publish(d.url, topic, ("r2", "red"), ("b2", "blue"))
+        assert bodies(sub) == ["b2"]
+        detach(c, sub)
+        assert "resubscribed with another address or selector: its queue" in d.log()
+        sub = subscribe(c, topic, "sub", "color = 'blue'")  # the same again: resumed, not replaced
+        publish(d.url, topic, ("b3", "blue"))
+        assert bodies(sub) == ["b3"]
+        assert d.log().count("resubscribed with another address or selector") == 1
+        detach(c, sub)
+        unsubscribe(c, "sub")
+    finally:
+        c.close()
+
+
+def test_an_unsubscribe_after_a_restart_finds_the_subscription_on_the_broker(daemons, topic, rabbitmq4):
+    client, queue = "jms-unsub-1", queue_of("jms-unsub-1", "sub")
+    d = daemons.start()
+    c = connect(d.url, container_id=client)
+    detach(c, subscribe(c, topic, "sub", "color = 'red'"))
+    c.close()
+    daemons.stop()
+    d = daemons.start()
+    c = connect(d.url, container_id=client)
+    try:
+        u = unsubscribe(c, "sub")
+        assert u.link.remote_source.address == topic  # the subscription's own address, from its queue
+        assert not queue_exists(rabbitmq4.url, queue) or _gone_soon(rabbitmq4.url, queue)
+    finally:
+        c.close()
+    c = connect(d.url, container_id=client)  # (the refused lookup's link stays half-detached: a new connection)
+    try:
+        with pytest.raises(LinkDetached) as info:
+            c.create_receiver(None, name="sub", options=NullSource())
+        condition = info.value.link.remote_condition
+        assert condition.name == "amqp:not-found"
+        assert f"no durable subscription named 'sub' of client {client!r}" in condition.description
+        assert queue in condition.description
+    finally:
+        c.close()
+
+
+def _gone_soon(url: str, queue: str, tries: int = 50) -> bool:
+    """The delete is sent when the unsubscribe link closes; the broker answers it soon after."""
+    import time
+
+    for _ in range(tries):
+        if not queue_exists(url, queue):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_queue_of_that_name_the_daemon_did_not_make_is_not_used(daemons, topic, rabbitmq4):
+    """A queue of the subscription's name that someone else declared is neither consumed nor deleted."""
+    client = "jms-foreign-1"
+    queue = queue_of(client, "sub")
+    declare_queue(rabbitmq4.url, queue, expires=False)  # (as the daemon would declare it, but without its arguments)
+    d = daemons.start()
+    c = connect(d.url, container_id=client)
+    try:
+        with pytest.raises(LinkDetached) as info:
+            subscribe(c, topic, "sub", "color = 'red'")
+        condition = info.value.link.remote_condition
+        assert condition.name == "amqp:precondition-failed"
+        assert f"queue {queue!r} exists on the broker and was not made by broker-filter" in condition.description
+        assert "durable subscription 'sub'" in condition.description
+        assert queue_exists(rabbitmq4.url, queue)
+    finally:
+        c.close()
+        delete_queue(rabbitmq4.url, queue)
+
+
+def test_the_kept_subscription_limit_does_not_bound_what_the_broker_keeps(rabbitmq4, topic):
+    """`limits.kept_subscriptions` bounds what the daemon itself holds (in front of RabbitMQ 3.10);
+    in front of RabbitMQ 4 a detached subscription costs the daemon nothing."""
+    ds = Daemons(rabbitmq4.url, config="[limits]\nkept_subscriptions = 1\n")
+    d = ds.start()
+    try:
+        c = connect(d.url, container_id="jms-limit-4")
+        try:
+            detach(c, subscribe(c, topic, "red", "color = 'red'"))
+            detach(c, subscribe(c, topic, "blue", "color = 'blue'"))
+            publish(d.url, topic, ("r1", "red"), ("b1", "blue"))
+            red = subscribe(c, topic, "red", "color = 'red'")
+            blue = subscribe(c, topic, "blue", "color = 'blue'")
+            assert bodies(red) == ["r1"] and bodies(blue) == ["b1"]
+            for name, link in (("red", red), ("blue", blue)):
+                detach(c, link)
+                unsubscribe(c, name)
+        finally:
+            c.close()
+        assert "kept-subscriptions" not in d.log()
+    finally:
+        ds.stop()
