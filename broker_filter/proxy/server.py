@@ -1238,16 +1238,19 @@ class ProxyServer(Handler):
             passthrough=passthrough,
         )
         # The offered filters are in the key: links on one upstream consumer ask it the same.
-        # A durable subscription in front of an upstream without named subscriptions: the proxy
-        # keeps it across its subscriber's detaches (its upstream consumer stays attached).
+        # A durable subscription (shared or not) in front of an upstream without named
+        # subscriptions: the proxy keeps it across its subscribers' detaches, as a queue on the
+        # broker (RabbitMQ 4, `_hold_on_broker`), else with its upstream consumer left attached.
         kept = (subscription and via is None and not browse and not spec.dynamic
                 and not getattr(upstream, "named_subscriptions", False))
+        durable = bool(src.durability) or spec.expiry_policy == "never"
         key = sharing.feed_key(decision, address=up_address, pushed=pushed + offered + passthrough, local=local,
                                serial=next(self._sub_ids), link_name=link.name,
                                container_id=spec.container_id, capabilities=caps,
-                               durable=bool(src.durability) or spec.expiry_policy == "never",
-                               dynamic=spec.dynamic, kept=kept)
-        kept_name = key[2] if key[0] == sharing.KEPT else None
+                               durable=durable, dynamic=spec.dynamic, kept=kept)
+        kept_name = key[2] if key[0] == sharing.KEPT or (key[0] == sharing.NAMED and durable and kept) else None
+        if kept_name is not None and key[0] == sharing.NAMED and self._in_use_otherwise(link, kept_name, key):
+            return
         if kept_name is not None and not (pushed or offered or passthrough):
             held = topology.exchange_binding(up_address) if getattr(upstream, "serves_management", False) else None
             if held is not None:
@@ -1300,6 +1303,19 @@ class ProxyServer(Handler):
         else:
             binding.pending.append(outlet)
 
+    def _in_use_otherwise(self, link, name: str, key: Any) -> bool:
+        """A shared durable subscription asked for with another address or selector while links are
+        attached to it as it is: refused (JMS: its selector cannot change while it has consumers).
+        True if refused."""
+        for k, b in self.feeds.items():
+            if k[0] == sharing.NAMED and k[2] == name and k != key and not b.closed and (b.feed.outlets or b.pending):
+                self._drop_link(link)
+                self._refuse(link, "amqp:resource-locked",
+                             f"shared durable subscription {link.name!r} has subscribers attached with another "
+                             "address or selector: detach them before subscribing with this one")
+                return True
+        return False
+
     def _hold_on_broker(self, link, outlet: Outlet, key: Any, spec: ConsumerSpec, kept_name: str,
                         binding_key: tuple[str, str], address: str, local: FilterSet) -> None:
         """A durable subscription in front of RabbitMQ 4: its queue on the broker is found or declared
@@ -1350,8 +1366,8 @@ class ProxyServer(Handler):
         limit = getattr(getattr(self.config, "limits", None), "kept_subscriptions", 0) or 0
         if not limit or name in self.kept:
             return False
-        names = {key[2] for key, b in self.feeds.items()
-                 if key[0] == sharing.KEPT and not b.closed and b.broker_queue is None}
+        names = {b.kept_name for b in self.feeds.values()
+                 if b.kept_name is not None and not b.closed and b.broker_queue is None}
         if name in names or len(names) < limit:
             return False
         self._drop_link(link)

@@ -48,6 +48,7 @@ from ..broker.addresses import subscription_name
 QUEUE = "queue"
 SUBSCRIPTION = "subscription"
 KEPT = "durable"  # the first item of a feed key of a durable subscription the proxy keeps
+NAMED = "named"  # ... of a named shared subscription (its links share the feed by name)
 ANYCAST = "anycast"
 MULTICAST = "multicast"
 
@@ -150,7 +151,7 @@ def feed_key(decision: Decision, *, address: str | None, pushed: Iterable[Any], 
         return ("queue", address, pushed_key)
     named = subscription_name(link_name, container_id, capabilities, durable)
     if named is not None and named.shared:
-        return ("named", address, named.queue_name, pushed_key, _canonical(local))
+        return (NAMED, address, named.queue_name, pushed_key, _canonical(local))
     if named is not None and kept:
         return (KEPT, address, named.queue_name, pushed_key, _canonical(local))
     if named is None and not durable and not dynamic:

@@ -19,7 +19,7 @@ from proton.utils import LinkDetached
 
 from clients import Capabilities, connect, declare_queue, delete_queue, queue_exists, receive_until_quiet
 from launcher import Daemon
-from jms_frames import NullSource, detach, subscribe, unsubscribe
+from jms_frames import NullSource, detach, shared_subscribe, subscribe, unsubscribe
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.rabbitmq4]
 
@@ -247,3 +247,61 @@ def test_the_kept_subscription_limit_does_not_bound_what_the_broker_keeps(rabbit
         assert "kept-subscriptions" not in d.log()
     finally:
         ds.stop()
+
+
+def test_a_durable_subscription_outlives_an_upstream_reconnect(rabbitmq4, topic):
+    """The daemon's upstream connection breaks while the subscriber is detached and messages arrive:
+    after the reconnect the subscriber finds them (the daemon held nothing of them)."""
+    from amqp_relay import Relay
+
+    relay = Relay(("127.0.0.1", rabbitmq4.port), marker=b"\x00no link is dropped\x00")
+    d = Daemon(upstream=relay.url())
+    try:
+        c = connect(d.url, container_id="jms-reconnect-1")
+        try:
+            detach(c, subscribe(c, topic, "sub", "color = 'red'"))
+            publish(rabbitmq4.url, topic, ("r1", "red"), ("b1", "blue"))
+            connects = d.log().count("connected (RabbitMQ")
+            relay.cut()
+            d.wait_for(r"(?s)(?:.*connected \(RabbitMQ){%d}" % (connects + 1), timeout=30)
+            publish(rabbitmq4.url, topic, ("r2", "red"))
+            sub = subscribe(c, topic, "sub", "color = 'red'")
+            assert bodies(sub) == ["r1", "r2"]
+            detach(c, sub)
+            unsubscribe(c, "sub")
+        finally:
+            c.close()
+    finally:
+        d.stop()
+        relay.close()
+    assert "Traceback" not in d.log(), d.log()
+    assert not queue_exists(rabbitmq4.url, queue_of("jms-reconnect-1", "sub"))
+
+
+def test_a_shared_durable_subscription_outlives_a_daemon_restart(daemons, topic, rabbitmq4):
+    """Two subscribers of one shared durable subscription share one queue on the broker; with both
+    gone and the daemon restarted, the next subscriber gets what it collected."""
+    client = "jms-shared-restart-1"
+    d = daemons.start()
+    a, b = connect(d.url, container_id=client), connect(d.url, container_id=client)
+    sa = shared_subscribe(a, topic, "sub", "color = 'red'")
+    sb = shared_subscribe(b, topic, "sub", "color = 'red'")
+    publish(d.url, topic, ("r1", "red"), ("r2", "red"), ("b1", "blue"))
+    assert sorted(bodies(sa) + bodies(sb)) == ["r1", "r2"]
+    detach(a, sa)
+    detach(b, sb)
+    a.close()
+    b.close()
+    publish(d.url, topic, ("r3", "red"))
+    daemons.stop()
+    publish(rabbitmq4.url, topic, ("r4", "red"), ("b2", "blue"))
+    d = daemons.start()
+    c = connect(d.url, container_id=client)
+    try:
+        sub = shared_subscribe(c, topic, "sub", "color = 'red'")
+        assert bodies(sub) == ["r3", "r4"]
+        detach(c, sub)
+        unsubscribe(c, "sub")
+    finally:
+        c.close()
+    assert not queue_exists(rabbitmq4.url, queue_of(client, "sub"))

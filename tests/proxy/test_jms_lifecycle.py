@@ -16,7 +16,7 @@ from proton.reactor import Copy
 from proton.utils import LinkDetached
 
 from clients import Capabilities, connect, receive_until_quiet
-from jms_frames import DurableSubscriber, NullSource, detach, subscribe, unsubscribe
+from jms_frames import DurableSubscriber, NullSource, detach, shared_subscribe, subscribe, unsubscribe
 from launcher import Daemon, free_port, metric_value, scrape
 
 
@@ -218,3 +218,57 @@ def test_attached_and_kept_durable_subscriptions_both_count_toward_the_limit(lim
         unsubscribe(back, "sub")
     finally:
         back.close()
+
+
+def test_a_shared_durable_subscription_outlives_its_subscribers(daemon):
+    """Two subscribers of one shared durable subscription (one client id, two connections) share its
+    messages; with both detached it keeps collecting; the next subscriber gets what it collected;
+    the unsubscribe by name ends it.  On the embedded broker as on Artemis; in front of RabbitMQ 3.10
+    the daemon keeps it, in front of RabbitMQ 4 it is a queue on the broker."""
+    topic = daemon.forms[0].format(f"orders-{uuid.uuid4().hex[:8]}")
+    a = connect(daemon.url, container_id="jms-shared-1")
+    b = connect(daemon.url, container_id="jms-shared-1")
+    try:
+        sa = shared_subscribe(a, topic, "shared-sub", "color = 'red'")
+        sb = shared_subscribe(b, topic, "shared-sub", "color = 'red'")
+        publish(a, topic, "red", "blue", "red", "red")
+        got = [m.body for m in receive_until_quiet(sa, idle=0.5)] + [m.body for m in receive_until_quiet(sb, idle=0.5)]
+        assert sorted(got) == ["red-0", "red-2", "red-3"]  # each once, between the two
+        detach(a, sa)
+        detach(b, sb)
+        publish(a, topic, "red", "blue")
+        sa = shared_subscribe(a, topic, "shared-sub", "color = 'red'")
+        assert [m.body for m in receive_until_quiet(sa, idle=0.5)] == ["red-0"]
+        detach(a, sa)
+        unsubscribe(a, "shared-sub")
+        publish(a, topic, "red", unroutable=True)
+    finally:
+        a.close()
+        b.close()
+    c = connect(daemon.url, container_id="jms-shared-1")
+    try:
+        sub = shared_subscribe(c, topic, "shared-sub", "color = 'red'")
+        assert receive_until_quiet(sub, idle=0.5) == []  # the old subscription and its message are gone
+        detach(c, sub)
+        unsubscribe(c, "shared-sub")
+    finally:
+        c.close()
+
+
+def test_a_shared_durable_subscription_keeps_its_selector_while_it_has_subscribers(daemon):
+    topic = daemon.forms[0].format(f"orders-{uuid.uuid4().hex[:8]}")
+    a = connect(daemon.url, container_id="jms-shared-2")
+    b = connect(daemon.url, container_id="jms-shared-2")
+    try:
+        sa = shared_subscribe(a, topic, "shared-sub", "color = 'red'")
+        with pytest.raises(LinkDetached) as info:
+            shared_subscribe(b, topic, "shared-sub", "color = 'blue'")
+        assert info.value.link.remote_condition.name in ("amqp:resource-locked", "amqp:precondition-failed",
+                                                         "amqp:not-allowed")
+        publish(a, topic, "red", "blue")
+        assert [m.body for m in receive_until_quiet(sa, idle=0.5)] == ["red-0"]
+        detach(a, sa)
+        unsubscribe(a, "shared-sub")
+    finally:
+        a.close()
+        b.close()

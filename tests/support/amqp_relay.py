@@ -65,6 +65,15 @@ class Relay:
             except OSError:
                 pass
 
+    def cut(self) -> None:
+        """Break every connection relayed so far (both ends see it reset); new ones are relayed."""
+        sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def _accept(self) -> None:
         while not self._closed:
             try:

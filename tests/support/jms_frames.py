@@ -47,3 +47,11 @@ def unsubscribe(conn, name: str):
     assert u.link.remote_source.type == Terminus.SOURCE  # Qpid JMS requires a source in the reply
     u.close()
     return u
+
+
+def shared_subscribe(conn, topic: str, name: str, selector: str):
+    """Qpid JMS's shared durable subscriber (`createSharedDurableConsumer`): capability `shared`
+    beside `topic` on a durable source (AmqpConsumerBuilder.configureSource, `SHARED`)."""
+    return conn.create_receiver(topic, name=name, credit=10,
+                                options=[DurableSubscriber(), Copy(), Capabilities("topic", "shared"),
+                                         Selector(selector)])
