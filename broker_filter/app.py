@@ -48,6 +48,7 @@ def build_upstream(config: Any) -> Any:
             backoff=lambda attempt: rc.delay(attempt, random.random()),
             heartbeat=up.heartbeat or None,
             answer_timeout=up.answer_timeout,
+            management_url=up.management_url,
         )
     from .proxy.embedded import EmbeddedUpstream
 

@@ -237,6 +237,13 @@ class Upstream:
         kind="float",
         minimum=0.1,
     )
+    management_url: str = setting(
+        "",
+        "RabbitMQ 3.x: its management plugin's HTTP API (`http[s]://host:15672`, the upstream's login), over which "
+        "the daemon keeps JMS durable subscriptions on topics as queues on the broker; empty: kept by the daemon "
+        "while its upstream connection lives (RabbitMQ 4 needs none: its /management node is used)",
+        kind="str",
+    )
     tls: UpstreamTLS = section(UpstreamTLS, "TLS to the upstream broker")
     reconnect: Reconnect = section(Reconnect, "reconnect backoff")
 

@@ -330,6 +330,7 @@ class RemoteUpstream(Handler):
         heartbeat: float | None = None,
         properties: dict[str, str] | None = None,
         answer_timeout: float = ANSWER_TIMEOUT,
+        management_url: str = "",
     ):
         super().__init__()
         self.properties = dict(properties or {})  # more connection properties (a replica's name)
@@ -367,6 +368,8 @@ class RemoteUpstream(Handler):
         self.serves_management = False  # RabbitMQ 4: client `/management` link pairs pass through
         self.pairs: set = set()  # `management.ManagementPair`s on this connection, and `topology_pair`
         self.topology_pair: Any = None  # the daemon's own /management pair (`topology.Topology`)
+        self.management_url = management_url  # RabbitMQ 3.x: its HTTP API (`topology.HttpTopology`)
+        self.topology_http: Any = None
         self.loop: Loop | None = None
         self.listener: UpstreamListener | None = None
         self.connection = None
@@ -421,6 +424,8 @@ class RemoteUpstream(Handler):
         self.stopped = True
         if self._reconnect_timer is not None:
             self._reconnect_timer.cancel()
+        if self.topology_http is not None:
+            self.topology_http.close()
         for ep in list(self._endpoints.values()):
             ep.close()
         if self.connection is not None:

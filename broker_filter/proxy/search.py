@@ -16,7 +16,9 @@ there, so several daemons add to one mark), and "" -> [the pass that moved it, t
 (`new_mark`).  The search stops by knowing, not by a counter:
 
 * a pass ends when a copy it moved comes round (everything ahead of that copy has been offered:
-  `pulled`);
+  `pulled`).  With another daemon on the queue, that holds for what this daemon pulled: the other
+  may have moved a message this one selects from ahead of the copy to behind it, and this one
+  meets it on its next go-round (`go_round`, while the other is live) or look;
 * a pass starts (`open_pass`) when the set of filters changes (a new filter attaches: `filters`),
   when the feed pulls a message not yet offered to every filter it knows (`pulled`), when `published`
   says a client published to the queue through the proxy, when a mark shows a filter another daemon

@@ -1252,9 +1252,10 @@ class ProxyServer(Handler):
         if kept_name is not None and key[0] == sharing.NAMED and self._in_use_otherwise(link, kept_name, key):
             return
         if kept_name is not None and not (pushed or offered or passthrough):
-            held = topology.exchange_binding(up_address) if getattr(upstream, "serves_management", False) else None
+            held = topology.exchange_binding(up_address) if topology.topology(upstream) is not None else None
             if held is not None:
-                # RabbitMQ 4: the subscription is a durable queue of its own on the broker
+                # RabbitMQ 4 (or 3.x with `upstream.management_url`): the subscription is a durable
+                # queue of its own on the broker
                 existing = self.feeds.get(key)
                 if existing is None or existing.closed:
                     self._hold_on_broker(link, outlet, key, spec, kept_name, held, up_address, local)
@@ -1351,7 +1352,7 @@ class ProxyServer(Handler):
                 else:
                     binding.pending.append(outlet)
                 return
-            consumed = dataclasses.replace(spec, address=topology.queue_path(queue), capabilities=(),
+            consumed = dataclasses.replace(spec, address=topology.consume_address(self.upstream, queue), capabilities=(),
                                            distribution_mode=None, durable=None, expiry_policy=None)
             opened = self._open_feed(key, consumed, True, outlet, self.upstream)
             opened.kept_name, opened.kept_address, opened.broker_queue = kept_name, address, queue

@@ -203,15 +203,134 @@ class Topology:
             self.upstream.sessions.ending(self.session)
 
 
-def topology(upstream: Any) -> Topology | None:
-    """The daemon's management pair on `upstream`'s connection (made now if need be), or None when
-    the upstream has no `/management` node (not RabbitMQ 4) or is not connected."""
-    if not getattr(upstream, "serves_management", False) or not getattr(upstream, "connected", False):
+class HttpTopology:
+    """The same requests, to RabbitMQ 3.x's management plugin (its HTTP API, `upstream.management_url`),
+    for a RabbitMQ without a `/management` node.  Each is made on a worker thread of its own (the
+    daemon's loop never waits on HTTP) and answered on the loop, in the `/management` node's terms:
+    a declare of a queue that exists is answered 200 with the queue (as RabbitMQ 4 does), an
+    inequivalent one 409, a binding 204.  The upstream's login is used (the management user needs
+    the `management` tag and the vhost's configure, write and read permissions)."""
+
+    closed = False
+
+    def __init__(self, upstream: Any, url: str):
+        from concurrent.futures import ThreadPoolExecutor
+        from urllib.parse import urlsplit
+
+        self.upstream = upstream
+        parts = urlsplit(url)
+        self.base = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "") + parts.path.rstrip("/")
+        target = upstream._targets[0]
+        self.user = unquote(parts.username) if parts.username else (target[1] or "")
+        self.password = unquote(parts.password) if parts.password else (target[2] or "")
+        self.vhost = quote(upstream.vhost, safe="")
+        self.where = f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="broker-filter-management")
+
+    def call(self, method: str, path: str, body: Any, answer: Callable[[Reply], None]) -> None:
+        engine = self.upstream.loop.engine
+
+        def run() -> None:
+            try:
+                reply = self._request(method, path, body)
+            except Exception as e:  # noqa: BLE001 - any failure is an answer
+                reply = Reply(None, error=f"the management API at {self.where} could not be asked "
+                                          f"({method} {unquote(path)}): {_reason(e)}")
+            engine.call_soon_threadsafe(Topology._answer, answer, reply)
+
+        self.pool.submit(run)
+
+    def _request(self, method: str, path: str, body: Any) -> Reply:
+        if path.startswith("/queues/"):
+            queue = path[len("/queues/"):]
+            at = f"/api/queues/{self.vhost}/{queue}"
+            if method == "PUT":
+                status, answer = self._http("PUT", at, {"durable": body.get("durable", True), "auto_delete": False,
+                                                        "arguments": body.get("arguments", {})})
+                if status == 201:
+                    return Reply("201")
+                if status == 204:  # it was there already: as RabbitMQ 4, answer with the queue
+                    status, answer = self._http("GET", at, None)
+                    return Reply("200", answer) if status == 200 else _http_reply(status, answer)
+                return _http_reply(status, answer)
+            status, answer = self._http(method, at, None)
+            if method == "DELETE" and status == 204:
+                return Reply("200")
+            return _http_reply(status, answer)
+        if path == "/bindings" and method == "POST":
+            at = (f"/api/bindings/{self.vhost}/e/{quote(body['source'], safe='')}/q/"
+                  f"{quote(body['destination_queue'], safe='')}")
+            status, answer = self._http("POST", at, {"routing_key": body["binding_key"],
+                                                    "arguments": body.get("arguments") or {}})
+            return Reply("204") if status == 201 else _http_reply(status, answer)
+        return Reply("501", f"{method} {path} is not a request the daemon makes")
+
+    def _http(self, method: str, at: str, body: Any) -> tuple[int, Any]:
+        import base64
+        import json
+        import urllib.error
+        import urllib.request
+
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base + at, data=data, method=method)
+        token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        timeout = float(getattr(self.upstream, "answer_timeout", 5.0) or 5.0)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                text = response.read()
+                status = response.status
+        except urllib.error.HTTPError as e:
+            text, status = e.read(), e.code
+        try:
+            return status, json.loads(text) if text else None
+        except ValueError:
+            return status, text.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+def _http_reply(status: int, answer: Any) -> Reply:
+    """An HTTP API answer in the `/management` node's terms (the status a `_failure` maps)."""
+    reason = answer.get("reason") if isinstance(answer, dict) else answer
+    if status == 400 and isinstance(reason, str) and "inequivalent" in reason:
+        return Reply("409", reason)
+    return Reply("403" if status == 401 else str(status), reason if isinstance(reason, str) else answer)
+
+
+def _reason(e: BaseException) -> str:
+    reason = getattr(e, "reason", None)
+    return str(reason if reason is not None else e) or type(e).__name__
+
+
+def topology(upstream: Any) -> Topology | HttpTopology | None:
+    """What the daemon asks to declare, find and delete queues on `upstream`: its `/management`
+    pair on RabbitMQ 4's connection (made now if need be), RabbitMQ 3.x's HTTP API when
+    `upstream.management_url` names it; None otherwise, or while the upstream is not connected."""
+    if not getattr(upstream, "connected", False):
         return None
-    pair = getattr(upstream, "topology_pair", None)
-    if pair is None or pair.closed:
-        pair = upstream.topology_pair = Topology(upstream)
-    return pair
+    if getattr(upstream, "serves_management", False):
+        pair = getattr(upstream, "topology_pair", None)
+        if pair is None or pair.closed:
+            pair = upstream.topology_pair = Topology(upstream)
+        return pair
+    if getattr(upstream, "management_url", "") and getattr(upstream, "product", None) == "RabbitMQ":
+        http = getattr(upstream, "topology_http", None)
+        if http is None:
+            http = upstream.topology_http = HttpTopology(upstream, upstream.management_url)
+        return http
+    return None
+
+
+def consume_address(upstream: Any, queue: str) -> str:
+    """The address a durable subscription's queue is consumed at: RabbitMQ 4's `/queues/Q`, else
+    RabbitMQ 3.x's `/amq/queue/Q` (a queue that exists, not declared again)."""
+    if getattr(upstream, "serves_management", False):
+        return queue_path(queue)
+    return "/amq/queue/" + queue
 
 
 # --------------------------------------------------------------------------- durable subscription queues

@@ -1,7 +1,9 @@
-"""Durable subscriptions kept on the broker: in front of RabbitMQ 4 a JMS durable subscription is a
-durable queue of its own on the broker (declared and bound over RabbitMQ 4's `/management` node,
-named from the client id and the subscription name), so it outlives the daemon: a restart, a
-SIGKILL, and the subscriber's absence meanwhile lose nothing it selects.
+"""Durable subscriptions kept on the broker: in front of RabbitMQ 4, and of RabbitMQ 3.x whose
+management API the daemon is given (`upstream.management_url`), a JMS durable subscription is a
+durable queue of its own on the broker (declared and bound over RabbitMQ 4's `/management` node or
+the HTTP API, named from the client id and the subscription name), so it outlives the daemon: a
+restart, a SIGKILL, an upstream reconnect and the subscriber's absence meanwhile lose nothing it
+selects.
 
 Frames as Qpid JMS sends them (tests/support/jms_frames.py cites the source of each): subscribe with a
 durable source (`unsettled-state`, expiry `never`, `copy`, capability `topic`, `jms-selector`),
@@ -11,17 +13,88 @@ the subscription's name and then a close.
 
 from __future__ import annotations
 
+import base64
+import json
+import tempfile
+import urllib.error
+import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from proton import Message
 from proton.utils import LinkDetached
 
-from clients import Capabilities, connect, declare_queue, delete_queue, queue_exists, receive_until_quiet
-from launcher import Daemon
+from clients import Capabilities, connect, receive_until_quiet
+import clients
 from jms_frames import NullSource, detach, shared_subscribe, subscribe, unsubscribe
+from launcher import Daemon, free_port
+from rabbitmq_nodes import ManagementNode
 
-pytestmark = [pytest.mark.rabbitmq, pytest.mark.rabbitmq4]
+pytestmark = [pytest.mark.rabbitmq]
+
+
+class Node:
+    """The broker under test, as the tests need it: its URL, the daemon's configuration for it, and
+    its queues looked at directly."""
+
+    def __init__(self, broker, config: str | None = None):
+        self.broker = broker
+        self.url = broker.url
+        self.port = broker.port
+        self.config = config
+        self.http = getattr(broker, "management_url", None)
+
+    def _api(self, method: str, queue: str, body=None) -> int:
+        request = urllib.request.Request(f"{self.http}/api/queues/%2F/{urllib.request.quote(queue, safe='')}",
+                                         data=json.dumps(body).encode() if body is not None else None, method=method,
+                                         headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode(),
+                                                  "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    def queue_exists(self, queue: str) -> bool:
+        if self.http is None:
+            return clients.queue_exists(self.url, queue)
+        return self._api("GET", queue) == 200
+
+    def declare_queue(self, queue: str) -> None:
+        """A plain durable queue, as the daemon would declare it but without its arguments."""
+        if self.http is None:
+            clients.declare_queue(self.url, queue, expires=False)
+        else:
+            assert self._api("PUT", queue, {"durable": True, "arguments": {"x-queue-type": "classic"}}) == 201
+
+    def delete_queue(self, queue: str) -> None:
+        if self.http is None:
+            clients.delete_queue(self.url, queue)
+        else:
+            self._api("DELETE", queue)
+
+
+@pytest.fixture(scope="module")
+def management_node():
+    """RabbitMQ 3.10 with its management plugin, on ports of its own (the shared 3.10 node has none);
+    its directory is one the node's own user can reach (not under pytest's private temp dir)."""
+    node = ManagementNode(Path(tempfile.mkdtemp(prefix="broker-filter-rabbitmq-")), free_port(), free_port(),
+                          free_port())
+    node.start()
+    yield node
+    node.stop()
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param("rabbitmq4", marks=pytest.mark.rabbitmq4),
+    "rabbitmq3-management",
+])
+def node(request):
+    if request.param == "rabbitmq4":
+        return Node(request.getfixturevalue("rabbitmq4"))
+    broker = request.getfixturevalue("management_node")
+    return Node(broker, config=f'[upstream]\nmanagement_url = "{broker.management_url}"\n')
 
 
 def queue_of(client: str, name: str) -> str:
@@ -35,7 +108,7 @@ def publish(url: str, topic: str, *messages: tuple[str, str]) -> None:
         s = c.create_sender(topic, options=Capabilities("topic", target=True))
         for body, colour in messages:
             s.send(Message(body=body, properties={"color": colour}))
-        s.close()
+        # (no detach of its own: RabbitMQ 3.10 leaves a link's close unanswered; the connection's goes)
     finally:
         c.close()
 
@@ -68,8 +141,8 @@ class Daemons:
 
 
 @pytest.fixture
-def daemons(rabbitmq4):
-    ds = Daemons(rabbitmq4.url)
+def daemons(node):
+    ds = Daemons(node.url, node.config)
     yield ds
     ds.stop()
     for text in ds.logs:
@@ -81,7 +154,7 @@ def topic():
     return f"/topic/orders-{uuid.uuid4().hex[:8]}"
 
 
-def test_a_durable_subscription_outlives_a_daemon_restart(daemons, topic, rabbitmq4):
+def test_a_durable_subscription_outlives_a_daemon_restart(daemons, topic, node):
     """Subscribe, detach, stop the daemon (SIGTERM); what is published meanwhile, through the
     daemon before it stopped and straight to RabbitMQ while none runs, reaches the subscriber on
     the next daemon; the unsubscribe deletes the queue."""
@@ -90,10 +163,10 @@ def test_a_durable_subscription_outlives_a_daemon_restart(daemons, topic, rabbit
     c = connect(d.url, container_id=client)
     detach(c, subscribe(c, topic, "sub", "color = 'red'"))
     c.close()
-    assert queue_exists(rabbitmq4.url, queue)
+    assert node.queue_exists(queue)
     publish(d.url, topic, ("r1", "red"), ("b1", "blue"), ("r2", "red"))
     daemons.stop()
-    publish(rabbitmq4.url, topic, ("r3", "red"), ("b2", "blue"))
+    publish(node.url, topic, ("r3", "red"), ("b2", "blue"))
     d = daemons.start()
     c = connect(d.url, container_id=client)
     try:
@@ -105,11 +178,11 @@ def test_a_durable_subscription_outlives_a_daemon_restart(daemons, topic, rabbit
         unsubscribe(c, "sub")
     finally:
         c.close()
-    assert not queue_exists(rabbitmq4.url, queue)
+    assert _gone_soon(node, queue)
     assert f"durable subscription 'jms-restart-1.sub' unsubscribed: deleting its queue {queue}" in d.log()
 
 
-def test_messages_a_killed_daemon_held_unsettled_come_back(daemons, topic, rabbitmq4):
+def test_messages_a_killed_daemon_held_unsettled_come_back(daemons, topic, node):
     """The subscriber holds three deliveries unsettled when the daemon is killed (SIGKILL): the
     broker still has them, and the subscriber gets them on the next daemon (at-least-once: these
     were never accepted, so each comes back)."""
@@ -125,7 +198,7 @@ def test_messages_a_killed_daemon_held_unsettled_come_back(daemons, topic, rabbi
         c.close()
     except Exception:  # noqa: BLE001 - its daemon is gone
         pass
-    publish(rabbitmq4.url, topic, ("r4", "red"))
+    publish(node.url, topic, ("r4", "red"))
     d = daemons.start()
     c = connect(d.url, container_id=client)
     try:
@@ -135,10 +208,10 @@ def test_messages_a_killed_daemon_held_unsettled_come_back(daemons, topic, rabbi
         unsubscribe(c, "sub")
     finally:
         c.close()
-    assert not queue_exists(rabbitmq4.url, queue_of(client, "sub"))
+    assert _gone_soon(node, queue_of(client, "sub"))
 
 
-def test_another_selector_after_a_restart_replaces_the_subscription(daemons, topic, rabbitmq4):
+def test_another_selector_after_a_restart_replaces_the_subscription(daemons, topic, node):
     """JMS: subscribing again under the name with another selector is a new subscription; what the
     old one collected goes with it, across a restart too."""
     client = "jms-replace-1"
@@ -167,7 +240,7 @@ def test_another_selector_after_a_restart_replaces_the_subscription(daemons, top
         c.close()
 
 
-def test_an_unsubscribe_after_a_restart_finds_the_subscription_on_the_broker(daemons, topic, rabbitmq4):
+def test_an_unsubscribe_after_a_restart_finds_the_subscription_on_the_broker(daemons, topic, node):
     client, queue = "jms-unsub-1", queue_of("jms-unsub-1", "sub")
     d = daemons.start()
     c = connect(d.url, container_id=client)
@@ -179,7 +252,7 @@ def test_an_unsubscribe_after_a_restart_finds_the_subscription_on_the_broker(dae
     try:
         u = unsubscribe(c, "sub")
         assert u.link.remote_source.address == topic  # the subscription's own address, from its queue
-        assert not queue_exists(rabbitmq4.url, queue) or _gone_soon(rabbitmq4.url, queue)
+        assert _gone_soon(node, queue)
     finally:
         c.close()
     c = connect(d.url, container_id=client)  # (the refused lookup's link stays half-detached: a new connection)
@@ -194,22 +267,23 @@ def test_an_unsubscribe_after_a_restart_finds_the_subscription_on_the_broker(dae
         c.close()
 
 
-def _gone_soon(url: str, queue: str, tries: int = 50) -> bool:
-    """The delete is sent when the unsubscribe link closes; the broker answers it soon after."""
+def _gone_soon(node: Node, queue: str, tries: int = 100) -> bool:
+    """The queue is gone, at once or within 10 s: the daemon deletes it when the unsubscribe link
+    closes, and the close's answer does not wait for the broker's."""
     import time
 
     for _ in range(tries):
-        if not queue_exists(url, queue):
+        if not node.queue_exists(queue):
             return True
         time.sleep(0.1)
     return False
 
 
-def test_a_queue_of_that_name_the_daemon_did_not_make_is_not_used(daemons, topic, rabbitmq4):
+def test_a_queue_of_that_name_the_daemon_did_not_make_is_not_used(daemons, topic, node):
     """A queue of the subscription's name that someone else declared is neither consumed nor deleted."""
     client = "jms-foreign-1"
     queue = queue_of(client, "sub")
-    declare_queue(rabbitmq4.url, queue, expires=False)  # (as the daemon would declare it, but without its arguments)
+    node.declare_queue(queue)  # (as the daemon would declare it, but without its arguments)
     d = daemons.start()
     c = connect(d.url, container_id=client)
     try:
@@ -219,16 +293,16 @@ def test_a_queue_of_that_name_the_daemon_did_not_make_is_not_used(daemons, topic
         assert condition.name == "amqp:precondition-failed"
         assert f"queue {queue!r} exists on the broker and was not made by broker-filter" in condition.description
         assert "durable subscription 'sub'" in condition.description
-        assert queue_exists(rabbitmq4.url, queue)
+        assert node.queue_exists(queue)
     finally:
         c.close()
-        delete_queue(rabbitmq4.url, queue)
+        node.delete_queue(queue)
 
 
-def test_the_kept_subscription_limit_does_not_bound_what_the_broker_keeps(rabbitmq4, topic):
+def test_the_kept_subscription_limit_does_not_bound_what_the_broker_keeps(node, topic):
     """`limits.kept_subscriptions` bounds what the daemon itself holds (in front of RabbitMQ 3.10);
     in front of RabbitMQ 4 a detached subscription costs the daemon nothing."""
-    ds = Daemons(rabbitmq4.url, config="[limits]\nkept_subscriptions = 1\n")
+    ds = Daemons(node.url, config=(node.config or "") + "[limits]\nkept_subscriptions = 1\n")
     d = ds.start()
     try:
         c = connect(d.url, container_id="jms-limit-4")
@@ -249,22 +323,22 @@ def test_the_kept_subscription_limit_does_not_bound_what_the_broker_keeps(rabbit
         ds.stop()
 
 
-def test_a_durable_subscription_outlives_an_upstream_reconnect(rabbitmq4, topic):
+def test_a_durable_subscription_outlives_an_upstream_reconnect(node, topic):
     """The daemon's upstream connection breaks while the subscriber is detached and messages arrive:
     after the reconnect the subscriber finds them (the daemon held nothing of them)."""
     from amqp_relay import Relay
 
-    relay = Relay(("127.0.0.1", rabbitmq4.port), marker=b"\x00no link is dropped\x00")
-    d = Daemon(upstream=relay.url())
+    relay = Relay(("127.0.0.1", node.port), marker=b"\x00no link is dropped\x00")
+    d = Daemon(upstream=relay.url(), config=node.config)
     try:
         c = connect(d.url, container_id="jms-reconnect-1")
         try:
             detach(c, subscribe(c, topic, "sub", "color = 'red'"))
-            publish(rabbitmq4.url, topic, ("r1", "red"), ("b1", "blue"))
+            publish(node.url, topic, ("r1", "red"), ("b1", "blue"))
             connects = d.log().count("connected (RabbitMQ")
             relay.cut()
             d.wait_for(r"(?s)(?:.*connected \(RabbitMQ){%d}" % (connects + 1), timeout=30)
-            publish(rabbitmq4.url, topic, ("r2", "red"))
+            publish(node.url, topic, ("r2", "red"))
             sub = subscribe(c, topic, "sub", "color = 'red'")
             assert bodies(sub) == ["r1", "r2"]
             detach(c, sub)
@@ -275,10 +349,10 @@ def test_a_durable_subscription_outlives_an_upstream_reconnect(rabbitmq4, topic)
         d.stop()
         relay.close()
     assert "Traceback" not in d.log(), d.log()
-    assert not queue_exists(rabbitmq4.url, queue_of("jms-reconnect-1", "sub"))
+    assert _gone_soon(node, queue_of("jms-reconnect-1", "sub"))
 
 
-def test_a_shared_durable_subscription_outlives_a_daemon_restart(daemons, topic, rabbitmq4):
+def test_a_shared_durable_subscription_outlives_a_daemon_restart(daemons, topic, node):
     """Two subscribers of one shared durable subscription share one queue on the broker; with both
     gone and the daemon restarted, the next subscriber gets what it collected."""
     client = "jms-shared-restart-1"
@@ -294,7 +368,7 @@ def test_a_shared_durable_subscription_outlives_a_daemon_restart(daemons, topic,
     b.close()
     publish(d.url, topic, ("r3", "red"))
     daemons.stop()
-    publish(rabbitmq4.url, topic, ("r4", "red"), ("b2", "blue"))
+    publish(node.url, topic, ("r4", "red"), ("b2", "blue"))
     d = daemons.start()
     c = connect(d.url, container_id=client)
     try:
@@ -304,4 +378,24 @@ def test_a_shared_durable_subscription_outlives_a_daemon_restart(daemons, topic,
         unsubscribe(c, "sub")
     finally:
         c.close()
-    assert not queue_exists(rabbitmq4.url, queue_of(client, "sub"))
+    assert _gone_soon(node, queue_of(client, "sub"))
+
+
+def test_a_management_api_that_cannot_be_reached_refuses_the_subscribe_saying_where(rabbitmq3, topic):
+    port = free_port()  # nothing listens there
+    d = Daemon(upstream=rabbitmq3.url, config=f'[upstream]\nmanagement_url = "http://127.0.0.1:{port}"\n')
+    try:
+        c = connect(d.url, container_id="jms-unreachable-1")
+        try:
+            with pytest.raises(LinkDetached) as info:
+                subscribe(c, topic, "sub", "color = 'red'")
+            condition = info.value.link.remote_condition
+            assert condition.name == "amqp:link:detach-forced"
+            assert f"the management API at http://127.0.0.1:{port} could not be asked" in condition.description
+            assert "Connection refused" in condition.description
+            assert "durable subscription 'sub'" in condition.description
+        finally:
+            c.close()
+    finally:
+        d.stop()
+    assert "Traceback" not in d.log(), d.log()

@@ -69,3 +69,58 @@ def amqp10_ready(timeout: float = 30, broker: Broker | None = None) -> dict:
             last = e
             time.sleep(0.3)
     raise TimeoutError(f"RabbitMQ AMQP 1.0 on {url} not ready: {last}")
+
+
+class ManagementNode(Broker):
+    """A RabbitMQ 3.10 node of a test's own with the management plugin (its HTTP API on loopback),
+    the system's installation under another node name, ports and data directory: started by
+    `start()` (about 5 s), stopped and removed by `stop()`."""
+
+    def __init__(self, base: Path, port: int, http_port: int, dist_port: int):
+        self.base = base
+        self.http_port = http_port
+        self.name = f"bf-management-{port}@localhost"
+        self.env = {
+            **RABBIT_ENV,
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_DIST_PORT": str(dist_port),
+            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
+            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(base / "log"),
+            "RABBITMQ_PID_FILE": str(base / "pid"),
+        }
+        super().__init__("3.10", port, ["rabbitmqctl", "-n", self.name], self.env)
+        self.management_url = f"http://127.0.0.1:{http_port}"
+
+    def start(self, timeout: float = 90) -> None:
+        import shutil
+        import urllib.request
+
+        self.base.mkdir(parents=True, exist_ok=True)
+        (self.base / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+            f"management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = {self.http_port}\n")
+        (self.base / "enabled_plugins").write_text("[rabbitmq_amqp1_0,rabbitmq_management].\n")
+        if os.geteuid() == 0 and shutil.which("chown"):  # Debian's rabbitmq-server runs the node as `rabbitmq`
+            subprocess.run(["chown", "-R", "rabbitmq:rabbitmq", str(self.base)], capture_output=True, timeout=30)
+        subprocess.run(["rabbitmq-server", "-detached"], env={**os.environ, **self.env}, check=True, timeout=60)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                request = urllib.request.Request(self.management_url + "/api/overview",
+                                                 headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+                with urllib.request.urlopen(request, timeout=3):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(f"RabbitMQ node {self.name}'s management API did not answer")
+                time.sleep(0.3)
+        amqp10_ready(timeout, self)
+
+    def stop(self) -> None:
+        import shutil
+
+        self.ctl("stop", timeout=60)
+        shutil.rmtree(self.base, ignore_errors=True)
