@@ -399,3 +399,31 @@ def test_a_management_api_that_cannot_be_reached_refuses_the_subscribe_saying_wh
     finally:
         d.stop()
     assert "Traceback" not in d.log(), d.log()
+
+
+def test_a_subscriber_may_come_back_through_another_daemon(node, topic):
+    """Two daemons in front of one broker (replicas, or a client moved to another host): the
+    subscription is on the broker, so the subscriber finds it through either."""
+    config = node.config
+    first, second = Daemon(upstream=node.url, config=config), Daemon(upstream=node.url, config=config)
+    try:
+        c = connect(first.url, container_id="jms-moved-1")
+        try:
+            detach(c, subscribe(c, topic, "sub", "color = 'red'"))
+        finally:
+            c.close()
+        publish(first.url, topic, ("r1", "red"), ("b1", "blue"), ("r2", "red"))
+        c = connect(second.url, container_id="jms-moved-1")
+        try:
+            sub = subscribe(c, topic, "sub", "color = 'red'")
+            assert bodies(sub) == ["r1", "r2"]
+            detach(c, sub)
+            unsubscribe(c, "sub")
+        finally:
+            c.close()
+    finally:
+        first.stop()
+        second.stop()
+    for d in (first, second):
+        assert "Traceback" not in d.log(), d.log()
+    assert _gone_soon(node, queue_of("jms-moved-1", "sub"))
