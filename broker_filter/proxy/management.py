@@ -110,24 +110,28 @@ def _copy_link(dst: Link, src: Link) -> None:
         copy_remote(dst.ptr, src.ptr)
 
 
+def pair_session(upstream: Any, pair: Any) -> Any:
+    """A session on `upstream`'s connection for a `/management` link pair (`pair` gets its events):
+    on RabbitMQ 4 a begun session no link uses, rather than a begin that could reach a dying one."""
+    from .remote import session_state
+
+    session = upstream.sessions.take_idle()
+    if session is None:
+        session = upstream.connection.session()
+        session.open()
+    state = session_state(session)
+    state.endpoint = None
+    state.pair = pair
+    return session
+
+
 class ManagementPair:
     """One client session's `/management` links and their upstream session."""
 
     def __init__(self, upstream: Any, client_session: Any):
         self.upstream = upstream
         self.client_session = client_session
-        from .remote import session_state
-
-        # RabbitMQ 4: a begun session no link uses, rather than a begin that could reach a dying one
-        idle = upstream.sessions.take_idle()
-        if idle is not None:
-            self.session = idle
-        else:
-            self.session = upstream.connection.session()
-            self.session.open()
-        state = session_state(self.session)
-        state.endpoint = None
-        state.pair = self
+        self.session = pair_session(upstream, self)
         self.links: dict[Any, Any] = {}  # client link -> upstream link
         self.closed = False
         upstream.pairs.add(self)

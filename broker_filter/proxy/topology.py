@@ -66,21 +66,14 @@ class Topology:
     """The daemon's `/management` link pair on one upstream connection, and its requests in flight."""
 
     def __init__(self, upstream: Any):
-        from .remote import link_state, session_state
+        from .management import pair_session
+        from .remote import link_state
 
         self.upstream = upstream
         self.closed = False
         self.waiting: dict[str, tuple[Callable[[Reply], None], Any]] = {}  # message id -> (answer, timer)
         self.queued: list[bytes] = []  # requests waiting for credit
-        idle = upstream.sessions.take_idle()
-        if idle is not None:
-            self.session = idle
-        else:
-            self.session = upstream.connection.session()
-            self.session.open()
-        state = session_state(self.session)
-        state.endpoint = None
-        state.pair = self
+        self.session = pair_session(upstream, self)
         name = f"broker-filter-topology-{next(_names)}"
         paired = {t.symbol("paired"): True}
         self.requests = self.session.sender(name, target=Terminus(address=MANAGEMENT), source=Terminus(address=MANAGEMENT),

@@ -113,6 +113,17 @@ def publish(url: str, topic: str, *messages: tuple[str, str]) -> None:
         c.close()
 
 
+def refused_subscribe(daemon: Daemon, client: str, topic: str):
+    """The condition `client`'s durable subscribe ("sub", red) through `daemon` is refused with."""
+    c = connect(daemon.url, container_id=client)
+    try:
+        with pytest.raises(LinkDetached) as info:
+            subscribe(c, topic, "sub", "color = 'red'")
+        return info.value.link.remote_condition
+    finally:
+        c.close()
+
+
 def bodies(receiver) -> list[str]:
     return sorted(m.body for m in receive_until_quiet(receiver, idle=0.5))
 
@@ -285,17 +296,13 @@ def test_a_queue_of_that_name_the_daemon_did_not_make_is_not_used(daemons, topic
     queue = queue_of(client, "sub")
     node.declare_queue(queue)  # (as the daemon would declare it, but without its arguments)
     d = daemons.start()
-    c = connect(d.url, container_id=client)
     try:
-        with pytest.raises(LinkDetached) as info:
-            subscribe(c, topic, "sub", "color = 'red'")
-        condition = info.value.link.remote_condition
+        condition = refused_subscribe(d, client, topic)
         assert condition.name == "amqp:precondition-failed"
         assert f"queue {queue!r} exists on the broker and was not made by broker-filter" in condition.description
         assert "durable subscription 'sub'" in condition.description
         assert node.queue_exists(queue)
     finally:
-        c.close()
         node.delete_queue(queue)
 
 
@@ -385,17 +392,11 @@ def test_a_management_api_that_cannot_be_reached_refuses_the_subscribe_saying_wh
     port = free_port()  # nothing listens there
     d = Daemon(upstream=rabbitmq3.url, config=f'[upstream]\nmanagement_url = "http://127.0.0.1:{port}"\n')
     try:
-        c = connect(d.url, container_id="jms-unreachable-1")
-        try:
-            with pytest.raises(LinkDetached) as info:
-                subscribe(c, topic, "sub", "color = 'red'")
-            condition = info.value.link.remote_condition
-            assert condition.name == "amqp:link:detach-forced"
-            assert f"the management API at http://127.0.0.1:{port} could not be asked" in condition.description
-            assert "Connection refused" in condition.description
-            assert "durable subscription 'sub'" in condition.description
-        finally:
-            c.close()
+        condition = refused_subscribe(d, "jms-unreachable-1", topic)
+        assert condition.name == "amqp:link:detach-forced"
+        assert f"the management API at http://127.0.0.1:{port} could not be asked" in condition.description
+        assert "Connection refused" in condition.description
+        assert "durable subscription 'sub'" in condition.description
     finally:
         d.stop()
     assert "Traceback" not in d.log(), d.log()
