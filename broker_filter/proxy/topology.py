@@ -27,7 +27,7 @@ from ..amqp import types as t
 from ..amqp.message import Message, Properties
 from ..amqp.sections import decode_message, encode_message
 from ..engine.container import Typed
-from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, Terminus
+from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, REMOTE_UNINIT, Terminus
 from .forwarding import ACCEPTED
 from .wire import receive, send, settle_with
 
@@ -109,10 +109,22 @@ class Topology:
             send(link.ptr, b"", self.queued.pop(0), settled=True)
 
     def _unanswered(self, message_id: str, method: str, path: str, timeout: float) -> None:
+        """A request unanswered for `timeout` s: it fails, and so does the pair (the next request
+        makes a new one).  If the broker never answered the pair's attach either, the upstream
+        connection is reconnected, as for any link's attach left unanswered (`RemoteUpstream`)."""
         entry = self.waiting.pop(message_id, None)
-        if entry is not None:
-            self._answer(entry[0], Reply(None, error=f"upstream {self.upstream.name} did not answer "
-                                                     f"{method} {unquote(path)} within {timeout:g} s"))
+        if entry is None:
+            return
+        reason = f"upstream {self.upstream.name} did not answer {method} {unquote(path)} within {timeout:g} s"
+        self._answer(entry[0], Reply(None, error=reason))
+        self._fail_all(reason)
+        attached = all(link.remote_state != REMOTE_UNINIT for link in (self.requests, self.replies))
+        self.close()
+        if attached:
+            log.warning("%s: the daemon's /management link pair is closed", reason)
+        else:
+            self.upstream._reconnect_stuck(f"{reason} (the attach of the daemon's /management link pair went "
+                                           "unanswered)")
 
     @staticmethod
     def _answer(answer: Callable[[Reply], None], reply: Reply) -> None:

@@ -428,3 +428,35 @@ def test_a_subscriber_may_come_back_through_another_daemon(node, topic):
     for d in (first, second):
         assert "Traceback" not in d.log(), d.log()
     assert _gone_soon(node, queue_of("jms-moved-1", "sub"))
+
+
+@pytest.mark.rabbitmq4
+def test_an_unanswered_management_pair_refuses_the_subscribe_and_the_upstream_is_reconnected(rabbitmq4, topic):
+    """RabbitMQ 4 never answers the attach of the daemon's /management pair (a relay drops it): the
+    subscribe is refused after `upstream.answer_timeout`, saying what went unanswered; the upstream
+    connection is reconnected (as for any unanswered attach), and the next subscribe is served."""
+    from amqp_relay import Relay
+
+    relay = Relay(("127.0.0.1", rabbitmq4.port), marker=b"broker-filter-topology-", mode="attach")
+    d = Daemon(upstream=relay.url(), config="[upstream]\nanswer_timeout = 1.0\n")
+    try:
+        condition = refused_subscribe(d, "jms-stuck-1", topic)
+        assert relay.dropped.is_set()
+        assert condition.name == "amqp:link:detach-forced"
+        assert ("did not answer PUT /queues/broker-filter.durable.jms-stuck-1.sub within 1 s"
+                in condition.description), condition.description
+        d.wait_for(r"(?s)reconnecting the upstream connection.*connected \(RabbitMQ", timeout=30)
+        c = connect(d.url, container_id="jms-stuck-1")
+        try:
+            sub = subscribe(c, topic, "sub", "color = 'red'")
+            publish(d.url, topic, ("r1", "red"), ("b1", "blue"))
+            assert bodies(sub) == ["r1"]
+            detach(c, sub)
+            unsubscribe(c, "sub")
+        finally:
+            c.close()
+    finally:
+        d.stop()
+        relay.close()
+    assert "Traceback" not in d.log(), d.log()
+    assert _gone_soon(Node(rabbitmq4), queue_of("jms-stuck-1", "sub"))
