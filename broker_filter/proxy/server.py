@@ -1252,13 +1252,14 @@ class ProxyServer(Handler):
         if kept_name is not None and key[0] == sharing.NAMED and self._in_use_otherwise(link, kept_name, key):
             return
         if kept_name is not None and not (pushed or offered or passthrough):
-            held = topology.exchange_binding(up_address) if topology.topology(upstream) is not None else None
-            if held is not None:
+            held = topology.exchange_binding(up_address)
+            pair = topology.topology(upstream) if held is not None else None
+            if pair is not None:
                 # RabbitMQ 4 (or 3.x with `upstream.management_url`): the subscription is a durable
                 # queue of its own on the broker
                 existing = self.feeds.get(key)
                 if existing is None or existing.closed:
-                    self._hold_on_broker(link, outlet, key, spec, kept_name, held, up_address, local)
+                    self._hold_on_broker(pair, link, outlet, key, spec, kept_name, held, up_address, local)
                     return
                 kept_name = None  # (attached already: the link joins that feed, below)
         if kept_name is not None:
@@ -1298,6 +1299,10 @@ class ProxyServer(Handler):
                 self.deciding[base] = opened
                 opened.deciding_key = base
             return
+        self._join(binding, outlet)
+
+    def _join(self, binding: FeedBinding, outlet: Outlet) -> None:
+        """The outlet is served by an open feed: at once if its upstream consumer is ready."""
         outlet.io_owner = binding
         if binding.ready:
             self.complete_outlet(binding, outlet)
@@ -1317,19 +1322,14 @@ class ProxyServer(Handler):
                 return True
         return False
 
-    def _hold_on_broker(self, link, outlet: Outlet, key: Any, spec: ConsumerSpec, kept_name: str,
+    def _hold_on_broker(self, pair: Any, link, outlet: Outlet, key: Any, spec: ConsumerSpec, kept_name: str,
                         binding_key: tuple[str, str], address: str, local: FilterSet) -> None:
-        """A durable subscription in front of RabbitMQ 4: its queue on the broker is found or declared
-        (and bound) over the daemon's `/management` pair (`topology`), then consumed by a
+        """A durable subscription in front of RabbitMQ 4 (or 3.x given its HTTP API): its queue on the
+        broker is found or declared (and bound) over `pair` (`topology`), then consumed by a
         subscription feed (what the link's filters do not select is accepted and dropped).  The
         queue, not the daemon, keeps the subscription while its subscriber is detached, across
         daemon restarts and upstream reconnects; an unsubscribe deletes it."""
         state = _state(link)
-        pair = topology.topology(self.upstream)
-        if pair is None:
-            self._drop_link(link)
-            self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
-            return
         queue = topology.durable_queue(kept_name)
         arguments = {"x-queue-type": "classic", topology.ARG_ADDRESS: address, topology.ARG_FILTER: local.description,
                      topology.ARG_CLIENT: spec.container_id or "", topology.ARG_NAME: link.name}
@@ -1346,11 +1346,7 @@ class ProxyServer(Handler):
                          "%s was replaced", kept_name, queue)
             binding = self.feeds.get(key)
             if binding is not None and not binding.closed:
-                outlet.io_owner = binding
-                if binding.ready:
-                    self.complete_outlet(binding, outlet)
-                else:
-                    binding.pending.append(outlet)
+                self._join(binding, outlet)
                 return
             consumed = dataclasses.replace(spec, address=topology.consume_address(self.upstream, queue), capabilities=(),
                                            distribution_mode=None, durable=None, expiry_policy=None)

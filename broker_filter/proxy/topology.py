@@ -18,6 +18,7 @@ and the reason.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 from typing import Any, Callable, NamedTuple
@@ -29,11 +30,11 @@ from ..amqp.sections import decode_message, encode_message
 from ..engine.container import Typed
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, REMOTE_UNINIT, Terminus
 from .forwarding import ACCEPTED
+from .management import MANAGEMENT, pair_session
 from .wire import receive, send, settle_with
 
 log = logging.getLogger("broker_filter.proxy.topology")
 
-MANAGEMENT = "/management"
 REPLY_CREDIT = 50
 _names = itertools.count(1)
 _ids = itertools.count(1)
@@ -66,7 +67,6 @@ class Topology:
     """The daemon's `/management` link pair on one upstream connection, and its requests in flight."""
 
     def __init__(self, upstream: Any):
-        from .management import pair_session
         from .remote import link_state
 
         self.upstream = upstream
@@ -350,8 +350,6 @@ def durable_queue(kept_name: str) -> str:
     """The queue on the broker holding the durable subscription named `kept_name`
     (`sharing.kept_name`: its client id and subscription name): derived, so that no daemon needs
     to remember it."""
-    import hashlib
-
     if len(kept_name.encode("utf-8", "surrogatepass")) <= 200:
         return QUEUE_PREFIX + kept_name
     return QUEUE_PREFIX + hashlib.sha256(kept_name.encode("utf-8", "surrogatepass")).hexdigest()
