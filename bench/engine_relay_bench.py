@@ -226,14 +226,15 @@ def node(*args: str) -> subprocess.Popen:
 
 
 def one_round(port: int, address: str, count: int, through_relay: bool, relay_pid: int | None,
-              produce_through: bool = False, rate: float | None = None) -> dict:
+              produce_through: bool = False, rate: float | None = None, plain_port: int = 5672) -> dict:
     """One rhea consumer and one rhea producer of `count` messages (at most `rate` a second if
     given): the rate of the stream, the relay's CPU per message, and the latency of the selected
-    messages (p50_ms, p99_ms: receive time - send time)."""
+    messages (p50_ms, p99_ms: receive time - send time).  Not `through_relay`, the consumer reads
+    every message at `plain_port` (RabbitMQ, or a byte forwarder to it) and selects for itself."""
     if through_relay:
         consumer = node("consume", str(port), address, str(count // 2), "half = 1", "0", "1000", "-", "-")
     else:
-        consumer = node("consume", "5672", address, str(count // 2), "-", "1", "1000", "guest", "guest")
+        consumer = node("consume", str(plain_port), address, str(count // 2), "-", "1", "1000", "guest", "guest")
     ready = json.loads(consumer.stdout.readline())
     assert ready.get("ready"), ready
     cpu0 = cpu_seconds(relay_pid) if relay_pid else 0.0

@@ -6,6 +6,9 @@ Loads: 500, 1,000 and 4,000 msg/s paced (the rhea producer's RATE; `--seconds` o
 saturation (`--messages`, unpaced).  At each load, rounds are interleaved over the targets:
   * direct:  the consumer reads from RabbitMQ and selects half = 1 itself (latency baseline);
   * relay:   the minimal filtering relay of bench/engine_relay_bench.py on the engine loop;
+  * bytes:   a forwarder that copies bytes between the consumer and RabbitMQ and does nothing else
+             (bench/byte_forwarder.py, the floor of any Python process in the path); the consumer
+             selects for itself, as direct;
   * after:   `broker-filter serve` from this checkout;
   * before:  `broker-filter serve` from `--before ROOT` (e.g. /work/main, main's head), if given.
 Each round publishes to a fresh /topic/<name> with the selector `half = 1` (a selective consumer on
@@ -55,6 +58,9 @@ def main() -> int:
                                   "--upstream", options.upstream], stdout=subprocess.PIPE, text=True,
                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
         servers["relay"] = (relay, json.loads(relay.stdout.readline())["port"])
+        forwarder = subprocess.Popen([sys.executable, str(HERE / "byte_forwarder.py"), "--upstream", options.upstream],
+                                     stdout=subprocess.PIPE, text=True)
+        servers["bytes"] = (forwarder, json.loads(forwarder.stdout.readline())["port"])
         proc, port, log = start_daemon("engine", options.upstream, root=ROOT)
         servers["after"] = (proc, port)
         logs.append(log)
@@ -73,8 +79,9 @@ def main() -> int:
                     r = None
                     for attempt in (1, 2):  # a round whose client failed (shared machine) gets one retry
                         try:
-                            r = one_round(port, f"/topic/{name}-{attempt}", count, proc is not None,
-                                          proc.pid if proc is not None else None, rate=rate or None)
+                            r = one_round(port, f"/topic/{name}-{attempt}", count, kind not in ("direct", "bytes"),
+                                          proc.pid if proc is not None else None, rate=rate or None,
+                                          plain_port=port if kind == "bytes" else 5672)
                             break
                         except (ValueError, AssertionError, subprocess.TimeoutExpired) as e:
                             print(f"  {kind}: a client failed ({e!r})", flush=True)

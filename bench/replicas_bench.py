@@ -13,7 +13,8 @@ of its part (distinct; a duplicate would count in `received`).
   counters: upstream deliveries received by the daemons consuming from RabbitMQ (all N without
   replicas, the owner with) minus the messages, over the messages
 - CPU per message: user + system CPU of all N daemons from the consumers' start to the end, over
-  the messages
+  the messages; with `[replicas]` also split: the owner's, and the others' together (those serve
+  their consumers through the owner: a second AMQP hop for each message they deliver)
 
     python bench/replicas_bench.py [--depth 30000] [--live 6000] [--rate 2000] [--ns 1,2,3,4]
                                    [--rounds 1] [--modes replicas,independent]
@@ -96,7 +97,8 @@ def one_run(n: int, mode: str, depth: int, live: int, rate: float) -> dict:
         direct = list(range(n))
     total = depth + live
     try:
-        cpu0 = sum(cpu_seconds(d.proc.pid) for d in daemons)
+        cpu0s = [cpu_seconds(d.proc.pid) for d in daemons]
+        cpu0 = sum(cpu0s)
         consumers = []
         for k in range(PARTS):
             want = sum(1 for i in range(total) if i % PARTS == k)
@@ -106,7 +108,8 @@ def one_run(n: int, mode: str, depth: int, live: int, rate: float) -> dict:
             assert line(c, 60).get("ready"), "a consumer did not attach"
         producer = produce(daemons[0].port, address, depth, live, rate, "-", "-") if live else None
         results = [line(c, 600) for c in consumers]
-        cpu1 = sum(cpu_seconds(d.proc.pid) for d in daemons)
+        cpu1s = [cpu_seconds(d.proc.pid) for d in daemons]
+        cpu1 = sum(cpu1s)
         if producer is not None:
             assert line(producer, 60).get("accepted") == live
             producer.wait(30)
@@ -127,6 +130,10 @@ def one_run(n: int, mode: str, depth: int, live: int, rate: float) -> dict:
         "rate": total / max(0.001, (last - first) / 1000),
         "moves": max(0.0, received - total) / total,
         "cpu_us": (cpu1 - cpu0) / total * 1e6,
+        "cpu_us_each": [round((b - a) / total * 1e6, 1) for a, b in zip(cpu0s, cpu1s)],
+        "owners": direct,
+        # with `[replicas]`: the owner's CPU, and the other replicas' together, per message
+        "cpu_us_owner": sum(cpu1s[i] - cpu0s[i] for i in direct) / total * 1e6,
         "duplicates": delivered - total,
         "handed_back_non_owners": handed_back,
     }
@@ -155,8 +162,9 @@ def main() -> None:
     base = statistics.median(x["rate"] for x in rows[(ns[0], "one")]) if (ns[0], "one") in rows else None
     base_cpu = statistics.median(x["cpu_us"] for x in rows[(ns[0], "one")]) if base else None
     print()
-    print("| replicas | mode | rate | moves per delivered message | daemon CPU per message, all replicas | duplicates |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| replicas | mode | rate | moves per delivered message | daemon CPU per message, all replicas "
+          "| of which owner / other replicas | duplicates |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for (n, mode), res in rows.items():
         rate = statistics.median(x["rate"] for x in res)
         moves = statistics.median(x["moves"] for x in res)
@@ -165,7 +173,9 @@ def main() -> None:
         rel = f" ({rate / base:.2f}x)" if base and n > 1 else ""
         crel = f" ({cpu / base_cpu:.2f}x)" if base_cpu and n > 1 else ""
         label = {"one": "one daemon", "replicas": "`[replicas]`", "independent": "independent"}[mode]
-        print(f"| {n} | {label} | {rate:,.0f} msg/s{rel} | {moves:.2f} | {cpu:.0f} µs{crel} | {dup} |")
+        owner = statistics.median(x["cpu_us_owner"] for x in res)
+        split = f"{owner:.0f} / {cpu - owner:.0f} µs" if mode == "replicas" and n > 1 else "—"
+        print(f"| {n} | {label} | {rate:,.0f} msg/s{rel} | {moves:.2f} | {cpu:.0f} µs{crel} | {split} | {dup} |")
 
 
 if __name__ == "__main__":
