@@ -1,5 +1,7 @@
 """Replicas: N daemons in front of one queue, with `[replicas]` (one owner per queue) and without
-(each daemon its own consumer on the queue, as before), N = 1, 2, 3, 4, in one run.
+(each daemon its own consumer on the queue, as before), N = 1, 2, 3, 4, in one run.  Mode
+`forwarded` (not run by default): one daemon, and in the other N - 1 places forwarders that only
+copy bytes to it (bench/byte_forwarder.py): the floor of any hop a replica adds in front of the owner.
 
 Each run: a fresh queue on RabbitMQ 3.10 filled with DEPTH messages (64-byte bodies, application
 property `part` = i % 3) by a rhea producer; then N `broker-filter serve` processes; three rhea
@@ -73,6 +75,19 @@ def produce(port: int, address: str, start: int, count: int, rate: float = 0, us
     return node(*args)
 
 
+class Forwarder:
+    """bench/byte_forwarder.py in front of `port` (a daemon): copies bytes, nothing else."""
+
+    def __init__(self, port: int):
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "byte_forwarder.py"), "--upstream",
+                                      f"127.0.0.1:{port}"], stdout=subprocess.PIPE, text=True)
+        self.port = line(self.proc, 30)["port"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
 def one_run(n: int, mode: str, depth: int, live: int, rate: float) -> dict:
     name = f"replicas-bench-{uuid.uuid4().hex[:8]}"
     address = f"/queue/{name}"
@@ -83,7 +98,18 @@ def one_run(n: int, mode: str, depth: int, live: int, rate: float) -> dict:
     daemons: list[Daemon] = []
     metrics: list[int] = []
     rs = None
-    if mode == "replicas" and n > 1:
+    if mode == "forwarded" and n > 1:
+        # One daemon, and N - 1 forwarders that only copy bytes to it (bench/byte_forwarder.py) in
+        # the other replicas' places: the floor of any hop a replica adds, a client's connection
+        # spliced to the owner, which dies with the owner (what `[replicas]` does not do).
+        port = free_port()
+        owner = Daemon("--metrics", f"127.0.0.1:{port}", upstream=UPSTREAM)
+        at = int(name[-8:], 16) % n  # the owner's place, varying as the hashed owner's does
+        daemons = [Forwarder(owner.port) for _ in range(n - 1)]
+        daemons.insert(at, owner)
+        metrics = [port]
+        direct = [at]
+    elif mode == "replicas" and n > 1:
         rs = ReplicaSet(UPSTREAM, n, heartbeat=2.0)  # the default
         rs.start_all()
         daemons = list(rs.daemons)
@@ -115,10 +141,14 @@ def one_run(n: int, mode: str, depth: int, live: int, rate: float) -> dict:
             producer.wait(30)
         for c in consumers:
             c.wait(30)
-        received = sum(metric_value(scrape(metrics[i]), "broker_filter_messages_received_total", address=address)
-                       for i in direct)
-        handed_back = sum(metric_value(scrape(p), "broker_filter_messages_handed_back", address=address)
-                          for i, p in enumerate(metrics) if i not in direct)
+        if mode == "forwarded" and n > 1:
+            received = metric_value(scrape(metrics[0]), "broker_filter_messages_received_total", address=address)
+            handed_back = 0
+        else:
+            received = sum(metric_value(scrape(metrics[i]), "broker_filter_messages_received_total", address=address)
+                           for i in direct)
+            handed_back = sum(metric_value(scrape(p), "broker_filter_messages_handed_back", address=address)
+                              for i, p in enumerate(metrics) if i not in direct)
     finally:
         for d in daemons:
             d.stop()
@@ -172,9 +202,10 @@ def main() -> None:
         dup = max(x["duplicates"] for x in res)
         rel = f" ({rate / base:.2f}x)" if base and n > 1 else ""
         crel = f" ({cpu / base_cpu:.2f}x)" if base_cpu and n > 1 else ""
-        label = {"one": "one daemon", "replicas": "`[replicas]`", "independent": "independent"}[mode]
+        label = {"one": "one daemon", "replicas": "`[replicas]`", "independent": "independent",
+                 "forwarded": "byte forwarders to one daemon"}[mode]
         owner = statistics.median(x["cpu_us_owner"] for x in res)
-        split = f"{owner:.0f} / {cpu - owner:.0f} µs" if mode == "replicas" and n > 1 else "—"
+        split = f"{owner:.0f} / {cpu - owner:.0f} µs" if mode in ("replicas", "forwarded") and n > 1 else "—"
         print(f"| {n} | {label} | {rate:,.0f} msg/s{rel} | {moves:.2f} | {cpu:.0f} µs{crel} | {split} | {dup} |")
 
 
