@@ -109,8 +109,8 @@ def one_run(n: int, mode: str, depth: int, live: int, rate: float) -> dict:
         daemons.insert(at, owner)
         metrics = [port]
         direct = [at]
-    elif mode == "replicas" and n > 1:
-        rs = ReplicaSet(UPSTREAM, n, heartbeat=2.0)  # the default
+    elif mode in ("replicas", "splice") and n > 1:
+        rs = ReplicaSet(UPSTREAM, n, heartbeat=2.0, splice=mode == "splice")  # (2.0: the default)
         rs.start_all()
         daemons = list(rs.daemons)
         metrics = rs.metrics_ports
@@ -203,9 +203,9 @@ def main() -> None:
         rel = f" ({rate / base:.2f}x)" if base and n > 1 else ""
         crel = f" ({cpu / base_cpu:.2f}x)" if base_cpu and n > 1 else ""
         label = {"one": "one daemon", "replicas": "`[replicas]`", "independent": "independent",
-                 "forwarded": "byte forwarders to one daemon"}[mode]
+                 "forwarded": "byte forwarders to one daemon", "splice": "`[replicas]`, `splice = true`"}[mode]
         owner = statistics.median(x["cpu_us_owner"] for x in res)
-        split = f"{owner:.0f} / {cpu - owner:.0f} µs" if mode in ("replicas", "forwarded") and n > 1 else "—"
+        split = f"{owner:.0f} / {cpu - owner:.0f} µs" if mode != "independent" and n > 1 else "—"
         print(f"| {n} | {label} | {rate:,.0f} msg/s{rel} | {moves:.2f} | {cpu:.0f} µs{crel} | {split} | {dup} |")
 
 

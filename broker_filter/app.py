@@ -23,6 +23,9 @@ from .proxy.remote import RemoteUpstream
 from .proxy.server import ProxyServer
 
 log = logging.getLogger("broker_filter.app")
+# With `replicas.splice`: the bytes of a client connection's first AMQP input kept while it may still
+# be spliced to a queue's owner (its open, begin and first attach; a bigger start is served here)
+SPLICE_INPUT = 64 * 1024
 
 
 def build_upstream(config: Any) -> Any:
@@ -123,7 +126,8 @@ class App:
             self.acceptor = engine_listen(self.container, self.config.listener, self.registry, passthrough=check,
                                           max_connections=self.config.limits.connections,
                                           handshake_timeout=self.config.limits.handshake_timeout,
-                                          on_refused=self._refused)
+                                          on_refused=self._refused,
+                                          keep_first_input=SPLICE_INPUT if self.config.replicas.splice else 0)
         except OSError as e:
             raise StartError(f"listener: cannot listen on {host}:{self.config.listener.port}: "
                              f"{e.strerror or e}") from None

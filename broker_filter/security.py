@@ -274,7 +274,21 @@ class SaslOutcome:
         return f"SaslOutcome(ok={self.ok}, mechanism={self.mechanism!r}, user={self.user!r}, reason={self.reason!r})"
 
 
-class SaslServer:
+class _SaslExchange:
+    """What both sides of a SASL exchange tell: finished well, or not."""
+
+    _state = "header"
+
+    @property
+    def done(self) -> bool:
+        return self._state == "done"
+
+    @property
+    def failed(self) -> bool:
+        return self._state == "failed"
+
+
+class SaslServer(_SaslExchange):
     """The server side of an AMQP SASL exchange, without I/O.
 
     Feed received bytes to `receive()`, send what `data_to_send()` returns.  When `done` is set,
@@ -307,14 +321,6 @@ class SaslServer:
         self._pending: SaslOutcome | None = None
         self.outcome: SaslOutcome | None = None
         self.leftover = b""
-
-    @property
-    def done(self) -> bool:
-        return self._state == "done"
-
-    @property
-    def failed(self) -> bool:
-        return self._state == "failed"
 
     @property
     def pending(self) -> bool:
@@ -388,17 +394,7 @@ class SaslServer:
         self._state = "failed"
 
     def _take_frame(self) -> bytes | None:
-        if len(self._buffer) < 8:
-            return None
-        size = int.from_bytes(self._buffer[:4], "big")
-        doff, ftype = self._buffer[4], self._buffer[5]
-        if size > _SASL_MAX_FRAME or size < 8 or doff < 2 or doff * 4 > size or ftype != _SASL_FRAME_TYPE:
-            raise ValueError("bad SASL frame header")
-        if len(self._buffer) < size:
-            return None
-        body = bytes(self._buffer[doff * 4 : size])
-        del self._buffer[:size]
-        return body
+        return _take_sasl_frame(self._buffer)
 
     def _on_init(self, body: bytes) -> None:
         from .amqp import types as t
@@ -449,6 +445,94 @@ class SaslServer:
         self._out += _sasl_frame(0x44, [_ubyte(code)])
         self.outcome = SaslOutcome(False, mechanism, user, reason=reason)
         self._state = "failed"
+
+
+class SaslClientExchange(_SaslExchange):
+    """The client side of an AMQP SASL exchange, without I/O: PLAIN with `user` and `password`, else
+    ANONYMOUS (a splice's login to the queue's owner, as the replicas log in to each other).
+
+    Send `data_to_send()` (the SASL header and the sasl-init, at once: no round trip for the
+    mechanisms), feed what comes back to `receive()`.  `done`: the server said ok, and `leftover`
+    holds what followed its outcome (the start of its AMQP layer).  `failed`: it refused, or spoke
+    something else (`reason` says what)."""
+
+    def __init__(self, user: str | None = None, password: str | None = None):
+        self.mechanism = "PLAIN" if user else "ANONYMOUS"
+        response = b"\0" + user.encode() + b"\0" + (password or "").encode() if user else b""
+        from .amqp import types as t
+
+        self._out = SASL_HEADER + _sasl_frame(0x41, [t.symbol(self.mechanism), response])
+        self._buffer = bytearray()
+        self._state = "header"
+        self.reason = ""
+        self.leftover = b""
+
+    def data_to_send(self) -> bytes:
+        out, self._out = self._out, b""
+        return out
+
+    def receive(self, data: bytes) -> None:
+        if self._state == "done":
+            self.leftover += data
+            return
+        if self._state == "failed":
+            return
+        self._buffer += data
+        try:
+            self._advance()
+        except (ValueError, IndexError, TypeError, struct_error) as e:
+            self._fail(f"malformed SASL frame from the server ({e})")
+
+    def _fail(self, reason: str) -> None:
+        self.reason = reason
+        self._state = "failed"
+
+    def _advance(self) -> None:
+        from .amqp import types as t
+        from .amqp import decode
+
+        if self._state == "header":
+            if len(self._buffer) < 8:
+                return
+            if bytes(self._buffer[:8]) != SASL_HEADER:
+                self._fail(f"the server answered with the header {bytes(self._buffer[:8])!r}, not SASL's")
+                return
+            del self._buffer[:8]
+            self._state = "frames"
+        while self._state == "frames":
+            body = _take_sasl_frame(self._buffer)
+            if body is None:
+                return
+            value, _ = decode(body, 0)
+            code = int(value.descriptor) if isinstance(value, t.Described) and not isinstance(value.descriptor, str) else -1
+            if code == 0x40:  # sasl-mechanisms: the init is on its way already
+                continue
+            if code != 0x44:
+                self._fail(f"the server sent SASL frame {code:#x}, not an outcome (no challenge is expected)")
+                return
+            fields = list(value.value or [])
+            outcome = int(fields[0]) if fields else SASL_SYS
+            if outcome != SASL_OK:
+                self._fail(f"the server refused the {self.mechanism} login (sasl-outcome code {outcome})")
+                return
+            self._state = "done"
+            self.leftover = bytes(self._buffer)
+            self._buffer.clear()
+
+
+def _take_sasl_frame(buffer: bytearray) -> bytes | None:
+    """The body of the SASL frame at the start of `buffer`, taken out of it (None: not all in yet)."""
+    if len(buffer) < 8:
+        return None
+    size = int.from_bytes(buffer[:4], "big")
+    doff, ftype = buffer[4], buffer[5]
+    if size > _SASL_MAX_FRAME or size < 8 or doff < 2 or doff * 4 > size or ftype != _SASL_FRAME_TYPE:
+        raise ValueError("bad SASL frame header")
+    if len(buffer) < size:
+        return None
+    body = bytes(buffer[doff * 4 : size])
+    del buffer[:size]
+    return body
 
 
 def _ubyte(n: int) -> Any:

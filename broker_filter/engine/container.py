@@ -230,7 +230,7 @@ class EngineListening:
 
 def listen(container: EngineContainer, listener: Any, handler: Any, *, passthrough: Verify | None = None,
            max_connections: int = 0, handshake_timeout: float = 10.0,
-           on_refused: Callable[[str, str], None] | None = None) -> EngineListening:
+           on_refused: Callable[[str, str], None] | None = None, keep_first_input: int = 0) -> EngineListening:
     """`listener.listen` on the engine: `[listener]` SASL (PLAIN users, pass-through, EXTERNAL, the
     anonymous policy) and TLS, client connections dispatched to the engine `handler`; a connection
     that has not opened AMQP `handshake_timeout` seconds after accept is closed and counted."""
@@ -243,6 +243,7 @@ def listen(container: EngineContainer, listener: Any, handler: Any, *, passthrou
 
     engine_listener = container.loop.listen(listener.host, listener.port, handler, sasl=sasl, tls=tls,
                                             limits=Limits(max_connections=max_connections,
-                                                          handshake_timeout=handshake_timeout),
+                                                          handshake_timeout=handshake_timeout,
+                                                          keep_first_input=keep_first_input),
                                             on_refused=on_refused)
     return EngineListening(engine_listener)

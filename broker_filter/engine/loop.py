@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..security import Identity
+from ..security import Identity, SaslClientExchange
 from ._cproton import ffi
 from .endpoints import REMOTE_UNINIT, Condition, Connection, Engine, Handler, SaslClient, Timer
 from .linknames import LinkNames
@@ -64,6 +64,9 @@ class Limits:
     max_input: int = 1 << 20  # bytes read but not yet taken by the transport, per connection
     idle_timeout: float = 0.0  # the AMQP idle time-out this side announces (heartbeats)
     max_frame: int = 0
+    # bytes of a plain connection's AMQP input kept until this side first answers at the AMQP layer,
+    # so that the connection can still be spliced to another server (`EventLoop.splice`)
+    keep_first_input: int = 0
 
 
 class Listener:
@@ -157,7 +160,7 @@ class _Channel:
 
     __slots__ = ("loop", "sock", "conn", "tls", "sasl", "credentials", "sasl_config", "listener", "inbuf",
                  "out", "mask", "connecting", "closed", "head_closed", "reading", "verifying", "peer",
-                 "max_input", "handshake_timer", "close_when_flushed", "names", "__weakref__")
+                 "max_input", "handshake_timer", "close_when_flushed", "names", "replay", "__weakref__")
 
     def __init__(self, loop: EventLoop, sock: socket.socket, conn: Connection | None, *, tls: TlsStream | None,
                  sasl_config: ServerSasl | None, listener: Listener | None, max_input: int, peer: str,
@@ -184,6 +187,9 @@ class _Channel:
         self.handshake_timer: Timer | None = None
         self.close_when_flushed = False
         self.names: LinkNames | None = None  # a server connection's link-name aliasing (linknames.py)
+        # the AMQP input so far, while nothing has been answered at the AMQP layer (a splice's replay)
+        keep = listener.limits.keep_first_input if listener is not None and tls is None else 0
+        self.replay: bytearray | None = bytearray() if keep else None
         self.mask = EVENT_WRITE if connecting else EVENT_READ
         if conn is not None:
             conn.io = self
@@ -275,6 +281,11 @@ class _Channel:
         conn = self.conn
         if conn.ptr is None:
             return
+        replay = self.replay
+        if replay is not None:
+            replay += self.loop._rview[:size] if isinstance(data, ffi.CData) else data
+            if len(replay) > self.listener.limits.keep_first_input:
+                self.replay = None
         names = self.names
         if names is not None:
             # attaches whose name is attached already get an alias before proton sees them
@@ -425,6 +436,8 @@ class _Channel:
             self._send_plain(bytes(out))
 
     def _send_plain(self, data: Any) -> None:
+        if self.sasl is None:
+            self.replay = None  # answered at the AMQP layer: no splice any more
         if self.tls is not None:
             try:
                 data = self.tls.send(data)
@@ -510,9 +523,15 @@ class _Channel:
         if not self.out or self.connecting:
             self.close()
 
-    def close(self) -> None:
-        if self.closed:
-            return
+    def hand_over(self) -> socket.socket:
+        """Give the socket up unclosed (a splice takes it; the listener still counts it, until the
+        splice ends) and end the connection's endpoint without another byte to the peer."""
+        self._leave_loop()
+        if self.conn.ptr is not None:
+            self.loop.abort(self.conn, Condition("amqp:connection:redirect", "spliced to another server"))
+        return self.sock
+
+    def _leave_loop(self) -> None:
         self.closed = True
         if self.handshake_timer is not None:
             self.handshake_timer.cancel()
@@ -522,8 +541,13 @@ class _Channel:
             except (KeyError, ValueError):
                 pass
         self.mask = 0
-        self.sock.close()
         self.loop.channels.discard(self)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._leave_loop()
+        self.sock.close()
         if self.listener is not None:
             self.listener.active -= 1
         if self.conn.ptr is not None:
@@ -537,6 +561,7 @@ class EventLoop(Engine):
         super().__init__(container_id=container_id)
         self.selector = selectors.DefaultSelector()
         self.channels: set[_Channel] = set()
+        self.splices: set[Any] = set()  # client connections spliced to another server (engine.splice)
         self.listeners: set[Listener] = set()
         self._rbuffer = bytearray(_READ_SIZE)
         self._crbuffer = ffi.from_buffer(self._rbuffer)
@@ -618,6 +643,27 @@ class EventLoop(Engine):
                            max_input=limits.max_input, peer=f"{host}:{port}")
         if limits.handshake_timeout:
             channel.handshake_timer = self.call_later(limits.handshake_timeout, channel.handshake_expired)
+
+    def spliceable(self, connection: Connection) -> bool:
+        """Whether `connection` can still be spliced to another server (`splice`): a plain client
+        connection of a listener that keeps the first input, answered nothing yet at the AMQP layer."""
+        channel = connection.io
+        return isinstance(channel, _Channel) and channel.replay is not None and not channel.closed
+
+    def splice(self, connection: Connection, target: tuple[str, int], login: SaslClientExchange) -> bool:
+        """Hand `connection`'s socket to a `Splice` to `target` (HOST, PORT), logged in to with
+        `login`: its endpoint ends here without another byte to the client (its handler hears it
+        disconnected, as for any lost connection), and the target answers the client's AMQP bytes,
+        all of them from its header on.  False (nothing done) if it is not `spliceable`."""
+        from .splice import Splice
+
+        if not self.spliceable(connection):
+            return False
+        channel: _Channel = connection.io
+        replay = bytes(channel.replay or b"")
+        sock = channel.hand_over()
+        Splice(self, sock, replay, target, login, peer=channel.peer, listener=channel.listener)
+        return True
 
     def connect(self, host: str, port: int, handler: Handler, *, sasl: SaslClient | None = None,
                 tls: ssl.SSLContext | None = None, server_hostname: str | None = None,
@@ -732,6 +778,8 @@ class EventLoop(Engine):
             listener.close()
         for channel in list(self.channels):
             channel.close()
+        for splice in list(self.splices):
+            splice.close()
         self.process()
         for conn in list(self.connections.values()):
             self.finish(conn)

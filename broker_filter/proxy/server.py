@@ -43,6 +43,7 @@ from ..amqp import types as t
 from ..amqp import CodecError, decode_message, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
+from ..security import SaslClientExchange
 from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import fanout, introspect, management, sharing, topology
 from .refusal import close_link, refuse_link
@@ -50,6 +51,7 @@ from .routing import Routing, vhost_asked
 from .replicas import PROPERTY as REPLICA_PROPERTY
 from ..engine._cproton import lib
 from ..engine.container import Typed
+from ..engine.splice import splice_target
 from ..engine.endpoints import (LOCAL_ACTIVE, LOCAL_CLOSED, LOCAL_UNINIT, REMOTE_CLOSED, Condition, Connection,
                                 Delivery, Handler, Link, Session, Terminus)
 from .wire import discard, receive, remote_outcome, send, settle_with
@@ -1134,6 +1136,10 @@ class ProxyServer(Handler):
                          f"browsing a queue (distribution-mode copy) is not supported in front of {self.upstream.name}: "
                          "attach without distribution-mode copy to consume from it")
             return
+        owned = (self.replicas is not None and conn.peer is None and routed is not None and not subscription
+                 and not browse and not src.dynamic)
+        if owned and self._splice(link, routed):
+            return
         state = link_state(link)
         state.fs = fs
         state.subscription = subscription
@@ -1145,11 +1151,28 @@ class ProxyServer(Handler):
         if outlet_presettled_requested(link):
             link.set_snd_settle_mode(True)
             outlet.presettled = True
-        owned = (self.replicas is not None and conn.peer is None and routed is not None and not subscription
-                 and not browse and not src.dynamic)
         state.place = _Placement(routed, wanted, decision, caps, route.routing_type if route is not None else "",
                                  browse, owned)
         self._place(link, outlet)
+
+    def _splice(self, link, address: str) -> bool:
+        """`replicas.splice`: the client's connection goes whole to the owner of `address` when this
+        is its first link and nothing has been answered on it yet (`engine.splice`: the owner answers
+        the client's open, begin and attach, and serves it); True if it went."""
+        settings = getattr(self.config, "replicas", None)
+        if settings is None or not settings.splice:
+            return False
+        via, _ = self.replicas.upstream_for(address)
+        connection = link.connection
+        if via is None or sum(len(session.links) for session in connection.sessions) != 1:
+            return False
+        loop = connection.engine
+        if not loop.spliceable(connection):
+            return False
+        log.info("connection %s attaches to %s, whose owner is replica %s: spliced to it",
+                 connection.remote_container, address, via)
+        return loop.splice(connection, splice_target(via), SaslClientExchange(settings.user or None,
+                                                                             settings.password or None))
 
     def _look_up_kept(self, link, conn: _Conn) -> None:
         """A null-source attach names a durable subscription (Qpid JMS's unsubscribe): answered with

@@ -16,6 +16,7 @@ from broker_filter.security import (
     AMQP_HEADER,
     SASL_HEADER,
     PasswordHashError,
+    SaslClientExchange,
     SaslServer,
     UserDatabase,
     hash_password,
@@ -189,6 +190,49 @@ def test_deferred_verification_for_pass_through():
     refused.receive(SASL_HEADER + plain_init("bob", "x"))
     refused.resolve(False, "upstream refused the credentials")
     assert refused.failed and refused.outcome.reason == "upstream refused the credentials"
+
+
+# -------------------------------------------------------------------------------------------------
+# The client side (a splice's login to a queue's owner)
+
+
+@pytest.mark.parametrize("login,mechanisms", [(("alice", "wonderland"), ("PLAIN",)), ((None, None), ("ANONYMOUS",))])
+def test_client_exchange_against_our_server_byte_by_byte(login, mechanisms):
+    client = SaslClientExchange(*login)
+    server = SaslServer(mechanisms, UserDatabase({"alice": ALICE}).authenticate)
+    server.receive(client.data_to_send() + AMQP_HEADER)
+    assert server.done and server.outcome.user == (login[0] or "anonymous")
+    assert server.leftover == AMQP_HEADER
+    answer = server.data_to_send() + AMQP_HEADER + b"open"
+    for i in range(len(answer)):  # however the answer is cut up
+        client.receive(answer[i:i + 1])
+        assert not client.failed
+    assert client.done and client.leftover == AMQP_HEADER + b"open"
+    client.receive(b"more")
+    assert client.leftover == AMQP_HEADER + b"openmore"
+    assert client.data_to_send() == b""  # the header and the init went at once, and only once
+
+
+@pytest.mark.parametrize(
+    "answer,reason",
+    [
+        (lambda: SaslServer(("PLAIN",), lambda u, p: False), "refused the PLAIN login (sasl-outcome code 1)"),
+        (lambda: SaslServer(("ANONYMOUS",)), "refused the PLAIN login"),  # PLAIN not offered
+        (b"AMQP\x00\x01\x00\x00", "answered with the header"),
+        (SASL_HEADER + frame(0x42, [b"challenge"]), "not an outcome"),
+        (SASL_HEADER + b"\xff\xff\xff\xff\x02\x01\x00\x00", "malformed SASL frame"),
+    ],
+)
+def test_client_exchange_failures_say_why(answer, reason):
+    client = SaslClientExchange("alice", "wonderland")
+    sent = client.data_to_send()
+    if callable(answer):
+        server = answer()
+        server.receive(sent)
+        answer = server.data_to_send()
+    client.receive(answer)
+    assert client.failed and not client.done and reason in client.reason
+    assert "wonderland" not in client.reason
 
 
 # -------------------------------------------------------------------------------------------------

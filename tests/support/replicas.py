@@ -15,12 +15,15 @@ UP = r"replica {} is up"
 
 
 def replica_config(peers: list[str], me: str, metrics: str | None = None, heartbeat: float = 2.0,
-                   grace: float = 5.0, login: tuple[str, str] | None = None, dns: str | None = None) -> str:
+                   grace: float = 5.0, login: tuple[str, str] | None = None, dns: str | None = None,
+                   splice: bool = False) -> str:
     """`[replicas]` (and `[listener.users]` with the one user `login` = (name, password), which the
     replicas log in to each other as too)."""
     quoted = ", ".join(f'"{p}"' for p in peers)
     members = f'dns = "{dns}"' if dns else f'peers = [{quoted}]'
     text = f'[replicas]\n{members}\nself = "{me}"\nheartbeat = {heartbeat}\n'
+    if splice:
+        text += "splice = true\n"
     if login is not None:
         from broker_filter.security import hash_password
 
@@ -38,7 +41,8 @@ class ReplicaSet:
 
     def __init__(self, upstream: str, n: int, host: str = "127.0.0.1", hosts: list[str] | None = None,
                  program_prefix: list[list[str]] | None = None, login: tuple[str, str] | None = None,
-                 upstreams: list[str] | None = None, heartbeat: float = 10.0, dns: str | None = None):
+                 upstreams: list[str] | None = None, heartbeat: float = 10.0, dns: str | None = None,
+                 splice: bool = False):
         # (a long heartbeat by default: a loaded machine must not make a replica look silent where
         # silence is not what is tested; killed and draining replicas close their connections)
         self.heartbeat = heartbeat
@@ -52,6 +56,7 @@ class ReplicaSet:
         self.daemons: list[Daemon | None] = [None] * n
         self.prefix = program_prefix
         self.login = login
+        self.splice = splice  # `replicas.splice`
 
     def start(self, i: int, wait_for: list[int] | None = None) -> Daemon:
         import sys
@@ -61,7 +66,8 @@ class ReplicaSet:
             program = [*self.prefix[i], sys.executable, "-m", "broker_filter", "serve"]
         d = Daemon(upstream=self.upstreams[i], listen=f"{self.hosts[i]}:{self.ports[i]}", program=program,
                    config=replica_config(self.peers, self.peers[i], f"{self.hosts[i]}:{self.metrics_ports[i]}",
-                                         login=self.login, heartbeat=self.heartbeat, dns=self.dns))
+                                         login=self.login, heartbeat=self.heartbeat, dns=self.dns,
+                                         splice=self.splice))
         self.daemons[i] = d
         for j in (wait_for if wait_for is not None else self.live()):
             if j != i:
@@ -170,6 +176,74 @@ class Consumer(threading.Thread):
                 self.reconnects += 1
                 k += 1
                 time.sleep(0.2)
+
+
+class PipelinedConsumer(Consumer):
+    """A `Consumer` whose open, begin and attach go out together, as rhea's and proton Container
+    clients' do (a `BlockingConnection` waits for the open's answer before it attaches), so that a
+    replica with `replicas.splice` can splice its connection to the queue's owner.  When its
+    connection goes, proton's reconnect opens it again (the next of `urls`), its link with it; when
+    its link is detached with an error, it opens a new connection, to the next of `urls`."""
+
+    def run(self) -> None:
+        from proton.handlers import MessagingHandler
+        from proton.reactor import Container, Selector
+
+        outer = self
+
+        class Watch:
+            def __init__(self, handler):
+                self.handler = handler
+
+            def on_timer_task(self, event):
+                if outer.stopping.is_set():
+                    self.handler.conn.close()
+                    event.container.stop()
+                else:
+                    event.container.schedule(0.1, self)
+
+        class Handler(MessagingHandler):
+            def __init__(self):
+                super().__init__(prefetch=outer.credit)
+                self.conn = None
+                self.opened = 0
+                self.tried = 0
+
+            def on_start(self, event):
+                self.connect(event.container)
+                event.container.schedule(0.1, Watch(self))
+
+            def connect(self, container):
+                urls = outer.urls[self.tried % len(outer.urls):] + outer.urls[:self.tried % len(outer.urls)]
+                self.conn = container.connect(urls=urls, reconnect=[0.2] * 1000)
+                container.create_receiver(self.conn, outer.address, options=Selector(outer.selector))
+
+            def on_link_error(self, event):
+                # its link detached by the server (a replica that drains): again, on a new connection
+                condition = event.link.remote_condition
+                outer.errors.append(f"link: {condition.name if condition else ''}")
+                old, self.tried = self.conn, self.tried + 1
+                old.close()
+                self.connect(event.container)
+
+            def on_connection_opened(self, event):
+                self.opened += 1
+                outer.reconnects = self.opened - 1
+
+            def on_link_opened(self, event):
+                outer.attached.set()
+
+            def on_message(self, event):
+                with outer.changed:
+                    outer.got.append(event.message.body)
+                    outer.changed.notify_all()
+
+            def on_transport_error(self, event):
+                condition = event.transport.condition
+                outer.errors.append(f"{condition.name if condition else 'transport'}: "
+                                    f"{condition.description if condition else ''}")
+
+        Container(Handler()).run()
 
 
 def queue_consumers(name: str) -> int | None:
