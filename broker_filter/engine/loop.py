@@ -52,6 +52,7 @@ _READ_SIZE = 64 * 1024
 _ACCEPT_BATCH = 64
 _CLOSE_WAIT = 5.0  # seconds a closed connection waits for the peer's close before its socket goes
 _OUTPUT_HIGH = 1 << 20  # bytes waiting for the socket beyond which the transport is not asked for more
+_SPLICE_HOLD = 0.01  # seconds a connection that may be spliced is answered nothing while no link is in
 _OUT_OF_DESCRIPTORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
@@ -160,7 +161,7 @@ class _Channel:
 
     __slots__ = ("loop", "sock", "conn", "tls", "sasl", "credentials", "sasl_config", "listener", "inbuf",
                  "out", "mask", "connecting", "closed", "head_closed", "reading", "verifying", "peer",
-                 "max_input", "handshake_timer", "close_when_flushed", "names", "replay", "__weakref__")
+                 "max_input", "handshake_timer", "close_when_flushed", "names", "replay", "hold_until", "__weakref__")
 
     def __init__(self, loop: EventLoop, sock: socket.socket, conn: Connection | None, *, tls: TlsStream | None,
                  sasl_config: ServerSasl | None, listener: Listener | None, max_input: int, peer: str,
@@ -190,6 +191,7 @@ class _Channel:
         # the AMQP input so far, while nothing has been answered at the AMQP layer (a splice's replay)
         keep = listener.limits.keep_first_input if listener is not None and tls is None else 0
         self.replay: bytearray | None = bytearray() if keep else None
+        self.hold_until = 0.0  # while it may be spliced: no output before its first link, or this time
         self.mask = EVENT_WRITE if connecting else EVENT_READ
         if conn is not None:
             conn.io = self
@@ -286,6 +288,13 @@ class _Channel:
             replay += self.loop._rview[:size] if isinstance(data, ffi.CData) else data
             if len(replay) > self.listener.limits.keep_first_input:
                 self.replay = None
+            elif not self.hold_until:
+                # A client's open, begin and first attach may come in more than one read: nothing
+                # is answered until its first link is in (or _SPLICE_HOLD has passed), so that the
+                # connection can still be spliced when that link asks for it.
+                loop = self.loop
+                self.hold_until = loop.clock() + _SPLICE_HOLD
+                loop.call_later(_SPLICE_HOLD, lambda: loop.dirty.add(conn))
         names = self.names
         if names is not None:
             # attaches whose name is attached already get an alias before proton sees them
@@ -399,6 +408,9 @@ class _Channel:
             self._push_backlog()
         if len(self.out) >= _OUTPUT_HIGH:
             return  # the socket is behind: proton keeps the rest until `_write` catches up
+        if self.replay is not None and not any(s.links for s in conn.sessions) \
+                and self.loop.clock() < self.hold_until:
+            return  # (may still be spliced: see `_feed`)
         out = self.loop.take_output(conn)
         names = self.names
         if out is not None and names is not None and names.outbound is not None and len(out):

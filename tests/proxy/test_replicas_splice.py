@@ -7,6 +7,7 @@ reconnects, and gets every message of its own (at least once)."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 import uuid
@@ -79,26 +80,57 @@ def test_a_pipelined_client_on_a_non_owner_is_spliced_to_the_owner(rabbitmq, pai
             c.join(10)
 
 
+@pytest.fixture
+def three(rabbitmq):
+    rs = ReplicaSet(rabbitmq, 3, splice=True)
+    rs.start_all()
+    yield rs
+    for log in rs.stop_all():
+        assert "Traceback" not in log, log
+
+
 @pytest.mark.parametrize("how", ["kill", "term"])
-def test_a_spliced_connection_ends_with_its_owner_and_the_client_gets_all_its_messages(rabbitmq, pair, how):
-    rs = pair
+def test_three_replicas_spliced_consumers_survive_the_owner_going_and_coming_back(rabbitmq, three, how):
+    """Consumer k (selector `part = k`) on replica k, each attaching with its open: the two on
+    non-owners are spliced to the owner.  The owner is killed (or drains) mid-stream: the spliced
+    connections end with it, their clients connect again, the queue has a new owner within 5 s,
+    and every consumer gets every message of its own (at least once).  The replica restarted
+    rejoins and owns the queue again."""
+    rs = three
     name, q = queue_owned_by(rs, 0)
-    spliced = PipelinedConsumer([rs.url(1)], q, "part = 1", credit=10)
+    cs = [PipelinedConsumer([rs.url(k)], q, f"part = {k}", credit=20) for k in range(3)]
     try:
-        spliced.start()
-        assert spliced.attached.wait(30), spliced.errors
-        publish(rabbitmq, q, 0, 1500)
-        assert spliced.wait_count(30, 60), spliced.errors  # mid-stream
+        for c in cs:
+            c.start()
+            assert c.attached.wait(30), c.errors
+        assert sum(rs.daemons[k].log().count("spliced to it") for k in (1, 2)) == 2
+        publish(rabbitmq, q, 0, 3000)
+        assert cs[1].wait_count(50, 60), cs[1].errors  # mid-stream
         owner = rs.daemons[0]
+        lost_at = time.monotonic()
         owner.proc.send_signal(signal.SIGKILL if how == "kill" else signal.SIGTERM)
         owner.proc.wait(30)
-        # its connection went with the owner; it connects again (to replica 1, the owner now)
-        publish(rabbitmq, q, 1500, 1800)
-        assert spliced.wait_set(expected(1, 0, 1800), 90), f"{spliced.count()}; {spliced.errors}; reconnects {spliced.reconnects}; {rs.daemons[1].log()[-4000:]}"
-        assert spliced.reconnects >= 1
-        assert set(spliced.got) == expected(1, 0, 1800)
-        duplicates = len(spliced.got) - len(set(spliced.got))
-        print(f"{how}: {duplicates} duplicates after the owner went (at least once allows them)")
+        new_owner = rs.peers.index(owner_of(q, rs.peers[1:]))
+        rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[0]} is"), 10)
+        moved_in = time.monotonic() - lost_at
+        assert moved_in < 5, f"ownership moved after {moved_in:.1f} s"
+        publish(rabbitmq, q, 3000, 3300)
+        for k in (1, 2):  # their connections went with the owner: they connected again
+            assert cs[k].wait_set(expected(k, 0, 3300), 90), f"consumer {k}: {cs[k].count()}; {cs[k].errors}"
+            assert cs[k].reconnects >= 1 or cs[k].errors, f"consumer {k} never lost its connection"
+        rs.start(0)  # the owner comes back: the queue is its again
+        for k in (1, 2):
+            rs.daemons[k].wait_for(rf"(?s)(?:replica {re.escape(rs.peers[0])} is up.*){{2}}", 30)
+        publish(rabbitmq, q, 3300, 3600)
+        for k in range(3):
+            assert cs[k].wait_set(expected(k, 0, 3600), 90), f"consumer {k}: {cs[k].count()}; {cs[k].errors}"
+        time.sleep(0.5)
+        for k, c in enumerate(cs):
+            assert set(c.got) == expected(k, 0, 3600), f"consumer {k}"
+        duplicates = sum(len(c.got) - len(set(c.got)) for c in cs)
+        print(f"{how}: ownership moved after {moved_in:.3f} s; {duplicates} duplicates (at least once allows them)")
     finally:
-        spliced.stopping.set()
-        spliced.join(10)
+        for c in cs:
+            c.stopping.set()
+        for c in cs:
+            c.join(10)
