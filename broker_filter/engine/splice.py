@@ -110,7 +110,37 @@ class Splice:
         reading = not target.eof and len(client.out) < _HIGH
         self._set(target, (EVENT_READ if reading else 0) | (EVENT_WRITE if target.out else 0))
 
+    def _pass(self, src: _Side, dst: _Side) -> bool:
+        """The common case once spliced, in one go: what `src` has is read and all taken by `dst`
+        at once, nothing waiting either way (no watch to change).  False: the general path."""
+        if dst.out or src.out:
+            return False
+        try:
+            data = src.sock.recv(_READ)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError as e:
+            self._end(f"{self._name(src)}: {e.strerror or e}")
+            return True
+        if not data:
+            src.eof = True
+            self._after()
+            return True
+        try:
+            sent = dst.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as e:
+            self._end(f"{self._name(dst)}: {e.strerror or e}")
+            return True
+        if sent < len(data):
+            dst.out += memoryview(data)[sent:]
+            self._watch()
+        return True
+
     def _on_client(self, mask: int) -> None:
+        if self.state == "spliced" and mask == EVENT_READ and self._pass(self.client, self.target):
+            return
         if mask & EVENT_WRITE:
             self._write(self.client)
         if mask & EVENT_READ and not self.closed:
@@ -123,6 +153,8 @@ class Splice:
         self._after()
 
     def _on_target(self, mask: int) -> None:
+        if self.state == "spliced" and mask == EVENT_READ and self._pass(self.target, self.client):
+            return
         if self.state == "connecting":
             error = self.target.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if error:
