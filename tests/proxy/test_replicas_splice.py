@@ -26,13 +26,18 @@ pytestmark = pytest.mark.rabbitmq
 PARTS = 3
 
 
-@pytest.fixture
-def pair(rabbitmq):
-    rs = ReplicaSet(rabbitmq, 2, splice=True)
+def running(rabbitmq: str, n: int):
+    """n replicas with `replicas.splice`, started; stopped after the test, their logs clean."""
+    rs = ReplicaSet(rabbitmq, n, splice=True)
     rs.start_all()
     yield rs
     for log in rs.stop_all():
         assert "Traceback" not in log, log
+
+
+@pytest.fixture
+def pair(rabbitmq):
+    yield from running(rabbitmq, 2)
 
 
 def queue_owned_by(rs: ReplicaSet, i: int) -> tuple[str, str]:
@@ -82,11 +87,7 @@ def test_a_pipelined_client_on_a_non_owner_is_spliced_to_the_owner(rabbitmq, pai
 
 @pytest.fixture
 def three(rabbitmq):
-    rs = ReplicaSet(rabbitmq, 3, splice=True)
-    rs.start_all()
-    yield rs
-    for log in rs.stop_all():
-        assert "Traceback" not in log, log
+    yield from running(rabbitmq, 3)
 
 
 @pytest.mark.parametrize("how,who", [("kill", "owner"), ("term", "owner"), ("term", "other")])
