@@ -14,6 +14,7 @@ the subscription's name and then a close.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import tempfile
 import urllib.error
@@ -330,14 +331,26 @@ def test_the_kept_subscription_limit_does_not_bound_what_the_broker_keeps(node, 
         ds.stop()
 
 
+@contextlib.contextmanager
+def through_relay(port: int, config: str, **relay_options):
+    """A daemon whose upstream is a relay (tests/support/amqp_relay.py) in front of RabbitMQ on
+    `port`; both stopped at the end, the daemon's log clean."""
+    from amqp_relay import Relay
+
+    relay = Relay(("127.0.0.1", port), **relay_options)
+    d = Daemon(upstream=relay.url(), config=config)
+    try:
+        yield relay, d
+    finally:
+        d.stop()
+        relay.close()
+    assert "Traceback" not in d.log(), d.log()
+
+
 def test_a_durable_subscription_outlives_an_upstream_reconnect(node, topic):
     """The daemon's upstream connection breaks while the subscriber is detached and messages arrive:
     after the reconnect the subscriber finds them (the daemon held nothing of them)."""
-    from amqp_relay import Relay
-
-    relay = Relay(("127.0.0.1", node.port), marker=b"\x00no link is dropped\x00")
-    d = Daemon(upstream=relay.url(), config=node.config)
-    try:
+    with through_relay(node.port, node.config, marker=b"\x00no link is dropped\x00") as (relay, d):
         c = connect(d.url, container_id="jms-reconnect-1")
         try:
             detach(c, subscribe(c, topic, "sub", "color = 'red'"))
@@ -352,10 +365,6 @@ def test_a_durable_subscription_outlives_an_upstream_reconnect(node, topic):
             unsubscribe(c, "sub")
         finally:
             c.close()
-    finally:
-        d.stop()
-        relay.close()
-    assert "Traceback" not in d.log(), d.log()
     assert _gone_soon(node, queue_of("jms-reconnect-1", "sub"))
 
 
@@ -435,11 +444,8 @@ def test_an_unanswered_management_pair_refuses_the_subscribe_and_the_upstream_is
     """RabbitMQ 4 never answers the attach of the daemon's /management pair (a relay drops it): the
     subscribe is refused after `upstream.answer_timeout`, saying what went unanswered; the upstream
     connection is reconnected (as for any unanswered attach), and the next subscribe is served."""
-    from amqp_relay import Relay
-
-    relay = Relay(("127.0.0.1", rabbitmq4.port), marker=b"broker-filter-topology-", mode="attach")
-    d = Daemon(upstream=relay.url(), config="[upstream]\nanswer_timeout = 1.0\n")
-    try:
+    with through_relay(rabbitmq4.port, "[upstream]\nanswer_timeout = 1.0\n", marker=b"broker-filter-topology-",
+                       mode="attach") as (relay, d):
         condition = refused_subscribe(d, "jms-stuck-1", topic)
         assert relay.dropped.is_set()
         assert condition.name == "amqp:link:detach-forced"
@@ -455,8 +461,4 @@ def test_an_unanswered_management_pair_refuses_the_subscribe_and_the_upstream_is
             unsubscribe(c, "sub")
         finally:
             c.close()
-    finally:
-        d.stop()
-        relay.close()
-    assert "Traceback" not in d.log(), d.log()
     assert _gone_soon(Node(rabbitmq4), queue_of("jms-stuck-1", "sub"))
