@@ -448,7 +448,7 @@ class _Channel:
             self._send_plain(bytes(out))
 
     def _send_plain(self, data: Any) -> None:
-        if self.sasl is None:
+        if self.replay is not None and self.sasl is None:
             self.replay = None  # answered at the AMQP layer: no splice any more
         if self.tls is not None:
             try:
