@@ -17,6 +17,7 @@ from typing import Any
 
 from .engine.container import EngineContainer, client_ssl_context
 from .engine.container import listen as engine_listen
+from .filters.parser import prepare as prepare_selectors
 from .proxy.loop import EngineLoop
 from .workers import worker_index
 from .proxy.remote import RemoteUpstream
@@ -239,6 +240,7 @@ class App:
         )
         self.shutdown = shutdown
         shutdown.install()
+        prepare_selectors(self.server.dialect)  # (before the collector's freeze: the tables live as long)
         _settle_garbage_collector()
         status = 0
         try:

@@ -457,8 +457,9 @@ class Replicas:
     password: str = setting("", "its password", kind="str", secret=True)
     splice: bool = setting(
         False,
-        "a plain client connection whose first link is a receiver on a queue another replica owns, sent with "
-        "its open (pipelined, as rhea does), is spliced to the owner at the byte level: the owner ends the "
+        "a plain client connection whose first link is on a queue another replica owns (a receiver's source "
+        "or a sender's target), sent with its open (pipelined, as rhea does), is spliced to the owner at the "
+        "byte level: the owner ends the "
         "connection, as after a redirect, so it ends when the owner goes (the client reconnects); off, or "
         "otherwise, the link is served through the owner (a second AMQP hop, which carries on when the owner "
         "goes)",

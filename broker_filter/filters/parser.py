@@ -765,6 +765,12 @@ def _nesting_depth(root: Any) -> int:
     return best
 
 
+def prepare(dialect: "str | Dialect" = "jms") -> None:
+    """Build the parse tables `dialect`'s selectors use now (lark's LALR analysis, about 0.1 s of
+    CPU once per process), so that the first attach with a selector does not wait for it."""
+    parse("TRUE", dialect)
+
+
 def parse(text: str, dialect: "str | Dialect" = "jms", limits: Limits = DEFAULT_LIMITS) -> ast.Selector:
     """Parse and check a selector; raises SelectorError (or LimitError) with line and column."""
     d = get_dialect(dialect)

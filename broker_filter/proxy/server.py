@@ -1103,6 +1103,23 @@ class ProxyServer(Handler):
             self._look_up_kept(link, conn)
             return
         route = self._route(address)
+        caps = src.capabilities
+        routed = route.upstream if route is not None else address
+        decision = sharing.decide(address=routed, capabilities=caps,
+                                  copy=src.distribution_mode == "copy",
+                                  rule_routing_type=route.routing_type if route is not None else "",
+                                  upstream=self.upstream)
+        subscription = decision.subscription
+        copy = src.distribution_mode == "copy"
+        # A browser: copy on a queue (Qpid JMS QueueBrowser: copy and the `queue` capability); copy
+        # with `topic` is a subscription (Qpid JMS durable subscribers ask for copy too)
+        browse = copy and "topic" not in caps and (
+            "queue" in caps
+            or sharing.ANYCAST in (sharing.address_form_routing(routed), self.upstream.routing_type(routed, caps)))
+        owned = (self.replicas is not None and conn.peer is None and routed is not None and not subscription
+                 and not browse and not src.dynamic)
+        if owned and self.upstream_up and self._splice(link, routed):
+            return  # (its filter is the owner's to compile, or to refuse)
         try:
             if self.config is not None:
                 fs = compile_filter_set(raw or {}, dialect=self.dialect, limits=self.config.limits.filter_limits(),
@@ -1118,27 +1135,10 @@ class ProxyServer(Handler):
         if not self.upstream_up:
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
             return
-        caps = src.capabilities
-        routed = route.upstream if route is not None else address
-        decision = sharing.decide(address=routed, capabilities=caps,
-                                  copy=src.distribution_mode == "copy",
-                                  rule_routing_type=route.routing_type if route is not None else "",
-                                  upstream=self.upstream)
-        subscription = decision.subscription
-        copy = src.distribution_mode == "copy"
-        # A browser: copy on a queue (Qpid JMS QueueBrowser: copy and the `queue` capability); copy
-        # with `topic` is a subscription (Qpid JMS durable subscribers ask for copy too)
-        browse = copy and "topic" not in caps and (
-            "queue" in caps
-            or sharing.ANYCAST in (sharing.address_form_routing(routed), self.upstream.routing_type(routed, caps)))
         if browse and not getattr(self.upstream, "browses_queues", False):
             self._refuse(link, "amqp:not-implemented",
                          f"browsing a queue (distribution-mode copy) is not supported in front of {self.upstream.name}: "
                          "attach without distribution-mode copy to consume from it")
-            return
-        owned = (self.replicas is not None and conn.peer is None and routed is not None and not subscription
-                 and not browse and not src.dynamic)
-        if owned and self._splice(link, routed):
             return
         state = link_state(link)
         state.fs = fs
@@ -1155,13 +1155,19 @@ class ProxyServer(Handler):
                                  browse, owned)
         self._place(link, outlet)
 
+    def _splicing(self, conn: _Conn) -> bool:
+        """Whether a client connection's first link may splice it (`replicas.splice`)."""
+        return (self.replicas is not None and conn.peer is None
+                and bool(getattr(getattr(self.config, "replicas", None), "splice", False)))
+
     def _splice(self, link, address: str) -> bool:
-        """`replicas.splice`: the client's connection goes whole to the owner of `address` when this
-        is its first link and nothing has been answered on it yet (`engine.splice`: the owner answers
-        the client's open, begin and attach, and serves it); True if it went."""
-        settings = getattr(self.config, "replicas", None)
-        if settings is None or not settings.splice:
+        """`replicas.splice`: the client's connection goes whole to the owner of queue `address` when
+        this link (a consumer's or a producer's) is its first and nothing has been answered on it yet
+        (`engine.splice`: the owner answers the client's open, begin and attach, and serves it); True
+        if it went."""
+        if not self._splicing(_conn_state(link.connection)):
             return False
+        settings = self.config.replicas
         via, _ = self.replicas.upstream_for(address)
         connection = link.connection
         if via is None or sum(len(session.links) for session in connection.sessions) != 1:
@@ -1171,8 +1177,8 @@ class ProxyServer(Handler):
             return False
         log.info("connection %s attaches to %s, whose owner is replica %s: spliced to it",
                  connection.remote_container, address, via)
-        return loop.splice(connection, splice_target(via), SaslClientExchange(settings.user or None,
-                                                                             settings.password or None))
+        return loop.splice(connection, splice_target(via),
+                           SaslClientExchange(settings.user or None, settings.password or None))
 
     def _look_up_kept(self, link, conn: _Conn) -> None:
         """A null-source attach names a durable subscription (Qpid JMS's unsubscribe): answered with
@@ -1669,6 +1675,12 @@ class ProxyServer(Handler):
         if not self.upstream_up:
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
             return
+        if (dynamic is None and self._splicing(conn)
+                and not sharing.decide(address=address, capabilities=link.remote_target.capabilities,
+                                       rule_routing_type=route.routing_type if route is not None else "",
+                                       upstream=self.upstream).subscription
+                and self._splice(link, address)):
+            return  # (a producer on a queue: its publishes are the owner's, who consumes the queue)
         inlet = Inlet(link, address, conn, self.metrics.address(address) if self.metrics is not None else None)
         inlet.dynamic = dynamic
         link_state(link).inlet = inlet

@@ -57,3 +57,16 @@ def test_tables_are_large_and_cover_every_dialect() -> None:
         outcomes = {c.outcome for c in CASES if c.dialect == dialect}
         assert {"T", "F", "U", "E"} <= outcomes, dialect
     assert any(c.outcome == "X" for c in CASES)
+
+
+@pytest.mark.parametrize("dialect", ["jms", "artemis", "rocketmq", "amqp-sql"])
+def test_prepare_builds_the_parse_tables_a_dialect_uses(dialect):
+    """The daemon calls `prepare` before serving, so its first attach with a selector does not
+    build the tables: after it, parsing in that dialect builds nothing."""
+    from broker_filter.filters.parser import _grammar_variant, parse, prepare
+
+    prepare(dialect)
+    before = _grammar_variant.cache_info()
+    parse("a = 1 AND b IS NULL", dialect)
+    after = _grammar_variant.cache_info()
+    assert (after.hits, after.misses) == (before.hits + 1, before.misses)

@@ -17,8 +17,8 @@ import pytest
 from proton import Message
 
 from clients import publish_many
-from replicas import (Consumer, Forwarder, ReplicaSet, all_arrive, no_more_arrive, no_traceback, start_consumers,
-                      stop_everything, wait_consumers)
+from replicas import (Consumer, Forwarder, PipelinedConsumer, ReplicaSet, all_arrive, no_more_arrive, no_traceback,
+                      start_consumers, stop_everything, wait_consumers)
 
 from broker_filter.proxy.replicas import owner_of
 
@@ -112,6 +112,51 @@ def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_bro
         no_more_arrive(cs, 2100)
     finally:
         logs = stop_everything(cs, rs, forwarder)
+    no_traceback(logs)
+
+
+def test_spliced_replicas_in_three_namespaces_the_owner_killed(rabbitmq_broker, namespaces):
+    """`replicas.splice` across hosts: consumer k (attaching with its open) on replica k; the two on
+    non-owners are spliced to the owner's address in its namespace, logged in with the replicas'
+    PLAIN user.  The owner's host dies: the connections spliced to it end, their clients connect
+    again (to the next replica of their list), and every consumer gets every message of its own."""
+    gateway, names, addrs = namespaces
+    forwarder = Forwarder(gateway, rabbitmq_broker.port)
+    forwarder.start()
+    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
+                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
+                    login=("replica", uuid.uuid4().hex), splice=True)
+    cs: list[PipelinedConsumer] = []
+    try:
+        rs.start_all()
+        name = f"replicas-ns-splice-{uuid.uuid4().hex[:10]}"
+        q = f"/queue/{name}"
+        owner = rs.peers.index(owner_of(q, rs.peers))
+        cs = [PipelinedConsumer([rs.url((k + i) % N) for i in range(N)], q, f"part = {k}") for k in range(N)]
+        for c in cs:
+            c.start()
+        for c in cs:
+            assert c.attached.wait(30), c.errors
+        spliced = [rs.daemons[i].log().count("spliced to it") for i in range(N)]
+        assert spliced == [0 if i == owner else 1 for i in range(N)], spliced
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900)])
+        all_arrive(cs, 900, 60)
+        assert wait_consumers(name, 1) == 1  # only the owner consumes from the queue
+
+        d = rs.daemons[owner]
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait(10)
+        rest = [p for i, p in enumerate(rs.peers) if i != owner]
+        new_owner = rs.peers.index(owner_of(q, rest))
+        rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[owner]} is gone"), 10)
+        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900, 1200)])
+        all_arrive(cs, 1200, 90)
+        assert wait_consumers(name, 1) == 1
+        assert all(c.reconnects >= 1 or c.errors for c in cs)  # every connection went with the owner
+    finally:
+        logs = stop_everything(cs, rs, forwarder)
+        for c in cs:
+            c.join(10)
     no_traceback(logs)
 
 
