@@ -214,7 +214,8 @@ class App:
                                       credit=snap["credit"], stalled=stalled, moving=moving, passes=passes,
                                       handed_back=handed_back, waited=waited,
                                       filters=filters, costliest=costliest,
-                                      upstream_connected=snap["upstream_connected"]))
+                                      upstream_connected=snap["upstream_connected"],
+                                      spliced=len(self.container.loop.splices)))
         if self.health is not None:
             self.health.beat()
         draining = getattr(self, "shutdown", None) is not None and self.shutdown.requested_by is not None

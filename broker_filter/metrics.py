@@ -113,6 +113,7 @@ class Snapshot:
     filters: Mapping[tuple, tuple] = field(default_factory=dict)
     costliest: tuple = ()  # (address, kind, filter text) of the costliest filters, costliest first
     upstream_connected: bool = False
+    spliced: int = 0  # client connections spliced to another replica (`replicas.splice`), open
     taken_at: float = field(default_factory=time.time)
 
 
@@ -205,6 +206,10 @@ class Metrics:
         self.attach_refused = Counter(
             "broker_filter_attach_refused", "Link attaches refused, by reason", ["reason"], registry=r
         )
+        self.splices = Counter(
+            "broker_filter_splices", "Client connections spliced to the replica owning their first link's queue "
+            "(replicas.splice)", registry=r
+        )
         self.upstream_reconnects = Counter(
             "broker_filter_upstream_reconnects", "Upstream connections re-established after a loss", registry=r
         )
@@ -287,6 +292,9 @@ class _SnapshotCollector:
         snap = self._metrics.snapshot
         labels = self._metrics.addresses
         yield GaugeMetricFamily("broker_filter_connections", "Client connections open", value=snap.connections)
+        yield GaugeMetricFamily("broker_filter_spliced_connections",
+                                "Client connections spliced to another replica and open (not among "
+                                "broker_filter_connections: the owner ends them)", value=snap.spliced)
         links = GaugeMetricFamily("broker_filter_links", "Attached links, by kind", labels=["kind"])
         for kind, n in _merge(snap.links, lambda k: bounded(k, LINK_KINDS)).items():
             links.add_metric([kind], n)

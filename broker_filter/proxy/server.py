@@ -1177,8 +1177,12 @@ class ProxyServer(Handler):
             return False
         log.info("connection %s attaches to %s, whose owner is replica %s: spliced to it",
                  connection.remote_container, address, via)
-        return loop.splice(connection, splice_target(via),
-                           SaslClientExchange(settings.user or None, settings.password or None))
+        if not loop.splice(connection, splice_target(via),
+                           SaslClientExchange(settings.user or None, settings.password or None)):
+            return False
+        if self.metrics is not None:
+            self.metrics.splices.inc()
+        return True
 
     def _look_up_kept(self, link, conn: _Conn) -> None:
         """A null-source attach names a durable subscription (Qpid JMS's unsubscribe): answered with

@@ -131,10 +131,12 @@ def test_state_comes_from_the_published_snapshot(metrics, exporter):
             credit={"orders": 10},
             stalled={"orders": True},
             upstream_connected=True,
+            spliced=2,
         )
     )
     samples = scrape(exporter)
     assert samples["broker_filter_connections"][()] == 4
+    assert samples["broker_filter_spliced_connections"][()] == 2
     assert samples["broker_filter_links"] == {
         (("kind", "consumer"),): 3,
         (("kind", "producer"),): 1,

@@ -78,6 +78,7 @@ def test_a_pipelined_client_on_a_non_owner_is_spliced_to_the_owner(rabbitmq, pai
         assert spliced.reconnects == 0 and waiting.reconnects == 0, (spliced.errors, waiting.errors)
         log1 = rs.daemons[1].log()
         assert log1.count("spliced to it") == 1, log1[-3000:]
+        assert metric_value(scrape(rs.metrics_ports[1]), "broker_filter_splices_total") == 1
         # replica 1 received only the waiting client's matches from the owner; the spliced
         # connection's never crossed its proxy, only its bytes
         assert received(rs, 1, q) == 200
