@@ -19,7 +19,13 @@ of its part (distinct; a duplicate would count in `received`).
   their consumers through the owner: a second AMQP hop for each message they deliver)
 
     python bench/replicas_bench.py [--depth 30000] [--live 6000] [--rate 2000] [--ns 1,2,3,4]
-                                   [--rounds 1] [--modes replicas,independent]
+                                   [--rounds 1] [--modes replicas,independent] [--placements]
+
+The owner of a run's queue is where its random name hashes, so which consumers cross a hop varies
+from round to round (at N = 4, the replica without a consumer owns the queue in a quarter of them,
+and then all three cross).  `--placements` picks the queue's name so that round r's owner is
+replica r mod N (the forwarders' daemon likewise), and reports the rows' CPU as the mean over the
+rounds: with a multiple of N rounds, the mean over the owner's places, what many queues cost.
 
 Needs RabbitMQ with AMQP 1.0 on 127.0.0.1:5672 (guest/guest) and rhea (tests/js/node_modules).
 """
@@ -88,29 +94,33 @@ class Forwarder:
         self.proc.wait(30)
 
 
-def one_run(n: int, mode: str, depth: int, live: int, rate: float) -> dict:
-    name = f"replicas-bench-{uuid.uuid4().hex[:8]}"
-    address = f"/queue/{name}"
+def one_run(n: int, mode: str, depth: int, live: int, rate: float, place: int | None = None) -> dict:
+    rs = None
+    if mode in ("replicas", "splice") and n > 1:
+        rs = ReplicaSet(UPSTREAM, n, heartbeat=2.0, splice=mode == "splice")  # (2.0: the default)
+    while True:  # (with `place`: a name whose owner is replica `place`)
+        name = f"replicas-bench-{uuid.uuid4().hex[:8]}"
+        address = f"/queue/{name}"
+        if place is None or rs is None or owner_of(address, rs.peers) == rs.peers[place]:
+            break
     filler = produce(5672, address, 0, depth)
     done = line(filler, 300)
     assert done.get("accepted") == depth, done
     filler.wait(30)
     daemons: list[Daemon] = []
     metrics: list[int] = []
-    rs = None
     if mode == "forwarded" and n > 1:
         # One daemon, and N - 1 forwarders that only copy bytes to it (bench/byte_forwarder.py) in
         # the other replicas' places: the floor of any hop a replica adds, a client's connection
         # spliced to the owner, which dies with the owner (what `[replicas]` does not do).
         port = free_port()
         owner = Daemon("--metrics", f"127.0.0.1:{port}", upstream=UPSTREAM)
-        at = int(name[-8:], 16) % n  # the owner's place, varying as the hashed owner's does
+        at = int(name[-8:], 16) % n if place is None else place  # the owner's place, as the hashed owner's
         daemons = [Forwarder(owner.port) for _ in range(n - 1)]
         daemons.insert(at, owner)
         metrics = [port]
         direct = [at]
-    elif mode in ("replicas", "splice") and n > 1:
-        rs = ReplicaSet(UPSTREAM, n, heartbeat=2.0, splice=mode == "splice")  # (2.0: the default)
+    elif rs is not None:
         rs.start_all()
         daemons = list(rs.daemons)
         metrics = rs.metrics_ports
@@ -177,6 +187,8 @@ def main() -> None:
     ap.add_argument("--ns", default="1,2,3,4")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--modes", default="replicas,independent")
+    ap.add_argument("--placements", action="store_true",
+                    help="round r's queue owned by replica r mod N; CPU as the mean over the rounds")
     a = ap.parse_args()
     ns = [int(x) for x in a.ns.split(",")]
     modes = a.modes.split(",")
@@ -186,25 +198,28 @@ def main() -> None:
             for mode in modes:
                 if n == 1 and mode != modes[0]:
                     continue  # one daemon: the same either way
-                res = one_run(n, mode, a.depth, a.live, a.rate)
+                res = one_run(n, mode, a.depth, a.live, a.rate, r % n if a.placements else None)
                 print(f"round {r + 1} N={n} {mode}: {res}", flush=True)
                 rows.setdefault((n, mode if n > 1 else "one"), []).append(res)
     base = statistics.median(x["rate"] for x in rows[(ns[0], "one")]) if (ns[0], "one") in rows else None
-    base_cpu = statistics.median(x["cpu_us"] for x in rows[(ns[0], "one")]) if base else None
+    cpu_of = statistics.mean if a.placements else statistics.median
+    base_cpu = cpu_of(x["cpu_us"] for x in rows[(ns[0], "one")]) if base else None
     print()
+    if a.placements:
+        print("CPU: the mean over the rounds, round r's queue owned by replica r mod N; the rest: medians")
     print("| replicas | mode | rate | moves per delivered message | daemon CPU per message, all replicas "
           "| of which owner / other replicas | duplicates |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for (n, mode), res in rows.items():
         rate = statistics.median(x["rate"] for x in res)
         moves = statistics.median(x["moves"] for x in res)
-        cpu = statistics.median(x["cpu_us"] for x in res)
+        cpu = cpu_of(x["cpu_us"] for x in res)
         dup = max(x["duplicates"] for x in res)
         rel = f" ({rate / base:.2f}x)" if base and n > 1 else ""
         crel = f" ({cpu / base_cpu:.2f}x)" if base_cpu and n > 1 else ""
         label = {"one": "one daemon", "replicas": "`[replicas]`", "independent": "independent",
                  "forwarded": "byte forwarders to one daemon", "splice": "`[replicas]`, `splice = true`"}[mode]
-        owner = statistics.median(x["cpu_us_owner"] for x in res)
+        owner = cpu_of(x["cpu_us_owner"] for x in res)
         split = f"{owner:.0f} / {cpu - owner:.0f} µs" if mode != "independent" and n > 1 else "—"
         print(f"| {n} | {label} | {rate:,.0f} msg/s{rel} | {moves:.2f} | {cpu:.0f} µs{crel} | {split} | {dup} |")
 

@@ -72,6 +72,25 @@ def namespaces():
         subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=30)
 
 
+def publish_parts(url: str, q: str, start: int, stop: int) -> None:
+    """Messages start..stop-1 on `q`, message i with the property part = i % N."""
+    publish_many(url, q, [Message(body=i, properties={"part": i % N}) for i in range(start, stop)])
+
+
+def kill_the_owner(rabbitmq_broker, rs: ReplicaSet, q: str, owner: int, cs: list, start: int, stop: int) -> None:
+    """The owner's host dies (its process, SIGKILL): the new owner sees it gone within 10 s, and the
+    consumers get messages start..stop-1 published after it, only the new owner consuming."""
+    d = rs.daemons[owner]
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait(10)
+    rest = [p for i, p in enumerate(rs.peers) if i != owner]
+    new_owner = rs.peers.index(owner_of(q, rest))
+    rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[owner]} is gone"), 10)
+    publish_parts(rabbitmq_broker.url, q, start, stop)
+    all_arrive(cs, stop, 90)
+    assert wait_consumers(q.rsplit("/", 1)[1], 1) == 1
+
+
 def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_broker, namespaces):
     gateway, names, addrs = namespaces
     forwarder = Forwarder(gateway, rabbitmq_broker.port)
@@ -86,27 +105,18 @@ def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_bro
         q = f"/queue/{name}"
         owner = rs.peers.index(owner_of(q, rs.peers))
         cs = start_consumers(rs, q)
-        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1500)])
+        publish_parts(rabbitmq_broker.url, q, 0, 1500)
         all_arrive(cs, 1500, 60)
         assert wait_consumers(name, 1) == 1  # only the owner consumes from the queue
 
-        # the owner's host dies (its process, SIGKILL): the others take over
-        d = rs.daemons[owner]
-        d.proc.send_signal(signal.SIGKILL)
-        d.proc.wait(10)
-        rest = [p for i, p in enumerate(rs.peers) if i != owner]
-        new_owner = rs.peers.index(owner_of(q, rest))
-        rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[owner]} is gone"), 10)
-        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1500, 1800)])
-        all_arrive(cs, 1800, 90)
-        assert wait_consumers(name, 1) == 1
+        kill_the_owner(rabbitmq_broker, rs, q, owner, cs, 1500, 1800)  # the others take over
 
         # it comes back and owns the queue again
         ups = {i: rs.daemons[i].log().count(f"replica {rs.peers[owner]} is up") for i in range(N) if i != owner}
         rs.start(owner)
         for i, n in ups.items():
             rs.daemons[i].wait_for(rf"(?s)(?:replica {re.escape(rs.peers[owner])} is up.*){{{n + 1}}}", 30)
-        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1800, 2100)])
+        publish_parts(rabbitmq_broker.url, q, 1800, 2100)
         all_arrive(cs, 2100, 90)
         assert wait_consumers(name, 1) == 1
         no_more_arrive(cs, 2100)
@@ -139,19 +149,11 @@ def test_spliced_replicas_in_three_namespaces_the_owner_killed(rabbitmq_broker, 
             assert c.attached.wait(30), c.errors
         spliced = [rs.daemons[i].log().count("spliced to it") for i in range(N)]
         assert spliced == [0 if i == owner else 1 for i in range(N)], spliced
-        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900)])
+        publish_parts(rabbitmq_broker.url, q, 0, 900)
         all_arrive(cs, 900, 60)
         assert wait_consumers(name, 1) == 1  # only the owner consumes from the queue
 
-        d = rs.daemons[owner]
-        d.proc.send_signal(signal.SIGKILL)
-        d.proc.wait(10)
-        rest = [p for i, p in enumerate(rs.peers) if i != owner]
-        new_owner = rs.peers.index(owner_of(q, rest))
-        rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[owner]} is gone"), 10)
-        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900, 1200)])
-        all_arrive(cs, 1200, 90)
-        assert wait_consumers(name, 1) == 1
+        kill_the_owner(rabbitmq_broker, rs, q, owner, cs, 900, 1200)
         assert all(c.reconnects >= 1 or c.errors for c in cs)  # every connection went with the owner
     finally:
         logs = stop_everything(cs, rs, forwarder)
@@ -180,7 +182,7 @@ def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_own
         owner = rs.peers.index(owner_of(q, rs.peers))
         others = [i for i in range(N) if i != owner]
         cs = start_consumers(rs, q, moving=False)  # each stays on its replica
-        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(600)])
+        publish_parts(rabbitmq_broker.url, q, 0, 600)
         all_arrive(cs, 600, 60)
         assert wait_consumers(name, 1) == 1
 
@@ -193,7 +195,7 @@ def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_own
             want = gone[i] + (2 if i == owner else 1)
             rs.daemons[i].wait_for(rf"(?s)(?:is gone.*){{{want}}}", 30)
         assert wait_consumers(name, 2) == 2  # both sides own the queue now
-        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(600, 1200)])
+        publish_parts(rabbitmq_broker.url, q, 600, 1200)
         all_arrive(cs, 1200, 90)
 
         ups = {i: rs.daemons[i].log().count(" is up") for i in range(N)}
@@ -204,7 +206,7 @@ def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_own
             want = ups[i] + (2 if i == owner else 1)
             rs.daemons[i].wait_for(rf"(?s)(?:is up.*){{{want}}}", 30)
         assert wait_consumers(name, 1) == 1  # one owner again
-        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1200, 1500)])
+        publish_parts(rabbitmq_broker.url, q, 1200, 1500)
         all_arrive(cs, 1500, 90)
         no_more_arrive(cs, 1500)
         for c in cs:
@@ -245,7 +247,7 @@ def test_replicas_named_by_dns_one_owner_failover_and_scale_in(rabbitmq_broker, 
         q = f"/queue/{name}"
         owner = rs.peers.index(owner_of(q, rs.peers))
         cs = start_consumers(rs, q)
-        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900)])
+        publish_parts(rabbitmq_broker.url, q, 0, 900)
         all_arrive(cs, 900, 60)
         assert wait_consumers(name, 1) == 1
 
@@ -255,14 +257,14 @@ def test_replicas_named_by_dns_one_owner_failover_and_scale_in(rabbitmq_broker, 
         rest = [i for i in range(N) if i != owner]
         for i in rest:
             rs.daemons[i].wait_for(re.escape(f"replica {rs.peers[owner]} is gone"), 10)
-        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(900, 1200)])
+        publish_parts(rabbitmq_broker.url, q, 900, 1200)
         all_arrive(cs, 1200, 90)
         assert wait_consumers(name, 1) == 1
 
         write_hosts(names, [a for i, a in enumerate(addrs) if i != owner])  # scaled in
         for i in rest:
             rs.daemons[i].wait_for(re.escape(f"gone {rs.peers[owner]}"), 20)
-        publish_many(rabbitmq_broker.url, q, [Message(body=i, properties={"part": i % N}) for i in range(1200, 1500)])
+        publish_parts(rabbitmq_broker.url, q, 1200, 1500)
         all_arrive(cs, 1500, 90)
         assert wait_consumers(name, 1) == 1
         no_more_arrive(cs, 1500)
