@@ -24,8 +24,9 @@ of its part (distinct; a duplicate would count in `received`).
 The owner of a run's queue is where its random name hashes, so which consumers cross a hop varies
 from round to round (at N = 4, the replica without a consumer owns the queue in a quarter of them,
 and then all three cross).  `--placements` picks the queue's name so that round r's owner is
-replica r mod N (the forwarders' daemon likewise), and reports the rows' CPU as the mean over the
-rounds: with a multiple of N rounds, the mean over the owner's places, what many queues cost.
+replica r mod N (the forwarders' daemon likewise), and reports the CPU of N > 1 as the mean over the
+rounds: with a multiple of N rounds, the mean over the owner's places, what many queues cost (one
+daemon's, which has no owner to place, stays the median).
 
 Needs RabbitMQ with AMQP 1.0 on 127.0.0.1:5672 (guest/guest) and rhea (tests/js/node_modules).
 """
@@ -203,10 +204,11 @@ def main() -> None:
                 rows.setdefault((n, mode if n > 1 else "one"), []).append(res)
     base = statistics.median(x["rate"] for x in rows[(ns[0], "one")]) if (ns[0], "one") in rows else None
     cpu_of = statistics.mean if a.placements else statistics.median
-    base_cpu = cpu_of(x["cpu_us"] for x in rows[(ns[0], "one")]) if base else None
+    base_cpu = statistics.median(x["cpu_us"] for x in rows[(ns[0], "one")]) if base else None
     print()
     if a.placements:
-        print("CPU: the mean over the rounds, round r's queue owned by replica r mod N; the rest: medians")
+        print("CPU with N > 1: the mean over the rounds, round r's queue owned by replica r mod N; the rest "
+              "(one daemon's CPU too: it has no owner to place): medians")
     print("| replicas | mode | rate | moves per delivered message | daemon CPU per message, all replicas "
           "| of which owner / other replicas | duplicates |")
     print("|---|---|---:|---:|---:|---:|---:|")

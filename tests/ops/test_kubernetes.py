@@ -230,6 +230,7 @@ def test_the_replicas_overlay_gives_each_pod_an_owner_configuration(replica_obje
     (service,) = headless
     assert config.replicas.dns == f"{service['metadata']['name']}:{config.listener.port}"
     assert config.replicas.self == f"10.1.2.3:{config.listener.port}"
+    assert config.replicas.splice  # (docs/proxy.md, "Splicing": the replicas' CPU per message)
     assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
     assert parse_password_hash(config.listener.users[config.replicas.user]).verify(config.replicas.password)
 
