@@ -72,6 +72,18 @@ def namespaces():
         subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=30)
 
 
+def netns_replicas(rabbitmq_broker, namespaces, **options) -> tuple[Forwarder, ReplicaSet]:
+    """The forwarder to RabbitMQ on the bridge (started), and N replicas (not started), replica i in
+    namespace i, logging in with PLAIN (not loopback: for clients and replicas alike)."""
+    gateway, names, addrs = namespaces
+    forwarder = Forwarder(gateway, rabbitmq_broker.port)
+    forwarder.start()
+    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
+                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
+                    login=("replica", uuid.uuid4().hex), **options)
+    return forwarder, rs
+
+
 def publish_parts(url: str, q: str, start: int, stop: int) -> None:
     """Messages start..stop-1 on `q`, message i with the property part = i % N."""
     publish_many(url, q, [Message(body=i, properties={"part": i % N}) for i in range(start, stop)])
@@ -92,12 +104,7 @@ def kill_the_owner(rabbitmq_broker, rs: ReplicaSet, q: str, owner: int, cs: list
 
 
 def test_replicas_in_three_namespaces_one_owner_failover_and_rejoin(rabbitmq_broker, namespaces):
-    gateway, names, addrs = namespaces
-    forwarder = Forwarder(gateway, rabbitmq_broker.port)
-    forwarder.start()
-    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
-                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
-                    login=("replica", uuid.uuid4().hex))  # not loopback: PLAIN, for clients and replicas alike
+    forwarder, rs = netns_replicas(rabbitmq_broker, namespaces)
     cs: list[Consumer] = []
     try:
         rs.start_all()
@@ -130,12 +137,7 @@ def test_spliced_replicas_in_three_namespaces_the_owner_killed(rabbitmq_broker, 
     non-owners are spliced to the owner's address in its namespace, logged in with the replicas'
     PLAIN user.  The owner's host dies: the connections spliced to it end, their clients connect
     again (to the next replica of their list), and every consumer gets every message of its own."""
-    gateway, names, addrs = namespaces
-    forwarder = Forwarder(gateway, rabbitmq_broker.port)
-    forwarder.start()
-    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
-                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
-                    login=("replica", uuid.uuid4().hex), splice=True)
+    forwarder, rs = netns_replicas(rabbitmq_broker, namespaces, splice=True)
     cs: list[PipelinedConsumer] = []
     try:
         rs.start_all()
@@ -167,12 +169,8 @@ def test_partition_between_replicas_both_sides_consume_nothing_lost_then_one_own
     """The owner cut off from the other two replicas (blackhole routes both ways; every replica still
     reaches RabbitMQ and the clients): after the heartbeat each side owns the queue, both consume
     from it, and every consumer still gets exactly its messages; healed, one owner again."""
-    gateway, names, addrs = namespaces
-    forwarder = Forwarder(gateway, rabbitmq_broker.port)
-    forwarder.start()
-    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
-                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
-                    login=("replica", uuid.uuid4().hex), heartbeat=2.0)
+    _, names, addrs = namespaces
+    forwarder, rs = netns_replicas(rabbitmq_broker, namespaces, heartbeat=2.0)
     cs: list[Consumer] = []
     cut: list[tuple[str, str]] = []
     try:
@@ -231,13 +229,9 @@ def test_replicas_named_by_dns_one_owner_failover_and_scale_in(rabbitmq_broker, 
     """`replicas.dns`: every replica finds the others by resolving one name (as a Kubernetes headless
     Service's), all on one port; the owner killed, the others take over; the name no longer
     resolving to it, they drop it."""
-    gateway, names, addrs = namespaces
+    _, names, addrs = namespaces
     write_hosts(names, addrs)
-    forwarder = Forwarder(gateway, rabbitmq_broker.port)
-    forwarder.start()
-    rs = ReplicaSet(f"amqp://guest:guest@{gateway}:{forwarder.port}", N, hosts=addrs,
-                    program_prefix=[["ip", "netns", "exec", ns] for ns in names],
-                    login=("replica", uuid.uuid4().hex), dns="bf-replicas")
+    forwarder, rs = netns_replicas(rabbitmq_broker, namespaces, dns="bf-replicas")
     cs: list[Consumer] = []
     try:
         rs.start_all()
