@@ -1105,12 +1105,11 @@ class ProxyServer(Handler):
         route = self._route(address)
         caps = src.capabilities
         routed = route.upstream if route is not None else address
-        decision = sharing.decide(address=routed, capabilities=caps,
-                                  copy=src.distribution_mode == "copy",
+        copy = src.distribution_mode == "copy"
+        decision = sharing.decide(address=routed, capabilities=caps, copy=copy,
                                   rule_routing_type=route.routing_type if route is not None else "",
                                   upstream=self.upstream)
         subscription = decision.subscription
-        copy = src.distribution_mode == "copy"
         # A browser: copy on a queue (Qpid JMS QueueBrowser: copy and the `queue` capability); copy
         # with `topic` is a subscription (Qpid JMS durable subscribers ask for copy too)
         browse = copy and "topic" not in caps and (
@@ -1118,7 +1117,7 @@ class ProxyServer(Handler):
             or sharing.ANYCAST in (sharing.address_form_routing(routed), self.upstream.routing_type(routed, caps)))
         owned = (self.replicas is not None and conn.peer is None and routed is not None and not subscription
                  and not browse and not src.dynamic)
-        if owned and self.upstream_up and self._splice(link, routed):
+        if owned and self.upstream_up and self._splicing(conn) and self._splice(link, routed):
             return  # (its filter is the owner's to compile, or to refuse)
         try:
             if self.config is not None:
@@ -1161,12 +1160,10 @@ class ProxyServer(Handler):
                 and bool(getattr(getattr(self.config, "replicas", None), "splice", False)))
 
     def _splice(self, link, address: str) -> bool:
-        """`replicas.splice`: the client's connection goes whole to the owner of queue `address` when
-        this link (a consumer's or a producer's) is its first and nothing has been answered on it yet
-        (`engine.splice`: the owner answers the client's open, begin and attach, and serves it); True
-        if it went."""
-        if not self._splicing(_conn_state(link.connection)):
-            return False
+        """`replicas.splice` (the caller checked `_splicing`): the client's connection goes whole to
+        the owner of queue `address` when this link (a consumer's or a producer's) is its first and
+        nothing has been answered on it yet (`engine.splice`: the owner answers the client's open,
+        begin and attach, and serves it); True if it went."""
         settings = self.config.replicas
         via, _ = self.replicas.upstream_for(address)
         connection = link.connection

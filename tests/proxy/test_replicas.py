@@ -12,12 +12,10 @@ import time
 import uuid
 
 import pytest
-from proton import Message
 
-from clients import publish_many
 from launcher import metric_value, scrape
 from replicas import (Consumer, Forwarder, ReplicaSet, all_arrive, expected, no_more_arrive, no_traceback,
-                      start_consumers, stop_everything, wait_consumers)
+                      publish_parts, start_consumers, stop_everything, wait_consumers)
 
 from broker_filter.proxy.replicas import owner_of
 
@@ -40,17 +38,13 @@ def fresh() -> tuple[str, str]:
     return name, f"/queue/{name}"
 
 
-def publish(upstream: str, q: str, start: int, stop: int) -> None:
-    publish_many(upstream, q, [Message(body=i, properties={"part": i % N}) for i in range(start, stop)])
-
-
 def test_one_owner_serves_every_replica_exact_sets_and_no_moves(rabbitmq, replica_set):
     rs = replica_set
     name, q = fresh()
     owner = rs.peers.index(owner_of(q, rs.peers))
     cs = start_consumers(rs, q)
     try:
-        publish(rabbitmq, q, 0, 900)
+        publish_parts(rabbitmq, q, 0, 900)
         for k, c in enumerate(cs):
             assert c.wait_count(300, 60), f"consumer {k}: {c.count()} of 300; {c.errors}"
         # only the owner consumes from the queue; the others' links go through it
@@ -83,7 +77,7 @@ def test_replica_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_s
     others = [i for i in range(N) if i != victim]
     cs = start_consumers(rs, q)
     try:
-        publish(rabbitmq, q, 0, 3000)
+        publish_parts(rabbitmq, q, 0, 3000)
         assert cs[others[0]].wait_count(50, 60)  # mid-stream
         d = rs.daemons[victim]
         lost_at = time.monotonic()
@@ -98,7 +92,7 @@ def test_replica_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_s
         # within 5 s, and serves the queue from then on
         rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[victim]} is"), 10)
         moved_in = time.monotonic() - lost_at
-        publish(rabbitmq, q, 3000, 3300)
+        publish_parts(rabbitmq, q, 3000, 3300)
         for k in others:  # the other consumers keep receiving, through the new owner
             assert cs[k].wait_set(expected(k, 0, 3300), 90), f"consumer {k}: {cs[k].count()}; {cs[k].errors}"
         # the lost replica's consumer moved to another replica and got its own too
@@ -116,7 +110,7 @@ def test_replica_lost_mid_stream_nothing_lost_and_it_rejoins(rabbitmq, replica_s
         rs.start(victim)
         for i in others:
             rs.daemons[i].wait_for(rf"(?s)(?:replica {re.escape(rs.peers[victim])} is up.*){{{ups[i] + 1}}}", 30)
-        publish(rabbitmq, q, 3300, 3600)
+        publish_parts(rabbitmq, q, 3300, 3600)
         all_arrive(cs, 3600, 90)
         assert wait_consumers(name, 1) == 1
         time.sleep(0.5)
@@ -166,7 +160,7 @@ def test_replica_without_its_upstream_owns_nothing_until_it_is_back(rabbitmq, ra
         rs.start_all()
         name, q = queue_owned_by(rs, 2)
         cs = start_consumers(rs, q)
-        publish(rabbitmq, q, 0, 600)
+        publish_parts(rabbitmq, q, 0, 600)
         all_arrive(cs, 600, 60)
         assert wait_consumers(name, 1) == 1
 
@@ -174,7 +168,7 @@ def test_replica_without_its_upstream_owns_nothing_until_it_is_back(rabbitmq, ra
         forwarder.close()
         for i in (0, 1):
             wait_more(rs.daemons[i], f"replica {rs.peers[2]} is gone", gone[i])
-        publish(rabbitmq, q, 600, 1200)
+        publish_parts(rabbitmq, q, 600, 1200)
         for k, c in enumerate(cs):  # consumer 2's links were closed by its replica: it went to replica 0
             assert c.wait_set(expected(k, 0, 1200), 60), f"consumer {k}: {c.count()}; {c.errors}"
         assert wait_consumers(name, 1) == 1
@@ -185,7 +179,7 @@ def test_replica_without_its_upstream_owns_nothing_until_it_is_back(rabbitmq, ra
         forwarder.start()
         for i in (0, 1):
             wait_more(rs.daemons[i], f"replica {rs.peers[2]} is up", ups[i])
-        publish(rabbitmq, q, 1200, 1500)
+        publish_parts(rabbitmq, q, 1200, 1500)
         all_arrive(cs, 1500, 60)
         assert wait_consumers(name, 1) == 1
         no_more_arrive(cs, 1500)
@@ -206,11 +200,11 @@ def test_a_replica_losing_its_upstream_keeps_the_links_it_serves_through_the_own
         rs.start_all()
         name, q = queue_owned_by(rs, 0)
         cs = start_consumers(rs, q)
-        publish(rabbitmq, q, 0, 300)
+        publish_parts(rabbitmq, q, 0, 300)
         all_arrive(cs, 300, 60)
         forwarder.close()
         rs.daemons[2].wait_for(r"connection lost", 30)
-        publish(rabbitmq, q, 300, 900)
+        publish_parts(rabbitmq, q, 300, 900)
         all_arrive(cs, 900, 60)
         assert cs[2].reconnects == 0, cs[2].errors
         no_more_arrive(cs, 900)

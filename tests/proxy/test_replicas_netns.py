@@ -14,11 +14,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from proton import Message
 
-from clients import publish_many
 from replicas import (Consumer, Forwarder, PipelinedConsumer, ReplicaSet, all_arrive, no_more_arrive, no_traceback,
-                      start_consumers, stop_everything, wait_consumers)
+                      publish_parts, start_consumers, stop_everything, wait_consumers)
 
 from broker_filter.proxy.replicas import owner_of
 
@@ -82,11 +80,6 @@ def netns_replicas(rabbitmq_broker, namespaces, **options) -> tuple[Forwarder, R
                     program_prefix=[["ip", "netns", "exec", ns] for ns in names],
                     login=("replica", uuid.uuid4().hex), **options)
     return forwarder, rs
-
-
-def publish_parts(url: str, q: str, start: int, stop: int) -> None:
-    """Messages start..stop-1 on `q`, message i with the property part = i % N."""
-    publish_many(url, q, [Message(body=i, properties={"part": i % N}) for i in range(start, stop)])
 
 
 def kill_the_owner(rabbitmq_broker, rs: ReplicaSet, q: str, owner: int, cs: list, start: int, stop: int) -> None:

@@ -13,17 +13,14 @@ import time
 import uuid
 
 import pytest
-from proton import Message
 
-from clients import connect, publish_many, send_messages, sender
+from clients import connect, send_messages, sender
 from launcher import metric_value, scrape
-from replicas import Consumer, PipelinedConsumer, ReplicaSet, expected
+from replicas import Consumer, PipelinedConsumer, ReplicaSet, expected, parts, publish_parts
 
 from broker_filter.proxy.replicas import owner_of
 
 pytestmark = pytest.mark.rabbitmq
-
-PARTS = 3
 
 
 def running(rabbitmq: str, n: int):
@@ -48,10 +45,6 @@ def queue_owned_by(rs: ReplicaSet, i: int) -> tuple[str, str]:
             return name, q
 
 
-def publish(upstream: str, q: str, start: int, stop: int) -> None:
-    publish_many(upstream, q, [Message(body=i, properties={"part": i % PARTS}) for i in range(start, stop)])
-
-
 def received(rs: ReplicaSet, i: int, q: str) -> float:
     return metric_value(scrape(rs.metrics_ports[i]), "broker_filter_messages_received_total", address=q)
 
@@ -69,7 +62,7 @@ def test_a_pipelined_client_on_a_non_owner_is_spliced_to_the_owner(rabbitmq, pai
         for c in (spliced, waiting):
             c.start()
             assert c.attached.wait(30), c.errors
-        publish(rabbitmq, q, 0, 600)
+        publish_parts(rabbitmq, q, 0, 600)
         assert spliced.wait_set(expected(1, 0, 600), 60), f"{spliced.count()}; {spliced.errors}"
         assert waiting.wait_set(expected(2, 0, 600), 60), f"{waiting.count()}; {waiting.errors}"
         time.sleep(0.5)  # extras would show here
@@ -101,11 +94,10 @@ def test_a_pipelined_producer_on_a_non_owner_is_spliced_to_the_owner(rabbitmq, p
     try:
         consumer.start()
         assert consumer.attached.wait(30), consumer.errors
-        publish(rs.url(1), q, 0, 300)  # proton's Container: open, begin and attach pipelined
+        publish_parts(rs.url(1), q, 0, 300)  # proton's Container: open, begin and attach pipelined
         conn = connect(rs.url(1))  # BlockingConnection: attaches once its open is answered
         try:
-            send_messages(sender(conn, q), [Message(body=i, properties={"part": i % PARTS})
-                                            for i in range(300, 500)])
+            send_messages(sender(conn, q), parts(300, 500))
         finally:
             conn.close()
         assert consumer.wait_set(set(range(500)), 60), f"{consumer.count()}; {consumer.errors}"
@@ -140,7 +132,7 @@ def test_three_replicas_spliced_consumers_survive_a_replica_going_and_coming_bac
             c.start()
             assert c.attached.wait(30), c.errors
         assert sum(rs.daemons[k].log().count("spliced to it") for k in (1, 2)) == 2
-        publish(rabbitmq, q, 0, 3000)
+        publish_parts(rabbitmq, q, 0, 3000)
         assert cs[2].wait_count(50, 60), cs[2].errors  # mid-stream
         d = rs.daemons[victim]
         lost_at = time.monotonic()
@@ -150,7 +142,7 @@ def test_three_replicas_spliced_consumers_survive_a_replica_going_and_coming_bac
         rs.daemons[new_owner].wait_for(re.escape(f"replica {rs.peers[victim]} is"), 10)
         moved_in = time.monotonic() - lost_at
         assert moved_in < 5, f"ownership moved after {moved_in:.1f} s"
-        publish(rabbitmq, q, 3000, 3300)
+        publish_parts(rabbitmq, q, 3000, 3300)
         for k in range(3):
             assert cs[k].wait_set(expected(k, 0, 3300), 90), f"consumer {k}: {cs[k].count()}; {cs[k].errors}"
         lost = [k for k in range(3) if cs[k].reconnects or cs[k].errors]
@@ -160,7 +152,7 @@ def test_three_replicas_spliced_consumers_survive_a_replica_going_and_coming_bac
         rs.start(victim)
         for i in others:
             rs.daemons[i].wait_for(rf"(?s)(?:replica {re.escape(rs.peers[victim])} is up.*){{{ups[i] + 1}}}", 30)
-        publish(rabbitmq, q, 3300, 3600)
+        publish_parts(rabbitmq, q, 3300, 3600)
         for k in range(3):
             assert cs[k].wait_set(expected(k, 0, 3600), 90), f"consumer {k}: {cs[k].count()}; {cs[k].errors}"
         time.sleep(0.5)

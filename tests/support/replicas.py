@@ -267,6 +267,20 @@ def wait_consumers(name: str, want: int, timeout: float = 30) -> int | None:
     return n
 
 
+def parts(start: int, stop: int, n: int = 3) -> list:
+    """Messages start..stop-1: message i has the body i and the property part = i % n."""
+    from proton import Message
+
+    return [Message(body=i, properties={"part": i % n}) for i in range(start, stop)]
+
+
+def publish_parts(url: str, q: str, start: int, stop: int, n: int = 3) -> None:
+    """`parts(start, stop, n)` published to `q` at `url`, every one accepted."""
+    from clients import publish_many
+
+    publish_many(url, q, parts(start, stop, n))
+
+
 def expected(k: int, start: int, stop: int, n: int = 3) -> set:
     """The bodies consumer k of n gets (selector `part = k`, message i has part i % n)."""
     return {i for i in range(start, stop) if i % n == k}
