@@ -319,7 +319,7 @@ class App:
         for conn in list(self.registry.connections):
             for session in list(conn.sessions):
                 for link in list(session.links):
-                    state = link.context  # the proxy's record of the link (server._ClientLink)
+                    state = link.context  # the proxy's record of the link (records.ClientLink)
                     if state is None:
                         continue
                     if state.outlet is not None:

@@ -30,6 +30,7 @@ from typing import Any
 from ..engine._cproton import lib
 from ..engine.container import Typed
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, LOCAL_UNINIT, Link, Terminus, copy_remote
+from .records import link_state
 from .refusal import refuse_link
 from .wire import receive, remote_outcome, send, settle_with
 
@@ -64,7 +65,7 @@ class _Calls:
 
 
 def _calls(connection: Any) -> _Calls:
-    state = connection.context  # the proxy's record of the client connection (server._Conn)
+    state = connection.context  # the proxy's record of the client connection (records.ClientConnection)
     if state.management_calls is None:
         state.management_calls = _Calls()
     return state.management_calls
@@ -89,7 +90,7 @@ def is_management(link: Any) -> bool:
 
 def refusal(upstream: Any) -> str | None:
     """Why `/management` cannot be served in front of `upstream`, or None when it passes through."""
-    if getattr(upstream, "serves_management", False):
+    if upstream.traits.serves_management:
         return None
     return (f"/management is RabbitMQ 4's management node: it passes through only in front of RabbitMQ 4, "
             f"and upstream {getattr(upstream, 'name', 'embedded')} is "
@@ -147,13 +148,13 @@ class ManagementPair:
         pair.attach(client_link, route)
 
     def attach(self, client: Link, route: Any) -> None:
-        from . import remote, server
+        from . import remote
 
         up = self.session.sender(client.name) if client.is_receiver else self.session.receiver(client.name)
         _copy_link(up, client)
         state = remote.link_state(up)
         state.pair, state.peer = self, client
-        mine = server.link_state(client)
+        mine = link_state(client)
         mine.pair, mine.peer = self, up
         self.links[client] = up
         route(client, self._client_transfer)  # (its flow: ProxyServer.on_flow, `_client_credit`)

@@ -40,12 +40,14 @@ from typing import Any, Callable
 
 
 from ..amqp import types as t
+from ..config import Config
 from ..amqp import CodecError, decode_message, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from ..security import SaslClientExchange
 from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import fanout, introspect, management, sharing, topology
+from .records import ClientConnection, Placement, connection_state, link_state, links_of, state_of
 from .refusal import close_link, refuse_link
 from .routing import Routing, vhost_asked
 from .replicas import PROPERTY as REPLICA_PROPERTY
@@ -117,14 +119,13 @@ def push_down(upstream: Upstream, address: str | None, fs: FilterSet,
     offered: list = []
     taken: set[int] = set()
     m = _EXCHANGE.match(address or "")
-    if m and getattr(upstream, "binds_exchange_keys", False):
+    if m and upstream.traits.binds_exchange_keys:
         exchange = m.group(1)
         bindings = [e for e in fs.entries if e.kind in ("direct", "topic") and isinstance(e.text, str)]
         if len(bindings) == 1 and "/" not in bindings[0].text:
             # The exchange applies its own binding semantics, which is what a legacy binding asks for.
             address = f"/exchange/{exchange}/{bindings[0].text}"
             taken.add(id(bindings[0]))
-    can_offer = getattr(upstream, "can_offer", None)
     keys: set = set()
     for e in fs.entries:
         # One entry per key upstream (a filter-set is a map); a clashing key stays local.
@@ -136,79 +137,11 @@ def push_down(upstream: Upstream, address: str | None, fs: FilterSet,
                 taken.add(id(e))
                 keys.add(str(e.key))
                 continue
-        if can_offer is not None and can_offer(e):
+        if upstream.can_offer(e):
             offered.append(e)
             keys.add(str(e.key))
     local = fs.subset(lambda e: id(e) not in taken)
     return address, tuple(pushed), local, tuple(offered)
-
-
-class _Conn:
-    """What the proxy keeps on each client connection (`Connection.context`)."""
-
-    __slots__ = ("id", "links", "producers", "closed", "peer", "connection", "management_calls")
-
-    def __init__(self, id: str, connection: Any = None):
-        self.id = id
-        self.links: set = set()
-        self.producers: set = set()  # the links of `links` a client sends on (an inlet or a relay)
-        self.closed = False
-        self.peer: str | None = None  # the replica that opened it (`[replicas]`), else None
-        self.connection = connection
-        self.management_calls: Any = None  # its /management requests in flight (`management._Calls`)
-
-
-class _ClientLink:
-    """What the proxy keeps on each client link (`Link.context`)."""
-
-    __slots__ = ("outlet", "inlet", "relay", "place", "fs", "subscription", "unsubscribe", "unsubscribe_queue",
-                 "pair", "peer", "unsettled")
-
-    def __init__(self) -> None:
-        self.outlet: Outlet | None = None  # a receiving link's place on its feed
-        self.inlet: Inlet | None = None  # a sending link's upstream publisher
-        self.relay: Relay | None = None  # ... or its anonymous relay
-        self.place: _Placement | None = None
-        self.fs: FilterSet | None = None  # its filter-set as attached
-        self.subscription = False
-        self.unsubscribe: str | None = None  # the kept durable subscription a null-source attach names
-        self.unsubscribe_queue: str | None = None  # ... or the queue on the broker holding it (`topology`)
-        self.pair: Any = None  # a /management link: its `management.ManagementPair`
-        self.peer: Any = None  # ... and its upstream link
-        self.unsettled: dict | None = None  # ... and the deliveries relayed on it -> their origins
-
-
-_NO_STATE = _ClientLink()  # what a link the proxy keeps nothing on reads as
-
-
-def link_state(link: Link) -> _ClientLink:
-    """The proxy's record of a client link (made on first use)."""
-    state = link.context
-    if state is None:
-        state = link.context = _ClientLink()
-    return state
-
-
-def _state(link: Link | None) -> _ClientLink:
-    """The proxy's record of a client link, or an empty one (never made here)."""
-    state = link.context if link is not None else None
-    return state if state is not None else _NO_STATE
-
-
-class _Placement:
-    """What a client's receiving link asked for, kept to serve it again on another upstream (a
-    queue whose owner changed, see `ProxyServer.rehome`)."""
-
-    __slots__ = ("routed", "wanted", "decision", "caps", "routing_type", "browse", "owned")
-
-    def __init__(self, routed, wanted, decision, caps, routing_type, browse, owned):
-        self.routed = routed
-        self.wanted = wanted
-        self.decision = decision
-        self.caps = caps
-        self.routing_type = routing_type
-        self.browse = browse
-        self.owned = owned  # a queue link served by the queue's owner (`[replicas]`)
 
 
 class FeedBinding:
@@ -222,11 +155,11 @@ class FeedBinding:
         self.upstream = upstream if upstream is not None else server.upstream
         self.via = via  # the replica owning the queue, through which this feed consumes (None: here)
         if key[0] == "fanout":  # the address's shared upstream subscription (proxy/fanout.py)
-            limits = getattr(server.config, "limits", None)
+            limits = server.config.limits
             self.feed = fanout.FanoutFeed(self, window=server.window, buffer=server.window, max_credit=server.max_credit,
                                           log=log.warning,
-                                          indexed=getattr(limits, "subscription_index", True),
-                                          cache_size=getattr(limits, "index_cache_size", 1024),
+                                          indexed=limits.subscription_index,
+                                          cache_size=limits.index_cache_size,
                                           counters=server.metrics.shared(spec.address) if server.metrics else None)
         else:
             # Through the owner (replicas): a deeper window, so the owner's link for it runs out of
@@ -235,7 +168,7 @@ class FeedBinding:
             window = server.window * (VIA_WINDOW if via is not None else 1)
             self.feed = Feed(self, subscription=subscription, window=window, max_credit=server.max_credit,
                              recycle=server.recycle and not subscription, token=server.feed_token(),
-                             custody=not getattr(self.upstream, "redelivers_in_place", False),
+                             custody=not self.upstream.traits.redelivers_in_place,
                              log=log.warning)
             # A queue that turns out to be a stream: no link joins this consumer any more (each
             # stream consumer reads every message at an offset of its own)
@@ -312,12 +245,12 @@ class FeedBinding:
             if self.spec.offered:
                 self.server.offers_decided(self, info.evaluated)
             if isinstance(self.feed, Feed):
-                self.feed.whole_grants = bool(getattr(self.upstream, "over_delivers", False))
-                self.feed.dead_letters = bool(getattr(self.upstream, "dead_letters_undeliverable", False))
+                self.feed.whole_grants = bool(self.upstream.traits.over_delivers)
+                self.feed.dead_letters = bool(self.upstream.traits.dead_letters_undeliverable)
             if info.subscription is False and self.feed.subscription:
                 # The upstream says this source is shared: never consume a non-match on it.
                 self.feed.subscription = False
-                self.feed.custody = not getattr(self.upstream, "redelivers_in_place", False)
+                self.feed.custody = not self.upstream.traits.redelivers_in_place
             pending, self.pending = self.pending, []
             if info.subscription is True and not self.feed.subscription and self.key[0] == "queue":
                 # A subscription taken for a queue (sharing.decide had no word for it): the first
@@ -368,7 +301,7 @@ class Inlet:
     __slots__ = ("link", "ptr", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters",
                  "oversize", "origin", "dynamic")
 
-    def __init__(self, link, address: str, conn: _Conn, counters: Any = None):
+    def __init__(self, link, address: str, conn: ClientConnection, counters: Any = None):
         self.counters = counters
         self.link = link
         self.ptr = link.ptr  # its pn_link_t (per message: no property)
@@ -497,7 +430,7 @@ class Relay:
     its `properties.to` through an upstream publisher kept per address, at most `RELAY_PUBLISHERS`
     of them (least recently used closed first), and settled with the outcome that address gave."""
 
-    def __init__(self, server: "ProxyServer", link, conn: "_Conn"):
+    def __init__(self, server: "ProxyServer", link, conn: "ClientConnection"):
         self.server = server
         self.link = link
         self.ptr = link.ptr
@@ -622,8 +555,9 @@ class ProxyServer(Handler):
     ):
         super().__init__()
         self.metrics = metrics  # broker_filter.metrics.Metrics, or None
-        self.config = config  # broker_filter.config.Config: address rules, virtual addresses, limits
-        self.routing = Routing.from_config(config) if config is not None else None
+        # broker_filter.config.Config: address rules, virtual addresses, limits (its defaults when None)
+        self.config = config = config if config is not None else Config()
+        self.routing = Routing.from_config(config)
         self.upstream = upstream
         self.instance = instance
         self.dialect = dialect
@@ -636,7 +570,7 @@ class ProxyServer(Handler):
         # the same feed without them: any link of the queue may join (its filters stay local)
         self.feed_aliases: dict[Any, FeedBinding] = {}
         self.deciding: dict[Any, FeedBinding] = {}  # queue base key -> the feed whose offers await an answer
-        self.connections: dict[str, _Conn] = {}
+        self.connections: dict[str, ClientConnection] = {}
         self._conn_ids = itertools.count(1)
         self._tags = itertools.count(1)
         self._sub_ids = itertools.count(1)
@@ -648,14 +582,13 @@ class ProxyServer(Handler):
         # select; with the attached ones at most `limits.kept_subscriptions` (`_beyond_kept_limit`)
         self.kept: dict[str, FeedBinding] = {}
         # how long a feed whose last link went waits for its moves in flight
-        self.grace = float(getattr(getattr(config, "shutdown", None), "grace_period", 10.0))
+        self.grace = float(config.shutdown.grace_period)
         self.stopping = False
         self.refused = 0
         self.upstream_up = False
         self._was_up = False
         self.filter_totals = introspect.FilterTotals()  # the filter counts of links that are gone
-        limits = getattr(config, "limits", None)
-        self._max_message_size = getattr(limits, "max_message_size", 0) or 0
+        self._max_message_size = config.limits.max_message_size or 0
         self.replicas: Any = None  # proxy.replicas.Replicas when `[replicas]` is configured
 
     def next_tag(self) -> bytes:
@@ -750,7 +683,7 @@ class ProxyServer(Handler):
                 records.append(self._link_record(o, b, feed, now))
         for c in list(self.connections.values()):
             for link in list(c.links):
-                state = _state(link)
+                state = state_of(link)
                 inlet, relay = state.inlet, state.relay
                 if inlet is None and relay is None:
                     continue
@@ -766,8 +699,8 @@ class ProxyServer(Handler):
 
     def _link_record(self, o: Outlet, b: FeedBinding, feed: dict, now: float) -> dict:
         link = o.io_ref
-        conn = _conn_state(link.connection) if link is not None else None
-        fs = _state(link).fs
+        conn = connection_state(link.connection) if link is not None else None
+        fs = state_of(link).fs
         local = {id(e) for e in getattr(o.filter, "entries", ())}
         pushed = "embedded broker" if getattr(b.consumer, "filter_counts", None) is not None else "upstream"
         filters = [{"key": str(e.key), "kind": e.kind, "text": e.filter.description,
@@ -859,8 +792,8 @@ class ProxyServer(Handler):
     # ---------------------------------------------------------------- connections
     @boundary
     def on_connection_open(self, conn: Connection) -> None:
-        limits = getattr(self.config, "limits", None)
-        if limits is not None and len(self.connections) >= limits.connections:
+        limits = self.config.limits
+        if len(self.connections) >= limits.connections:
             conn.open()
             conn.close(Condition("amqp:resource-limit-exceeded",
                                  f"the proxy accepts at most {limits.connections} connections"))
@@ -868,7 +801,7 @@ class ProxyServer(Handler):
                 self.metrics.refuse_connection("limit")
             return
         asked = vhost_asked(conn.remote_hostname)
-        served = getattr(self.upstream, "vhost", None)
+        served = self.upstream.vhost
         if asked is not None and served is not None and asked != served:
             # Never another vhost than the one asked for (RabbitMQ's clients name it in the hostname)
             conn.open()
@@ -891,7 +824,7 @@ class ProxyServer(Handler):
         if self.metrics is not None:
             self.metrics.connections_accepted.inc()
         cid = f"{self.instance}/{next(self._conn_ids)}"
-        state = conn.context = _Conn(cid, conn)
+        state = conn.context = ClientConnection(cid, conn)
         state.peer = str(peer) if peer is not None else None
         if peer is not None:
             # the peer's link to this replica ends after the same silence as this one's to the peer:
@@ -924,11 +857,11 @@ class ProxyServer(Handler):
         self._drop_connection(conn)
 
     def _drop_connection(self, conn: Connection) -> None:
-        c = _conn_state(conn)
+        c = connection_state(conn)
         if c is None or c.closed:
             return
         c.closed = True
-        for link in _links(conn):
+        for link in links_of(conn):
             self._drop_link(link)
         self.connections.pop(c.id, None)
 
@@ -937,12 +870,12 @@ class ProxyServer(Handler):
     def on_link_open(self, link: Link) -> None:
         if link.local_state != LOCAL_UNINIT:
             return
-        conn = _conn_state(link.connection)
+        conn = connection_state(link.connection)
         if conn is None:
             self._refuse(link, "amqp:resource-limit-exceeded", "connection not accepted")
             return
-        limits = getattr(self.config, "limits", None)
-        if limits is not None and len(conn.links) >= limits.links_per_connection:
+        limits = self.config.limits
+        if len(conn.links) >= limits.links_per_connection:
             self._refuse(link, "amqp:resource-limit-exceeded",
                          f"at most {limits.links_per_connection} links per connection")
             return
@@ -988,14 +921,14 @@ class ProxyServer(Handler):
 
     @boundary
     def on_flow(self, link: Link) -> None:
-        state = _state(link)
+        state = state_of(link)
         if state.pair is not None:
             state.pair._client_credit(link)
         elif link.is_sender:
             self._outlet_credit(link)
 
     def _outlet_credit(self, link: Link) -> None:
-        outlet = _state(link).outlet
+        outlet = state_of(link).outlet
         if outlet is None:
             return
         pointer = link.ptr
@@ -1085,19 +1018,19 @@ class ProxyServer(Handler):
         log.log(level, "refused link %r: %s: %s", link.name, condition, description)
 
     # ---------------------------------------------------------------- receiving (outlets)
-    def _attach_outlet(self, link, conn: _Conn) -> None:
+    def _attach_outlet(self, link, conn: ClientConnection) -> None:
         src = link.remote_source
         address = src.address
         raw = src.filter  # (one proton could not read was refused in `on_link_open`)
         if raw is not None and not isinstance(raw, dict):
             self._refuse(link, "amqp:invalid-field", "the source filter must be a map (a filter-set)", _FIELD_FILTER)
             return
-        if src.dynamic and not address and not getattr(self.upstream, "dynamic_sources", False):
+        if src.dynamic and not address and not self.upstream.traits.dynamic_sources:
             # (RabbitMQ 3.10 and 4.0 answer a dynamic source by ending the whole session.)
             self._refuse(link, "amqp:not-implemented",
                          f"dynamic sources are not supported by upstream {self.upstream.name}")
             return
-        if src.null and not getattr(self.upstream, "named_subscriptions", False):
+        if src.null and not self.upstream.traits.named_subscriptions:
             # Qpid JMS's unsubscribe (a null source, the subscription's link name): the durable
             # subscription the proxy keeps under that name, if any.
             self._look_up_kept(link, conn)
@@ -1120,11 +1053,8 @@ class ProxyServer(Handler):
         if owned and self.upstream_up and self._splicing(conn) and self._splice(link, routed):
             return  # (its filter is the owner's to compile, or to refuse)
         try:
-            if self.config is not None:
-                fs = compile_filter_set(raw or {}, dialect=self.dialect, limits=self.config.limits.filter_limits(),
-                                        max_depth=self.config.limits.nesting_depth)
-            else:
-                fs = compile_filter_set(raw or {}, dialect=self.dialect)
+            fs = compile_filter_set(raw or {}, dialect=self.dialect, limits=self.config.limits.filter_limits(),
+                                    max_depth=self.config.limits.nesting_depth)
             # A virtual address's filter (compiled once, by the routing) AND the
             # client's own: one filter-set, pushed down as far as the upstream filters.
             wanted = route.virtual.combine(fs) if route is not None and route.virtual else fs
@@ -1134,7 +1064,7 @@ class ProxyServer(Handler):
         if not self.upstream_up:
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
             return
-        if browse and not getattr(self.upstream, "browses_queues", False):
+        if browse and not self.upstream.traits.browses_queues:
             self._refuse(link, "amqp:not-implemented",
                          f"browsing a queue (distribution-mode copy) is not supported in front of {self.upstream.name}: "
                          "attach without distribution-mode copy to consume from it")
@@ -1150,14 +1080,14 @@ class ProxyServer(Handler):
         if outlet_presettled_requested(link):
             link.set_snd_settle_mode(True)
             outlet.presettled = True
-        state.place = _Placement(routed, wanted, decision, caps, route.routing_type if route is not None else "",
+        state.place = Placement(routed, wanted, decision, caps, route.routing_type if route is not None else "",
                                  browse, owned)
         self._place(link, outlet)
 
-    def _splicing(self, conn: _Conn) -> bool:
+    def _splicing(self, conn: ClientConnection) -> bool:
         """Whether a client connection's first link may splice it (`replicas.splice`)."""
         return (self.replicas is not None and conn.peer is None
-                and bool(getattr(getattr(self.config, "replicas", None), "splice", False)))
+                and self.config.replicas.splice)
 
     def _splice(self, link, address: str) -> bool:
         """`replicas.splice` (the caller checked `_splicing`): the client's connection goes whole to
@@ -1181,7 +1111,7 @@ class ProxyServer(Handler):
             self.metrics.splices.inc()
         return True
 
-    def _look_up_kept(self, link, conn: _Conn) -> None:
+    def _look_up_kept(self, link, conn: ClientConnection) -> None:
         """A null-source attach names a durable subscription (Qpid JMS's unsubscribe): answered with
         the kept subscription's source (Qpid JMS requires one); closing the link ends it.  In front
         of RabbitMQ 4 the subscription is looked for on the broker as well (`_hold_on_broker`)."""
@@ -1216,7 +1146,7 @@ class ProxyServer(Handler):
 
         topology.find_subscription_queue(pair, queue, found)
 
-    def _answer_lookup(self, link, conn: _Conn, name: str, address: str | None) -> None:
+    def _answer_lookup(self, link, conn: ClientConnection, name: str, address: str | None) -> None:
         link.set_source(_kept_source(address))
         link.copy_remote_target()
         link_state(link).unsubscribe = name
@@ -1235,8 +1165,8 @@ class ProxyServer(Handler):
     def _place(self, link, outlet: Outlet) -> None:
         """Serve a client's receiving link: join the feed of its kind on its upstream, or open one
         (a queue link under `[replicas]`: on the upstream of the queue's owner)."""
-        state = _state(link)
-        p: _Placement = state.place
+        state = state_of(link)
+        p: Placement = state.place
         src = link.remote_source
         fs: FilterSet = state.fs
         routed, wanted, decision, caps, browse = p.routed, p.wanted, p.decision, p.caps, p.browse
@@ -1250,7 +1180,7 @@ class ProxyServer(Handler):
         outlet.filter = local
         outlet.identity = filter_identity(local, outlet.receiver)
         passthrough = ()
-        if fs.ignored and getattr(upstream, "passes_unknown_filters", False):
+        if fs.ignored and upstream.traits.passes_unknown_filters:
             # Filters the proxy does not know (a stream offset, a broker's own filter): the upstream
             # may (RabbitMQ's `rabbitmq:stream-offset-spec`); its echo says what it applied.
             passthrough = tuple(Passthrough(i.key, i.value) for i in fs.ignored)
@@ -1272,7 +1202,7 @@ class ProxyServer(Handler):
         # subscriptions: the proxy keeps it across its subscribers' detaches, as a queue on the
         # broker (RabbitMQ 4, `_hold_on_broker`), else with its upstream consumer left attached.
         kept = (subscription and via is None and not browse and not spec.dynamic
-                and not getattr(upstream, "named_subscriptions", False))
+                and not upstream.traits.named_subscriptions)
         durable = bool(src.durability) or spec.expiry_policy == "never"
         key = sharing.feed_key(decision, address=up_address, pushed=pushed + offered + passthrough, local=local,
                                serial=next(self._sub_ids), link_name=link.name,
@@ -1359,7 +1289,7 @@ class ProxyServer(Handler):
         subscription feed (what the link's filters do not select is accepted and dropped).  The
         queue, not the daemon, keeps the subscription while its subscriber is detached, across
         daemon restarts and upstream reconnects; an unsubscribe deletes it."""
-        state = _state(link)
+        state = state_of(link)
         queue = topology.durable_queue(kept_name)
         arguments = {"x-queue-type": "classic", topology.ARG_ADDRESS: address, topology.ARG_FILTER: local.description,
                      topology.ARG_CLIENT: spec.container_id or "", topology.ARG_NAME: link.name}
@@ -1390,7 +1320,7 @@ class ProxyServer(Handler):
         it already has `limits.kept_subscriptions` of them, attached or kept: refused at its attach,
         so that no subscriber's detach ever needs one more kept than the limit and none kept is
         dropped.  True if refused."""
-        limit = getattr(getattr(self.config, "limits", None), "kept_subscriptions", 0) or 0
+        limit = self.config.limits.kept_subscriptions or 0
         if not limit or name in self.kept:
             return False
         names = {b.kept_name for b in self.feeds.values()
@@ -1432,7 +1362,7 @@ class ProxyServer(Handler):
                 self.rehome(b, moving)
 
     def _moves(self, outlet: Outlet, binding: FeedBinding) -> bool:
-        p = _state(outlet.io_ref).place
+        p = state_of(outlet.io_ref).place
         if p is None or not p.owned:
             return False
         via, _ = self.replicas.upstream_for(p.routed)
@@ -1459,7 +1389,7 @@ class ProxyServer(Handler):
         goes back to the broker when no link is left on it."""
         log.info("queue %s: %d link(s) move from %s to %s", binding.spec.address, len(outlets),
                  binding.via or "this replica",
-                 self.replicas.owner(_state(outlets[0].io_ref).place.routed) or "nobody")
+                 self.replicas.owner(state_of(outlets[0].io_ref).place.routed) or "nobody")
         for o in outlets:
             if o in binding.pending:
                 binding.pending.remove(o)
@@ -1476,7 +1406,7 @@ class ProxyServer(Handler):
                 self.upstream.loop.call_later(self.grace, lambda b=binding: self.finish_feed(b))
         for o in outlets:
             link = o.io_ref
-            if link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED or _state(link).outlet is not o:
+            if link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED or state_of(link).outlet is not o:
                 continue
             o.in_flight.clear()
             o.waiting_since = None
@@ -1571,13 +1501,12 @@ class ProxyServer(Handler):
             binding.feed.add_outlet(outlet)
             self._outlet_credit(link)
             return
-        state = _state(link)
+        state = state_of(link)
         fs: FilterSet = state.fs
         src = link.remote_source
         address, dynamic = src.address, False
         if src.dynamic and not src.address:
-            info = getattr(binding, "info", None)
-            address = info.address if info is not None else None
+            address = binding.info.address if binding.info is not None else None
             if not address:
                 self._drop_link(link)
                 close_link(link, "amqp:not-implemented",
@@ -1629,7 +1558,7 @@ class ProxyServer(Handler):
     def _client_outcome(self, link, dlv) -> None:
         """A client's disposition of a delivery (a pointer) sent on an outlet, not routed (see
         `_route_link`)."""
-        self._outcome(_state(link).outlet, link, dlv)
+        self._outcome(state_of(link).outlet, link, dlv)
 
     def _outcome(self, outlet: Outlet | None, link, dlv) -> None:
         """A client's disposition of a delivery (a pointer) sent on `outlet`'s link (its binding
@@ -1651,7 +1580,7 @@ class ProxyServer(Handler):
         lib.pn_delivery_settle(dlv)
 
     # ---------------------------------------------------------------- publishing (inlets)
-    def _attach_inlet(self, link, conn: _Conn) -> None:
+    def _attach_inlet(self, link, conn: ClientConnection) -> None:
         if link.remote_target_type == _COORDINATOR:
             self._refuse(link, "amqp:not-implemented", "transactions are not supported")
             return
@@ -1660,7 +1589,7 @@ class ProxyServer(Handler):
         if address is None and link.remote_target.dynamic:
             # A dynamic target (Qpid JMS's temporary queue: capability temporary-queue): a node of
             # its own, named in the reply, gone with this link.
-            if not getattr(self.upstream, "dynamic_sources", False) or not self.upstream_up:
+            if not self.upstream.traits.dynamic_sources or not self.upstream_up:
                 self._refuse(link, "amqp:not-implemented",
                              f"dynamic targets (temporary queues) are not supported by upstream {self.upstream.name}")
                 return
@@ -1692,7 +1621,7 @@ class ProxyServer(Handler):
         self._route_link(link, functools.partial(self._publish, inlet))
         inlet.publisher = self.upstream.open_publisher(address, inlet, caps, durable=link.remote_target.durability)
 
-    def _attach_relay(self, link, conn: _Conn) -> None:
+    def _attach_relay(self, link, conn: ClientConnection) -> None:
         """A sending link with a null target: each message goes to its `properties.to`."""
         if not self.upstream_up:
             self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
@@ -1715,7 +1644,7 @@ class ProxyServer(Handler):
 
     def _client_publish(self, link, dlv) -> None:
         """A client's transfer (a delivery pointer) on an inlet, not routed (see `_route_link`)."""
-        state = _state(link)
+        state = state_of(link)
         if state.relay is not None:
             state.relay.on_transfer(link, dlv)
             return
@@ -1854,7 +1783,7 @@ class ProxyServer(Handler):
 
     # ---------------------------------------------------------------- cleanup
     def _drop_link(self, link, closed: bool = False) -> None:
-        c = _conn_state(link.connection)
+        c = connection_state(link.connection)
         if c is not None:
             c.links.discard(link)
             c.producers.discard(link)
@@ -1976,9 +1905,9 @@ def _identity(upstream: Any) -> dict:
     with `broker-filter` naming this daemon's version beside them; otherwise product broker-filter."""
     from .. import __version__
 
-    product = getattr(upstream, "product", None)
+    product = upstream.product
     if product == "RabbitMQ":
-        return {t.symbol("product"): product, t.symbol("version"): getattr(upstream, "version", None) or "",
+        return {t.symbol("product"): product, t.symbol("version"): upstream.version or "",
                 t.symbol("broker-filter"): __version__}
     return {t.symbol("product"): "broker-filter", t.symbol("broker-filter"): __version__}
 
@@ -1991,10 +1920,3 @@ def _offer_identity(entry: Any) -> tuple:
 def outlet_presettled_requested(link: Link) -> bool:
     return link.remote_settled_mode
 
-
-def _conn_state(conn: Connection | None) -> _Conn | None:
-    return conn.context if conn is not None else None
-
-
-def _links(conn: Connection) -> list[Link]:
-    return [link for session in list(conn.sessions) for link in list(session.links)]
