@@ -24,6 +24,10 @@ class ClientConnection:
         self.management_calls: Any = None  # its /management requests in flight (`management._Calls`)
         self.identity = identity  # who logged in (`security.Identity`), None when unknown
 
+    @property
+    def user(self) -> str | None:
+        return self.identity.user if self.identity is not None else None
+
 
 class ClientLink:
     """What the proxy keeps on each client link (`Link.context`)."""

@@ -43,10 +43,11 @@ from ..amqp import types as t
 from ..config import Config
 from ..amqp import CodecError, decode_message, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
-from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
-from ..security import SaslClientExchange
+from ..filters import ORIGIN_ANNOTATION, FilterSet
+from ..security import SaslClientExchange, identity_of
 from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import fanout, introspect, management, sharing, topology
+from . import plan
 from .records import ClientConnection, Placement, connection_state, link_state, links_of, state_of
 from .refusal import close_link, refuse_link
 from .routing import Routing, vhost_asked
@@ -89,7 +90,6 @@ RELAY_PUBLISHERS = 16
 VIA_WINDOW = 4
 RELAY_WINDOW = 1000  # credit an anonymous-relay link keeps granted (messages not yet settled count)
 _COORDINATOR = lib.PN_COORDINATOR  # a transaction coordinator target
-_FIELD_FILTER = {t.symbol("field"): t.symbol("filter")}  # the error info naming the source filter
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
 
 
@@ -521,6 +521,11 @@ class Relay:
             return self._refuse(dlv, "amqp:invalid-field",
                                 "properties.to is required on an anonymous-relay link (null target)")
         to = str(to)
+        if server.permissions is not plan.OPEN:
+            why = plan.may_send(server.permissions, self.conn.user, to)
+            if why is not None:
+                server.audit(self.conn, plan.SEND, to, why)
+                return self._refuse(dlv, "amqp:unauthorized-access", why)
         try:
             data = set_message_annotation(data, ORIGIN_ANNOTATION, self.conn.id, self.origin)
         except CodecError as e:
@@ -590,6 +595,7 @@ class ProxyServer(Handler):
         self.filter_totals = introspect.FilterTotals()  # the filter counts of links that are gone
         self._max_message_size = config.limits.max_message_size or 0
         self.replicas: Any = None  # proxy.replicas.Replicas when `[replicas]` is configured
+        self.permissions: plan.Permissions = plan.OPEN  # who may do what (`authorization`; set by the app)
 
     def next_tag(self) -> bytes:
         return b"%x" % next(self._tags)
@@ -824,7 +830,7 @@ class ProxyServer(Handler):
         if self.metrics is not None:
             self.metrics.connections_accepted.inc()
         cid = f"{self.instance}/{next(self._conn_ids)}"
-        state = conn.context = ClientConnection(cid, conn)
+        state = conn.context = ClientConnection(cid, conn, identity_of(conn))
         state.peer = str(peer) if peer is not None else None
         if peer is not None:
             # the peer's link to this replica ends after the same silence as this one's to the peer:
@@ -1008,6 +1014,20 @@ class ProxyServer(Handler):
         except Exception:
             log.exception("failure handling a failure")
 
+    def _refuse_planned(self, link, conn: ClientConnection, refusal: plan.Refuse) -> None:
+        if refusal.condition == "amqp:unauthorized-access":
+            self.audit(conn, refusal.operation, refusal.address, refusal.description)
+        self._refuse(link, refusal.condition, refusal.description, refusal.info, reason=refusal.reason)
+
+    def audit(self, conn: ClientConnection, operation: str | None, address: str | None, why: str) -> None:
+        """An operation refused by the permissions: one log line (who, from where, what, where) and
+        a count by operation."""
+        identity = conn.identity
+        log.warning("authorization: refused %s on %r for user %r from %s: %s", operation, address,
+                    conn.user, identity.peer if identity is not None else "?", why)
+        if self.metrics is not None:
+            self.metrics.authorization_refused(operation or "other")
+
     def _refuse(self, link, condition: str, description: str, info: dict | None = None, *,
                 reason: str | None = None, level: int = logging.INFO) -> None:
         """Refuse `link`'s attach, counted under `reason` (by default the condition's)."""
@@ -1018,60 +1038,39 @@ class ProxyServer(Handler):
         log.log(level, "refused link %r: %s: %s", link.name, condition, description)
 
     # ---------------------------------------------------------------- receiving (outlets)
+    def plan_context(self, conn: ClientConnection) -> plan.Context:
+        """What an attach on `conn` is decided against (`proxy.plan`)."""
+        limits = self.config.limits
+        return plan.Context(traits=self.upstream.traits, upstream_name=self.upstream.name,
+                            upstream_up=self.upstream_up, route=self._route, routing_type=self.upstream.routing_type,
+                            permissions=self.permissions, dialect=self.dialect, filter_limits=limits.filter_limits(),
+                            max_depth=limits.nesting_depth, replicas=self.replicas is not None,
+                            splicing=self._splicing(conn))
+
     def _attach_outlet(self, link, conn: ClientConnection) -> None:
         src = link.remote_source
-        address = src.address
-        raw = src.filter  # (one proton could not read was refused in `on_link_open`)
-        if raw is not None and not isinstance(raw, dict):
-            self._refuse(link, "amqp:invalid-field", "the source filter must be a map (a filter-set)", _FIELD_FILTER)
+        request = plan.ReceiverRequest(address=src.address, filter=src.filter, capabilities=src.capabilities,
+                                       copy=src.distribution_mode == "copy", dynamic=bool(src.dynamic), null=src.null,
+                                       user=conn.user, peer=conn.peer is not None)
+        context = self.plan_context(conn)
+        decided = plan.plan_receiver(request, context)
+        if isinstance(decided, plan.Splice):
+            if self._splice(link, decided.address):
+                return
+            decided = plan.plan_receiver(request, dataclasses.replace(context, splicing=False))
+        if isinstance(decided, plan.Refuse):
+            self._refuse_planned(link, conn, decided)
             return
-        if src.dynamic and not address and not self.upstream.traits.dynamic_sources:
-            # (RabbitMQ 3.10 and 4.0 answer a dynamic source by ending the whole session.)
-            self._refuse(link, "amqp:not-implemented",
-                         f"dynamic sources are not supported by upstream {self.upstream.name}")
-            return
-        if src.null and not self.upstream.traits.named_subscriptions:
+        if isinstance(decided, plan.LookUpKept):
             # Qpid JMS's unsubscribe (a null source, the subscription's link name): the durable
             # subscription the proxy keeps under that name, if any.
             self._look_up_kept(link, conn)
             return
-        route = self._route(address)
-        caps = src.capabilities
-        routed = route.upstream if route is not None else address
-        copy = src.distribution_mode == "copy"
-        decision = sharing.decide(address=routed, capabilities=caps, copy=copy,
-                                  rule_routing_type=route.routing_type if route is not None else "",
-                                  upstream=self.upstream)
-        subscription = decision.subscription
-        # A browser: copy on a queue (Qpid JMS QueueBrowser: copy and the `queue` capability); copy
-        # with `topic` is a subscription (Qpid JMS durable subscribers ask for copy too)
-        browse = copy and "topic" not in caps and (
-            "queue" in caps
-            or sharing.ANYCAST in (sharing.address_form_routing(routed), self.upstream.routing_type(routed, caps)))
-        owned = (self.replicas is not None and conn.peer is None and routed is not None and not subscription
-                 and not browse and not src.dynamic)
-        if owned and self.upstream_up and self._splicing(conn) and self._splice(link, routed):
-            return  # (its filter is the owner's to compile, or to refuse)
-        try:
-            fs = compile_filter_set(raw or {}, dialect=self.dialect, limits=self.config.limits.filter_limits(),
-                                    max_depth=self.config.limits.nesting_depth)
-            # A virtual address's filter (compiled once, by the routing) AND the
-            # client's own: one filter-set, pushed down as far as the upstream filters.
-            wanted = route.virtual.combine(fs) if route is not None and route.virtual else fs
-        except FilterError as e:
-            self._refuse(link, e.condition, e.describe(), _FIELD_FILTER)
-            return
-        if not self.upstream_up:
-            self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
-            return
-        if browse and not self.upstream.traits.browses_queues:
-            self._refuse(link, "amqp:not-implemented",
-                         f"browsing a queue (distribution-mode copy) is not supported in front of {self.upstream.name}: "
-                         "attach without distribution-mode copy to consume from it")
-            return
+        fs, wanted = decided.fs, decided.wanted
         state = link_state(link)
         state.fs = fs
-        state.subscription = subscription
+        state.subscription = decided.decision.subscription
+        state.operation, state.address = plan.BROWSE if decided.browse else plan.CONSUME, src.address
         outlet = Outlet(f"{conn.id}:{link.name}", wanted, conn.id, io_ref=link,
                         max_size=link.remote_max_message_size)
         state.outlet = outlet
@@ -1080,8 +1079,8 @@ class ProxyServer(Handler):
         if outlet_presettled_requested(link):
             link.set_snd_settle_mode(True)
             outlet.presettled = True
-        state.place = Placement(routed, wanted, decision, caps, route.routing_type if route is not None else "",
-                                 browse, owned)
+        state.place = Placement(decided.routed, wanted, decided.decision, src.capabilities, decided.routing_type,
+                                decided.browse, decided.owned)
         self._place(link, outlet)
 
     def _splicing(self, conn: ClientConnection) -> bool:
@@ -1581,51 +1580,44 @@ class ProxyServer(Handler):
 
     # ---------------------------------------------------------------- publishing (inlets)
     def _attach_inlet(self, link, conn: ClientConnection) -> None:
-        if link.remote_target_type == _COORDINATOR:
-            self._refuse(link, "amqp:not-implemented", "transactions are not supported")
-            return
-        address = link.remote_target.address
-        dynamic = None
-        if address is None and link.remote_target.dynamic:
-            # A dynamic target (Qpid JMS's temporary queue: capability temporary-queue): a node of
-            # its own, named in the reply, gone with this link.
-            if not self.upstream.traits.dynamic_sources or not self.upstream_up:
-                self._refuse(link, "amqp:not-implemented",
-                             f"dynamic targets (temporary queues) are not supported by upstream {self.upstream.name}")
+        target = link.remote_target
+        request = plan.SenderRequest(address=target.address, capabilities=target.capabilities,
+                                     dynamic=bool(target.dynamic), coordinator=link.remote_target_type == _COORDINATOR,
+                                     user=conn.user, peer=conn.peer is not None)
+        context = self.plan_context(conn)
+        decided = plan.plan_sender(request, context)
+        if isinstance(decided, plan.Splice):
+            if self._splice(link, decided.address):
                 return
-            address = dynamic = self.upstream.declare_dynamic_target()
-        elif address is None:
+            decided = plan.plan_sender(request, dataclasses.replace(context, splicing=False))
+        if isinstance(decided, plan.Refuse):
+            self._refuse_planned(link, conn, decided)
+            return
+        if isinstance(decided, plan.Relay):
             self._attach_relay(link, conn)
             return
-        route = self._route(address)
-        if route is not None:
-            address = route.upstream
-        caps = sharing.upstream_capabilities(link.remote_target.capabilities,
-                                             route.routing_type if route is not None else "")
-        if not self.upstream_up:
-            self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
-            return
-        if (dynamic is None and self._splicing(conn)
-                and not sharing.decide(address=address, capabilities=link.remote_target.capabilities,
-                                       rule_routing_type=route.routing_type if route is not None else "",
-                                       upstream=self.upstream).subscription
-                and self._splice(link, address)):
-            return  # (a producer on a queue: its publishes are the owner's, who consumes the queue)
+        caps: tuple = ()
+        dynamic = None
+        if isinstance(decided, plan.DynamicTarget):
+            # A dynamic target (Qpid JMS's temporary queue: capability temporary-queue): a node of
+            # its own, named in the reply, gone with this link.
+            address = dynamic = self.upstream.declare_dynamic_target()
+        else:
+            address, caps = decided.routed, decided.capabilities
+        state = link_state(link)
+        state.operation, state.address = plan.SEND, target.address
         inlet = Inlet(link, address, conn, self.metrics.address(address) if self.metrics is not None else None)
         inlet.dynamic = dynamic
-        link_state(link).inlet = inlet
+        state.inlet = inlet
         if self.max_message_size:
             link.set_max_message_size(self.max_message_size)  # advertised in the attach reply
         conn.links.add(link)
         conn.producers.add(link)
         self._route_link(link, functools.partial(self._publish, inlet))
-        inlet.publisher = self.upstream.open_publisher(address, inlet, caps, durable=link.remote_target.durability)
+        inlet.publisher = self.upstream.open_publisher(address, inlet, caps, durable=target.durability)
 
     def _attach_relay(self, link, conn: ClientConnection) -> None:
         """A sending link with a null target: each message goes to its `properties.to`."""
-        if not self.upstream_up:
-            self._refuse(link, "amqp:connection:forced", f"upstream {self.upstream.name} is not connected; retry later")
-            return
         relay = Relay(self, link, conn)
         link_state(link).relay = relay
         if self.max_message_size:
