@@ -64,8 +64,9 @@ class StartError(Exception):
 
 
 class App:
-    def __init__(self, config: Any, *, instance: str | None = None):
+    def __init__(self, config: Any, *, instance: str | None = None, args: Any = None):
         self.config = config
+        self.args = args  # the command line the configuration was read with (read again on SIGHUP)
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}"
         secure = any(u.startswith("amqps:") for u in config.upstream.urls)
         self.container = EngineContainer(
@@ -158,6 +159,32 @@ class App:
                              f"{e.strerror or e}") from None
         self.loop.call_later(1.0, self._publish_snapshot)
 
+    def _install_reload(self) -> None:
+        """SIGHUP reads the configuration again: its users, roles and security settings (`reload`)."""
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGHUP, lambda signum, frame: self.container.loop.call_soon_threadsafe(self.reload))
+
+    def reload(self) -> None:
+        """On the loop's thread: take the file's `[security]` roles and settings (`config.reload_security`);
+        links no longer permitted are detached, connections stay.  An error keeps the old settings."""
+        import os
+
+        from .config import reload_security
+
+        reloaded = reload_security(self.config, self.args, os.environ)
+        if reloaded.config is None:
+            log.error("configuration reload refused, the running settings stay: %s", reloaded.error)
+            return
+        if reloaded.ignored:
+            log.warning("configuration reload: %s changed and need a restart to apply", ", ".join(reloaded.ignored))
+        self.config = reloaded.config
+        detached = sum(server.reconfigure(self.config) for server in self._servers())
+        log.info("configuration reloaded: %d security settings, %d users with roles; %d link(s) no longer "
+                 "permitted detached", len(self.config.security.settings), len(self.config.security.roles), detached)
+
     def _servers(self) -> list:
         """The proxy servers of this daemon (with pass-through logins: the default and each tenant's)."""
         passthrough = getattr(self, "passthrough", None)
@@ -241,6 +268,7 @@ class App:
         )
         self.shutdown = shutdown
         shutdown.install()
+        self._install_reload()
         prepare_selectors(self.server.dialect)  # (before the collector's freeze: the tables live as long)
         _settle_garbage_collector()
         status = 0

@@ -48,6 +48,7 @@ from ..security import SaslClientExchange, identity_of
 from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
 from . import fanout, introspect, management, sharing, topology
 from . import plan
+from .grants import Granted
 from .records import ClientConnection, Placement, connection_state, link_state, links_of, state_of
 from .refusal import close_link, refuse_link
 from .routing import Routing, vhost_asked
@@ -595,7 +596,7 @@ class ProxyServer(Handler):
         self.filter_totals = introspect.FilterTotals()  # the filter counts of links that are gone
         self._max_message_size = config.limits.max_message_size or 0
         self.replicas: Any = None  # proxy.replicas.Replicas when `[replicas]` is configured
-        self.permissions: plan.Permissions = plan.OPEN  # who may do what (`authorization`; set by the app)
+        self.permissions: plan.Permissions = Granted.of(config, upstream)  # who may do what (`[security]`)
 
     def next_tag(self) -> bytes:
         return b"%x" % next(self._tags)
@@ -1013,6 +1014,29 @@ class ProxyServer(Handler):
                     conn.close(Condition("amqp:internal-error", "proxy failure; see the proxy log"))
         except Exception:
             log.exception("failure handling a failure")
+
+    def reconfigure(self, config: Any) -> int:
+        """New security settings (SIGHUP): every client link is checked again as it was attached, and
+        one no longer permitted is detached with `amqp:unauthorized-access` (its connection and other
+        links carry on); the number detached."""
+        self.config = config
+        self.permissions = Granted.of(config, self.upstream)
+        detached = 0
+        for conn in list(self.connections.values()):
+            if conn.peer is not None or conn.connection is None:
+                continue  # (a replica's links were checked where their client logged in)
+            for link in links_of(conn.connection):
+                state = link.context
+                if state is None or state.operation is None or link.local_state == LOCAL_CLOSED:
+                    continue
+                why = self.permissions.refusal(conn.user, state.operation, state.address)
+                if why is None:
+                    continue
+                self.audit(conn, state.operation, state.address, why)
+                self._drop_link(link)
+                close_link(link, "amqp:unauthorized-access", why)
+                detached += 1
+        return detached
 
     def _refuse_planned(self, link, conn: ClientConnection, refusal: plan.Refuse) -> None:
         if refusal.condition == "amqp:unauthorized-access":
