@@ -54,7 +54,7 @@ from .traits import Traits
 
 FIELD_FILTER = {t.symbol("field"): t.symbol("filter")}  # the error info naming the source filter
 
-CONSUME, BROWSE, SEND = "consume", "browse", "send"
+CONSUME, BROWSE, SEND, MANAGE, DURABLE = "consume", "browse", "send", "manage", "durable"
 
 
 # ---------------------------------------------------------------------------- what the daemon knows

@@ -899,7 +899,7 @@ class ProxyServer(Handler):
                 self._refuse(link, "amqp:not-implemented", why)
                 return
             conn.links.add(link)
-            ManagementPair.serve(self.upstream, link, self._route_link)
+            ManagementPair.serve(self.upstream, link, self._route_link, self._manage_check(conn))
             return
         if link.is_sender:
             self._attach_outlet(link, conn)
@@ -1014,6 +1014,26 @@ class ProxyServer(Handler):
                     conn.close(Condition("amqp:internal-error", "proxy failure; see the proxy log"))
         except Exception:
             log.exception("failure handling a failure")
+
+    def _manage_check(self, conn: ClientConnection) -> Callable[[list | None, str], str | None]:
+        """What a `/management` request of `conn`'s needs: `manage` on every node it names (with no
+        settings, every request passes)."""
+
+        def check(addresses: list | None, request: str) -> str | None:
+            if self.permissions is plan.OPEN:
+                return None
+            if addresses is None:
+                why = f"{request}: not a request the daemon can check permissions for"
+                self.audit(conn, plan.MANAGE, None, why)
+                return why
+            for address in addresses:
+                why = self.permissions.refusal(conn.user, plan.MANAGE, address)
+                if why is not None:
+                    self.audit(conn, plan.MANAGE, address, why)
+                    return why
+            return None
+
+        return check
 
     def reconfigure(self, config: Any) -> int:
         """New security settings (SIGHUP): every client link is checked again as it was attached, and
