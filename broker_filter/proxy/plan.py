@@ -16,7 +16,8 @@ A receiver (the client's link receives: the proxy's link is a sender):
   | 1     | the source filter is not a map                                | Refuse invalid-field          |
   | 2     | a dynamic source, the upstream makes no dynamic nodes         | Refuse not-implemented        |
   | 3     | a null source, the upstream keeps no named subscriptions      | LookUpKept (Qpid JMS unsubscribe) |
-  | 4     | the user may not consume (browse, for copy on a queue) there  | Refuse unauthorized-access    |
+  | 4     | the user may not consume (browse, for copy on a queue) there, | Refuse unauthorized-access    |
+  |       | or keep a durable subscription there (a durable source)       |                               |
   | 5     | a queue another replica owns, the connection may be spliced   | Splice                        |
   | 6     | the filter does not compile                                   | Refuse invalid-field (its own condition) |
   | 7     | the upstream is not connected                                 | Refuse connection:forced      |
@@ -97,6 +98,7 @@ class ReceiverRequest:
     copy: bool = False  # distribution-mode copy
     dynamic: bool = False
     null: bool = False  # a null source
+    durable: bool = False  # a durable source (durability set, or expiry-policy never): a durable subscription
     user: str | None = None
     peer: bool = False  # opened by another replica (`[replicas]`): its client was checked there
 
@@ -199,9 +201,11 @@ def plan_receiver(request: ReceiverRequest, context: Context) -> Refuse | LookUp
     browse = request.copy and "topic" not in caps and (
         "queue" in caps
         or sharing.ANYCAST in (sharing.address_form_routing(routed), context.routing_type(routed, caps)))
-    if not request.peer:
+    if not request.peer and not request.null:  # (a null source names a subscription of the user's own)
         refused = _refused(context, request.user, BROWSE if browse else CONSUME,
                            address if not request.dynamic or address else None)
+        if refused is None and request.durable and decision.subscription and not request.dynamic:
+            refused = _refused(context, request.user, DURABLE, address)
         if refused is not None:
             return refused
     owned = (context.replicas and not request.peer and routed is not None and not decision.subscription

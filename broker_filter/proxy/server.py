@@ -1015,6 +1015,15 @@ class ProxyServer(Handler):
         except Exception:
             log.exception("failure handling a failure")
 
+    def subscriber(self, conn: ClientConnection | None, link: Link) -> str | None:
+        """Who a named (JMS durable or shared) subscription belongs to: the client's container id, and,
+        with `[security]` settings, its user too, so that a subscription belongs to the user who
+        made it (another user with the same client id and name has one of its own)."""
+        container = link.connection.remote_container
+        if self.permissions is plan.OPEN or conn is None or conn.peer is not None:
+            return container
+        return f"{container}@{conn.user or 'anonymous'}"
+
     def _manage_check(self, conn: ClientConnection) -> Callable[[list | None, str], str | None]:
         """What a `/management` request of `conn`'s needs: `manage` on every node it names (with no
         settings, every request passes)."""
@@ -1095,6 +1104,7 @@ class ProxyServer(Handler):
         src = link.remote_source
         request = plan.ReceiverRequest(address=src.address, filter=src.filter, capabilities=src.capabilities,
                                        copy=src.distribution_mode == "copy", dynamic=bool(src.dynamic), null=src.null,
+                                       durable=bool(src.durability) or src.expiry_policy == "never",
                                        user=conn.user, peer=conn.peer is not None)
         context = self.plan_context(conn)
         decided = plan.plan_receiver(request, context)
@@ -1158,7 +1168,7 @@ class ProxyServer(Handler):
         """A null-source attach names a durable subscription (Qpid JMS's unsubscribe): answered with
         the kept subscription's source (Qpid JMS requires one); closing the link ends it.  In front
         of RabbitMQ 4 the subscription is looked for on the broker as well (`_hold_on_broker`)."""
-        name = sharing.kept_name(link.name, link.connection.remote_container)
+        name = sharing.kept_name(link.name, self.subscriber(conn, link))
         binding = self.kept.get(name) if name is not None else None
         if binding is not None:
             self._answer_lookup(link, conn, name, binding.kept_address)
@@ -1190,6 +1200,11 @@ class ProxyServer(Handler):
         topology.find_subscription_queue(pair, queue, found)
 
     def _answer_lookup(self, link, conn: ClientConnection, name: str, address: str | None) -> None:
+        why = self.permissions.refusal(conn.user, plan.DURABLE, address) if address is not None else None
+        if why is not None:  # (its own subscription, but no longer allowed to keep or remove one there)
+            self.audit(conn, plan.DURABLE, address, why)
+            self._refuse(link, "amqp:unauthorized-access", why, reason="unauthorized")
+            return
         link.set_source(_kept_source(address))
         link.copy_remote_target()
         link_state(link).unsubscribe = name
@@ -1236,7 +1251,7 @@ class ProxyServer(Handler):
             expiry_policy=src.expiry_policy,
             dynamic=bool(src.dynamic),
             name=link.name,
-            container_id=link.connection.remote_container,
+            container_id=self.subscriber(connection_state(link.connection), link),
             offered=offered,
             passthrough=passthrough,
         )

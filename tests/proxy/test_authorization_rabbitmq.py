@@ -151,3 +151,62 @@ def test_management_requests_need_manage(rabbitmq4):
         d.stop()
     delete_queue(rabbitmq4.url, shared)
     assert "authorization: refused manage" in d.log()
+
+
+DURABLE = CONFIG.replace('''match = "/exchanges/amq.topic/#"
+consume = ["team"]''', '''match = "/exchanges/amq.topic/#"
+durable = ["team"]
+consume = ["team"]''')
+
+
+@pytest.mark.rabbitmq
+def test_a_durable_subscription_belongs_to_its_user(rabbitmq):
+    """alice and bob, with the same client id and subscription name: two subscriptions, neither
+    can unsubscribe the other's (Qpid JMS's frames, tests/support/jms_frames.py)."""
+    from proton.utils import BlockingConnection
+
+    from jms_frames import subscribe, unsubscribe
+
+    def detach(conn, receiver) -> None:  # (jms_frames.detach, with a barrier the settings refuse: answered all the same)
+        receiver.link.detach()
+        with pytest.raises(LinkDetached):
+            conn.create_sender(f"after-detach-{uuid.uuid4().hex[:6]}")
+
+    d = Daemon(config=DURABLE, upstream=rabbitmq)
+    topic = f"/topic/news.{uuid.uuid4().hex[:6]}"
+    name = f"sub-{uuid.uuid4().hex[:6]}"
+    container = f"client-{uuid.uuid4().hex[:6]}"
+
+    def login_as(user):
+        from proton.reactor import Container
+        c = Container()
+        c.container_id = container
+        return BlockingConnection(d.url, timeout=10, container=c, user=user,
+                                  password={"alice": "wonderland", "bob": "builder"}[user], allowed_mechs="PLAIN")
+
+    try:
+        alice = login_as("alice")
+        sub = subscribe(alice, topic, name, "TRUE")
+        detach(alice, sub)
+        alice.close()
+        bob = login_as("bob")
+        try:
+            with pytest.raises(LinkDetached) as info:  # no subscription of bob's under that name
+                unsubscribe(bob, name)
+            assert "amqp:not-found" in str(info.value)
+        finally:
+            bob.close()
+        publisher = login(d, "alice")
+        publisher.create_sender(topic, name=link_name()).send(Message(body="kept for alice"))
+        publisher.close()
+        alice = login_as("alice")
+        try:
+            back = subscribe(alice, topic, name, "TRUE")
+            assert [m.body for m in receive_n(back, 1)] == ["kept for alice"]
+            detach(alice, back)
+            unsubscribe(alice, name)  # hers: found and removed
+        finally:
+            alice.close()
+    finally:
+        d.stop()
+    assert "Traceback" not in d.log(), d.log()

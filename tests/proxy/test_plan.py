@@ -139,3 +139,25 @@ def test_permissions_are_checked_on_the_address_the_client_used():
 def test_the_relay_checks_each_message():
     assert plan.may_send(Table(), "bob", "bob.in") is None
     assert plan.may_send(Table(), "bob", "alice.q") == "user bob may not send alice.q"
+
+
+class Durable(Table):
+    GRANTS = {**Table.GRANTS, ("alice", "durable"): "alice."}
+
+
+@pytest.mark.parametrize("user, address, kind", [
+    ("alice", "alice.news", plan.Serve),  # consume and durable granted
+    ("alice", "multicast://alice.news", plan.Refuse),  # (Table's prefix check: not granted)
+])
+def test_a_durable_subscription_needs_durable(user, address, kind):
+    ctx = context(EMBEDDED, permissions=Durable())
+    durable = receiver(address, user=user, durable=True, capabilities=("topic",))
+    assert type(plan.plan_receiver(durable, ctx)) is kind
+    # without `durable`, only the non-durable subscription is granted
+    ctx = context(EMBEDDED, permissions=Table())
+    refused = plan.plan_receiver(receiver("alice.news", user="alice", durable=True, capabilities=("topic",)), ctx)
+    assert isinstance(refused, plan.Refuse) and refused.operation == "durable"
+    assert isinstance(plan.plan_receiver(receiver("alice.news", user="alice", capabilities=("topic",)), ctx), plan.Serve)
+    # a durable queue link is no subscription: consume decides
+    assert isinstance(plan.plan_receiver(receiver("alice.q", user="alice", durable=True, capabilities=("queue",)), ctx),
+                      plan.Serve)
