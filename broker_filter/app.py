@@ -21,6 +21,7 @@ from .filters.parser import prepare as prepare_selectors
 from .proxy.loop import EngineLoop
 from .workers import worker_index
 from .proxy.remote import RemoteUpstream
+from .proxy import reports
 from .proxy.server import ProxyServer
 
 log = logging.getLogger("broker_filter.app")
@@ -139,6 +140,11 @@ class App:
             self.replicas.start(self.loop)
         log.info("listening on %s:%s, upstream %s, instance %s", host, self.port, self.upstream.name,
                  self.instance)
+        from .authorization import open_warning
+
+        warning = open_warning(self.config)
+        if warning is not None:
+            log.warning("%s", warning)
         if self.config.metrics.enabled:
             self._start_metrics()
 
@@ -199,7 +205,7 @@ class App:
         links: list = []
         truncated = False
         for server in self._servers():
-            report = server.links_report(LINKS_LIMIT - len(links))
+            report = reports.links_report(server, LINKS_LIMIT - len(links))
             links += report["links"]
             truncated = truncated or report["truncated"]
         return {"instance": self.instance, "upstream": self.server.upstream.name,
@@ -210,7 +216,7 @@ class App:
         totals: dict = {}
         costliest: list = []
         for server in self._servers():
-            t, c = server.filter_stats(top)
+            t, c = reports.filter_stats(server, top)
             for key, values in t.items():
                 have = totals.get(key)
                 totals[key] = values if have is None else tuple(a + b for a, b in zip(have, values))
@@ -221,7 +227,7 @@ class App:
         from .metrics import Snapshot
 
         passthrough = getattr(self, "passthrough", None)
-        snap = passthrough.snapshot() if passthrough is not None else self.server.snapshot()
+        snap = passthrough.snapshot() if passthrough is not None else reports.snapshot(self.server)
         held: dict[str, int] = {}
         stalled: dict[str, bool] = {}
         moving: dict[str, int] = {}

@@ -1029,6 +1029,13 @@ def _check_replicas_with(config: Config) -> None:
         raise ConfigError("replicas.peers", "replicas cannot be combined with listener.workers > 1")
     if replicas.password and not replicas.user:
         raise ConfigError("replicas.user", "is required with replicas.password")
+    if not replicas.user and not config.listener.is_loopback:
+        raise ConfigError("replicas.user", f"is required when the listener is beyond loopback "
+                          f"({config.listener.host}): replicas are recognised by their login, and without one any "
+                          "client that reaches the listener could pass for a replica")
+    if replicas.user and replicas.user not in config.listener.users:
+        raise ConfigError("replicas.user", f"{replicas.user!r} must be one of listener.users (the replicas log in "
+                          "to each other with it)")
 
 
 def _check_extra(key: str, extra: str, module: str) -> None:

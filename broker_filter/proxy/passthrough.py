@@ -33,6 +33,7 @@ from typing import Any
 
 from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Condition, Connection, Delivery, Handler
 from ..security import identity_of
+from . import reports
 from .routing import vhost_asked
 
 log = logging.getLogger("broker_filter.passthrough")
@@ -298,13 +299,13 @@ class PassThrough(Handler):
 
     def snapshot(self) -> dict:
         """The default server's snapshot, with every tenant's connections, links, credit and feeds added."""
-        total = self.default.snapshot()
+        total = reports.snapshot(self.default)
         links = dict(total.get("links", {}))
         credit = dict(total.get("credit", {}))
         feeds = list(total.get("feeds", []))
         connections = total.get("connections", 0)
         for tenant in list(self._tenants.values()):
-            snap = tenant.server.snapshot()
+            snap = reports.snapshot(tenant.server)
             connections += snap.get("connections", 0)
             feeds += snap.get("feeds", [])
             for kind, n in snap.get("links", {}).items():

@@ -45,8 +45,8 @@ from ..amqp import CodecError, decode_message, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterSet
 from ..security import SaslClientExchange, identity_of
-from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
-from . import fanout, introspect, management, sharing, topology
+from .forwarding import RELEASED, Feed, Outcome, Outlet, filter_identity
+from . import fanout, introspect, management, reports, sharing, topology
 from . import plan
 from .grants import Granted
 from .records import ClientConnection, Placement, connection_state, link_state, links_of, state_of
@@ -638,141 +638,6 @@ class ProxyServer(Handler):
     def moves_in_flight(self) -> int:
         return sum(b.feed.moving for b in list(self.feeds.values())) + sum(b.feed.moving for b in self.draining)
 
-    # ---------------------------------------------------------------- stats
-    def live_outlets(self) -> list[tuple[str | None, Outlet]]:
-        """(address, outlet) of every client link a feed serves, their filter counts up to date."""
-        out = []
-        for b in list(self.feeds.values()):
-            count = getattr(b.feed, "count_filters", None)
-            if count is not None:
-                count()
-            out.extend((b.spec.address, o) for o in b.feed.outlets)
-        return out
-
-    def in_process_counts(self, binding: FeedBinding) -> tuple[int, int] | None:
-        """(evaluations, matches) of the filters `binding` pushed down to an in-process upstream
-        (the embedded broker evaluates them as the proxy's own), or None."""
-        counts = getattr(binding.consumer, "filter_counts", None)
-        return counts() if counts is not None and binding.spec.filters else None
-
-    def filter_stats(self, top: int) -> tuple[dict, list]:
-        """The filter counters by (address, kind), and the `top` costliest filters of live links."""
-        live = self.live_outlets()
-        feeds = []
-        for b in list(self.feeds.values()):
-            counts = self.in_process_counts(b)
-            if counts is not None:
-                feeds.append((b.spec.address, introspect.entries_kind(b.spec.filters), counts))
-        return self.filter_totals.totals(live, feeds), introspect.costliest(live, top)
-
-    def links_report(self, limit: int = introspect.LINKS_LIMIT) -> dict:
-        """Every client link: its connection, address, filters (where each is evaluated), credit,
-        counts and feed (`GET /links`)."""
-        now = time.monotonic()
-        records: list[dict] = []
-        truncated = False
-        seen = set()
-        for b in list(self.feeds.values()):
-            count = getattr(b.feed, "count_filters", None)
-            if count is not None:
-                count()
-            mode = b.key[0]
-            feed = {"kind": {"fanout": "shared subscription", "named": "shared named subscription"}.get(
-                        mode, "queue" if mode == "queue" and not b.feed.subscription else "own subscription"),
-                    "upstream_address": b.spec.address,
-                    "links": len(b.feed.outlets),
-                    "held": b.feed.stats.held}
-            for o in list(b.feed.outlets) + list(b.pending):
-                if len(records) >= limit:
-                    truncated = True
-                    break
-                seen.add(o)
-                records.append(self._link_record(o, b, feed, now))
-        for c in list(self.connections.values()):
-            for link in list(c.links):
-                state = state_of(link)
-                inlet, relay = state.inlet, state.relay
-                if inlet is None and relay is None:
-                    continue
-                if len(records) >= limit:
-                    truncated = True
-                    break
-                records.append({"connection": c.id, "container": link.connection.remote_container,
-                                "link": link.name, "direction": "publisher",
-                                "address": inlet.address if inlet is not None else None,
-                                "anonymous_relay": relay is not None, "filters": []})
-        return {"links": records, "truncated": truncated, "upstream": self.upstream.name,
-                "upstream_connected": self.upstream_up}
-
-    def _link_record(self, o: Outlet, b: FeedBinding, feed: dict, now: float) -> dict:
-        link = o.io_ref
-        conn = connection_state(link.connection) if link is not None else None
-        fs = state_of(link).fs
-        local = {id(e) for e in getattr(o.filter, "entries", ())}
-        pushed = "embedded broker" if getattr(b.consumer, "filter_counts", None) is not None else "upstream"
-        filters = [{"key": str(e.key), "kind": e.kind, "text": e.filter.description,
-                    "evaluated": "here" if id(e) in local else pushed}
-                   for e in getattr(fs, "entries", ())]
-        evaluated, matched = o.evaluated, o.matched
-        counts = self.in_process_counts(b)
-        if counts is not None and not local and len(b.feed.outlets) <= 1:
-            evaluated, matched = counts  # the link's own consumer in the embedded broker
-        waiting = now - o.waiting_since if o.waiting_since is not None and o.credit > 0 else 0.0
-        return {"connection": conn.id if conn is not None else None,
-                "container": link.connection.remote_container if link is not None else None,
-                "link": link.name if link is not None else o.name, "direction": "consumer",
-                "address": link.remote_source.address if link is not None else b.spec.address,
-                "filters": filters, "credit": o.credit, "unsettled": len(o.in_flight),
-                "delivered": o.delivered, "evaluated": evaluated, "matched": matched,
-                "evaluation_seconds": round(o.eval_ns / 1e9, 6), "waiting_with_credit_seconds": round(waiting, 3),
-                "attached": o not in b.pending, "feed": feed}
-
-    def snapshot(self) -> dict:
-        """Plain numbers for metrics: per-feed held / starved counts and totals."""
-        feeds = []
-        for b in list(self.feeds.values()):
-            s: FeedStats = b.feed.stats
-            feeds.append({
-                "address": b.spec.address,
-                "mode": "subscription" if b.feed.subscription else "queue",
-                "outlets": len(b.feed.outlets),
-                "held": s.held,
-                "held_peak": s.held_peak,
-                "starved": s.starved,
-                "blocked": s.blocked,
-                "delivered": s.delivered,
-                "filtered": s.filtered,
-                "recycled": s.recycled,
-                "moving": s.moving,
-                "passes": s.passes,
-                "handed_back": s.handed_back,
-                "redelivered": s.redelivered,
-                "waited": b.feed.longest_wait(),
-                "undecodable": s.undecodable,
-                "too_large": s.too_large,
-            })
-        links = {"consumer": 0, "producer": 0}
-        credit: dict[str, int] = {}
-        for b in self.feeds.values():
-            links["consumer"] += len(b.feed.outlets)
-            a = b.spec.address or ""
-            credit[a] = credit.get(a, 0) + sum(o.credit for o in b.feed.outlets)
-        links["upstream-consumer"] = len(self.feeds)
-        for c in self.connections.values():  # (once a second with metrics on: no walk over every link)
-            links["producer"] += len(c.producers)
-        links["upstream-producer"] = links["producer"]
-        return {
-            "links": links,
-            "credit": credit,
-            "connections": len(self.connections),
-            "upstream_connected": self.upstream_up,
-            "feeds": feeds,
-            "held": sum(f["held"] for f in feeds),
-            "starved": sum(f["starved"] for f in feeds),
-            "moving": self.moves_in_flight(),
-            "refused": self.refused,
-        }
-
     # ---------------------------------------------------------------- upstream listener
     def on_upstream_up(self, upstream) -> None:
         if self.metrics is not None and self._was_up:
@@ -820,9 +685,13 @@ class ProxyServer(Handler):
                 self.metrics.refuse_connection("vhost")
             return
         peer = None
+        identity = identity_of(conn)
         if self.replicas is not None:
             props = conn.remote_properties
-            peer = props.get(REPLICA_PROPERTY) if isinstance(props, dict) else None
+            claimed = props.get(REPLICA_PROPERTY) if isinstance(props, dict) else None
+            # A replica is recognised by its login (`replicas.user`; ANONYMOUS on a loopback-only
+            # deployment without one), never by the property alone, which any client can send.
+            peer = claimed if claimed is not None and self._replica_login(identity) else None
             if peer is not None and not self.upstream_up:
                 # not a live replica while its upstream is down: the peer asks again a second later
                 conn.open()
@@ -831,7 +700,7 @@ class ProxyServer(Handler):
         if self.metrics is not None:
             self.metrics.connections_accepted.inc()
         cid = f"{self.instance}/{next(self._conn_ids)}"
-        state = conn.context = ClientConnection(cid, conn, identity_of(conn))
+        state = conn.context = ClientConnection(cid, conn, identity)
         state.peer = str(peer) if peer is not None else None
         if peer is not None:
             # the peer's link to this replica ends after the same silence as this one's to the peer:
@@ -1136,6 +1005,13 @@ class ProxyServer(Handler):
         state.place = Placement(decided.routed, wanted, decided.decision, src.capabilities, decided.routing_type,
                                 decided.browse, decided.owned)
         self._place(link, outlet)
+
+    def _replica_login(self, identity: Any) -> bool:
+        """Whether a connection logged in as the replicas do (`replicas.user`, else ANONYMOUS)."""
+        user = self.config.replicas.user
+        if user:
+            return identity.user == user and identity.mechanism in ("PLAIN", "EXTERNAL")
+        return identity.mechanism in ("ANONYMOUS", "")
 
     def _splicing(self, conn: ClientConnection) -> bool:
         """Whether a client connection's first link may splice it (`replicas.splice`)."""
@@ -1789,7 +1665,7 @@ class ProxyServer(Handler):
         if binding in self.draining:
             self.draining.discard(binding)
         if not binding.closed:
-            counts = self.in_process_counts(binding)
+            counts = reports.in_process_counts(binding)
             if counts is not None:
                 self.filter_totals.retire_feed(binding.spec.address, introspect.entries_kind(binding.spec.filters),
                                                counts)
