@@ -29,7 +29,6 @@ not settled were returned to the queue by the broker and are delivered again (at
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import itertools
@@ -41,14 +40,13 @@ from typing import Any, Callable
 
 from ..amqp import types as t
 from ..config import Config
-from ..amqp import CodecError, decode_message, set_message_annotation
-from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
-from ..filters import ORIGIN_ANNOTATION, FilterSet
+from ..filters import FilterSet
 from ..security import SaslClientExchange, identity_of
-from .forwarding import RELEASED, Feed, Outcome, Outlet, filter_identity
-from . import fanout, introspect, management, reports, sharing, topology
-from . import plan
+from .forwarding import Feed, Outcome, Outlet, filter_identity
+from . import fanout, introspect, reports, sharing, topology
+from . import plan, sender
 from .grants import Granted
+from .sender import RELAY_CAPABILITY
 from .records import ClientConnection, Placement, connection_state, link_state, links_of, state_of
 from .refusal import close_link, refuse_link
 from .routing import Routing, vhost_asked
@@ -58,7 +56,7 @@ from ..engine.container import Typed
 from ..engine.splice import splice_target
 from ..engine.endpoints import (LOCAL_ACTIVE, LOCAL_CLOSED, LOCAL_UNINIT, REMOTE_CLOSED, Condition, Connection,
                                 Delivery, Handler, Link, Session, Terminus)
-from .wire import discard, receive, remote_outcome, send, settle_with
+from .wire import remote_outcome, send
 from .management import ManagementPair, is_management, refusal
 from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Passthrough, Upstream, UpstreamDelivery
 
@@ -79,17 +77,10 @@ FILTER_CAPABILITIES = (
     "AMQP_FILTEX_PROP_V1_0",
     "AMQP_FILTEX_SQL_V1_0",
 )
-# Offered in the open frame besides the filter capabilities: a sender may attach with a null target
-# and address each message by its `properties.to` (see `Relay`).
-RELAY_CAPABILITY = "ANONYMOUS-RELAY"
-_OFFERED = FILTER_CAPABILITIES + (RELAY_CAPABILITY,)
-# At most this many upstream publishers per anonymous-relay link, one per `to` address (an LRU:
-# the least recently used idle one is closed when a new address needs one over the limit).
-RELAY_PUBLISHERS = 16
+_OFFERED = FILTER_CAPABILITIES + (RELAY_CAPABILITY,)  # (a null target: the anonymous relay, `sender.Relay`)
 # A feed consuming through a queue's owner (`[replicas]`) holds up to this many times
 # `limits.upstream_window` beyond its clients' credit.
 VIA_WINDOW = 4
-RELAY_WINDOW = 1000  # credit an anonymous-relay link keeps granted (messages not yet settled count)
 _COORDINATOR = lib.PN_COORDINATOR  # a transaction coordinator target
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
 
@@ -200,7 +191,7 @@ class FeedBinding:
 
     # FeedIO -------------------------------------------------------------
     def send(self, outlet: Outlet, delivery: UpstreamDelivery, data: bytes) -> Any:
-        """The client delivery's pointer is its tag in the feed (valid until settled in `_client_outcome`)."""
+        """The client delivery's pointer is its tag in the feed (valid until settled in `_outcome`)."""
         if self.counters is not None:
             self.counters.forwarded.inc()
         return send(outlet.io_ref.ptr, self.server.next_tag(), data, outlet.presettled)
@@ -296,254 +287,6 @@ class FeedBinding:
             log.exception("consumer close handling failed")
 
 
-class Inlet:
-    """A client sending link and its upstream publisher."""
-
-    __slots__ = ("link", "ptr", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters",
-                 "oversize", "origin", "dynamic")
-
-    def __init__(self, link, address: str, conn: ClientConnection, counters: Any = None):
-        self.counters = counters
-        self.link = link
-        self.ptr = link.ptr  # its pn_link_t (per message: no property)
-        self.address = address
-        self.conn = conn
-        self.publisher = None
-        self.ready = False
-        self.closed = False
-        self.unsettled = 0
-        self.oversize: set = set()  # partial deliveries already over the size limit (pointers)
-        self.dynamic: str | None = None  # the node made for a dynamic target (gone with the link)
-        # the message-annotations section a message without any gets: the origin annotation alone
-        self.origin = encode_section(MESSAGE_ANNOTATIONS, {ORIGIN_ANNOTATION: conn.id})
-
-    # PublisherHandler
-    def on_publisher_ready(self, publisher) -> None:
-        self.ready = True
-        if not self.closed:
-            link = self.link
-            if self.dynamic is not None:  # the node made for it (gone with the link)
-                link.set_target(dataclasses.replace(link.remote_target, address=self.dynamic, dynamic=True))
-            else:  # the client's address, even when routed
-                link.set_target(Terminus(address=link.remote_target.address))
-            link.copy_remote_source()
-            link.open()
-            self.top_up()
-
-    def on_publisher_credit(self, publisher) -> None:
-        self.top_up()
-
-    def on_publisher_closed(self, publisher, error: ErrorInfo | None) -> None:
-        if self.closed:
-            return
-        err = error or ErrorInfo("amqp:link:detach-forced", "upstream detached")
-        self.closed = True
-        if not self.ready:
-            self.link.set_target(Terminus(null=True))
-            self.link.open()
-        loop = getattr(getattr(publisher, "upstream", None), "loop", None)
-        if err.condition == "amqp:resource-deleted" and loop is not None:
-            # (the broker removed the node, maybe by a management call of this client's, whose
-            # answer the client must see first, as directly: see management.py, Order)
-            management.after_calls(self.link.connection, lambda: self._detach(err), loop.call_later)
-        else:
-            self._detach(err)
-
-    def _detach(self, err: ErrorInfo) -> None:
-        if self.link.local_state != LOCAL_CLOSED:
-            close_link(self.link, err.condition, err.description)
-
-    def top_up(self) -> None:
-        if self.closed or not self.ready or self.publisher is None:
-            return
-        limit = min(self.publisher.credit, 1000)
-        credit = lib.pn_link_credit(self.ptr)
-        want = limit - credit - self.unsettled
-        # In batches (a flow frame per message would cost an event on both sides per message).
-        if want > 0 and (want * 4 >= limit or credit == 0):
-            lib.pn_link_flow(self.ptr, want)
-
-
-class _RelayTarget:
-    """One `to` address of an anonymous-relay link and its upstream publisher."""
-
-    __slots__ = ("relay", "address", "publisher", "ready", "closed", "waiting", "in_flight")
-
-    def __init__(self, relay: "Relay", address: str):
-        self.relay = relay
-        self.address = address
-        self.publisher = None
-        self.ready = False
-        self.closed = False
-        self.waiting: list = []  # (data, dlv or None) not yet sent: no publisher / credit yet
-        self.in_flight: set = set()  # client deliveries sent upstream, not yet settled
-
-    @property
-    def idle(self) -> bool:
-        return not self.waiting and not self.in_flight
-
-    def on_publisher_ready(self, publisher) -> None:
-        self.ready = True
-        self.flush()
-
-    def on_publisher_credit(self, publisher) -> None:
-        self.flush()
-
-    def on_publisher_closed(self, publisher, error: ErrorInfo | None) -> None:
-        self.closed = True
-        self.relay.forget(self)
-        err = error or ErrorInfo("amqp:link:detach-forced", "upstream detached")
-        description = f"{self.address}: {err.description}" if err.description else self.address
-        rejected = Outcome("rejected", error=(err.condition, description))
-        pending = [d for _, d in self.waiting] + list(self.in_flight)
-        self.waiting.clear()
-        self.in_flight.clear()
-        for dlv in pending:
-            if dlv is not None:
-                self.relay.settled(dlv, rejected if not self.ready else RELEASED)
-
-    def send(self, data: bytes, dlv) -> None:
-        self.waiting.append((data, dlv))
-        self.flush()
-
-    def flush(self) -> None:
-        if self.closed or not self.ready or self.publisher is None:
-            return
-        server = self.relay.server
-        while self.waiting and self.publisher.credit > 0:
-            data, dlv = self.waiting.pop(0)
-            if dlv is None:
-                self.publisher.send(data, lambda outcome, a=self.address: server.poke(a))
-                continue
-            self.in_flight.add(dlv)
-
-            def settled(outcome: Outcome, dlv=dlv) -> None:
-                self.in_flight.discard(dlv)
-                if outcome.kind == "accepted":
-                    server.poke(self.address)
-                self.relay.settled(dlv, outcome)
-
-            self.publisher.send(data, settled)
-
-
-class Relay:
-    """A client sending link with a null target (anonymous relay): each message is published to
-    its `properties.to` through an upstream publisher kept per address, at most `RELAY_PUBLISHERS`
-    of them (least recently used closed first), and settled with the outcome that address gave."""
-
-    def __init__(self, server: "ProxyServer", link, conn: "ClientConnection"):
-        self.server = server
-        self.link = link
-        self.ptr = link.ptr
-        self.conn = conn
-        self.closed = False
-        self.unsettled = 0
-        self.targets: "collections.OrderedDict[str, _RelayTarget]" = collections.OrderedDict()
-        self.oversize: set = set()
-        self.origin = encode_section(MESSAGE_ANNOTATIONS, {ORIGIN_ANNOTATION: conn.id})
-
-    def top_up(self) -> None:
-        if self.closed:
-            return
-        want = RELAY_WINDOW - lib.pn_link_credit(self.ptr) - self.unsettled
-        if want > 0 and (want * 4 >= RELAY_WINDOW or lib.pn_link_credit(self.ptr) == 0):
-            lib.pn_link_flow(self.ptr, want)
-
-    def settled(self, dlv, outcome: Outcome) -> None:
-        self.unsettled -= 1
-        if not self.closed:
-            settle_with(dlv, outcome)
-            self.top_up()
-
-    def forget(self, target: _RelayTarget) -> None:
-        if self.targets.get(target.address) is target:
-            del self.targets[target.address]
-
-    def close(self) -> None:
-        """The client link went: every publisher closes (no callbacks follow)."""
-        self.closed = True
-        for target in list(self.targets.values()):
-            target.closed = True
-            if target.publisher is not None:
-                target.publisher.close()
-        self.targets.clear()
-
-    def target(self, address: str) -> _RelayTarget:
-        target = self.targets.get(address)
-        if target is not None:
-            self.targets.move_to_end(address)
-            return target
-        while len(self.targets) >= RELAY_PUBLISHERS:
-            victim = next((t for t in self.targets.values() if t.idle), None)
-            if victim is None:
-                break  # all busy: over the limit for a moment rather than lose messages
-            del self.targets[victim.address]
-            victim.closed = True
-            victim.publisher.close()
-        target = _RelayTarget(self, address)
-        self.targets[address] = target
-        server = self.server
-        route = server._route(address)
-        upstream_address = route.upstream if route is not None else address
-        caps = sharing.upstream_capabilities((), route.routing_type if route is not None else "")
-        target.publisher = server.upstream.open_publisher(upstream_address, target, caps)
-        return target
-
-    def on_transfer(self, link, dlv) -> None:
-        server = self.server
-        if not lib.pn_delivery_readable(dlv):
-            return
-        limit = server._max_message_size
-        if lib.pn_delivery_partial(dlv):
-            if limit and lib.pn_delivery_pending(dlv) > limit:
-                discard(self.ptr)
-                self.oversize.add(dlv)
-            return
-        size = lib.pn_delivery_pending(dlv)
-        data = receive(self.ptr, dlv)
-        if lib.pn_delivery_aborted(dlv):
-            self.oversize.discard(dlv)
-            lib.pn_delivery_settle(dlv)
-            return
-        presettled = bool(lib.pn_delivery_settled(dlv))
-        if limit and (dlv in self.oversize or size > limit):
-            self.oversize.discard(dlv)
-            return self._refuse(dlv, "amqp:resource-limit-exceeded",
-                                f"message larger than the {limit} bytes allowed (limits.max_message_size)")
-        if self.closed or not server.upstream_up:
-            settle_with(dlv, RELEASED)
-            return
-        try:
-            m = decode_message(data, ("properties",))
-            to = m.properties.to if m.properties is not None else None
-        except Exception as e:
-            return self._refuse(dlv, "amqp:decode-error", f"message not decodable: {e}")
-        if not to:
-            return self._refuse(dlv, "amqp:invalid-field",
-                                "properties.to is required on an anonymous-relay link (null target)")
-        to = str(to)
-        if server.permissions is not plan.OPEN:
-            why = plan.may_send(server.permissions, self.conn.user, to)
-            if why is not None:
-                server.audit(self.conn, plan.SEND, to, why)
-                return self._refuse(dlv, "amqp:unauthorized-access", why)
-        try:
-            data = set_message_annotation(data, ORIGIN_ANNOTATION, self.conn.id, self.origin)
-        except CodecError as e:
-            return self._refuse(dlv, "amqp:decode-error", f"message not decodable: {e}")
-        if presettled:
-            lib.pn_delivery_settle(dlv)
-            self.target(to).send(data, None)
-        else:
-            self.unsettled += 1
-            self.target(to).send(data, dlv)
-        self.top_up()
-
-    def _refuse(self, dlv, condition: str, description: str) -> None:
-        settle_with(dlv, Outcome("rejected", error=(condition, description)))
-        self.top_up()
-
-
 class ProxyServer(Handler):
     """Handler for every client connection accepted by the proxy's listener."""
 
@@ -594,7 +337,7 @@ class ProxyServer(Handler):
         self.upstream_up = False
         self._was_up = False
         self.filter_totals = introspect.FilterTotals()  # the filter counts of links that are gone
-        self._max_message_size = config.limits.max_message_size or 0
+        self.max_message_size = config.limits.max_message_size or 0  # (0: unlimited)
         self.replicas: Any = None  # proxy.replicas.Replicas when `[replicas]` is configured
         self.permissions: plan.Permissions = Granted.of(config, upstream)  # who may do what (`[security]`)
 
@@ -860,7 +603,7 @@ class ProxyServer(Handler):
 
     @boundary
     def on_message(self, delivery: Delivery, data: memoryview) -> None:
-        # (the proxy's links are routed: their transfers go to `_outcome`, `_publish` and the
+        # (the proxy's links are routed: their transfers go to `_outcome`, `Inlet.on_transfer` and the
         # relays straight from the engine; this is a link it keeps nothing on, e.g. one refused)
         delivery.release()
 
@@ -1489,11 +1232,6 @@ class ProxyServer(Handler):
             else:
                 close_link(link, error.condition, error.description, error.info)
 
-    def _client_outcome(self, link, dlv) -> None:
-        """A client's disposition of a delivery (a pointer) sent on an outlet, not routed (see
-        `_route_link`)."""
-        self._outcome(state_of(link).outlet, link, dlv)
-
     def _outcome(self, outlet: Outlet | None, link, dlv) -> None:
         """A client's disposition of a delivery (a pointer) sent on `outlet`'s link (its binding
         is None once the link was dropped)."""
@@ -1529,7 +1267,7 @@ class ProxyServer(Handler):
             self._refuse_planned(link, conn, decided)
             return
         if isinstance(decided, plan.Relay):
-            self._attach_relay(link, conn)
+            sender.open_relay(self, link, conn)
             return
         caps: tuple = ()
         dynamic = None
@@ -1539,99 +1277,8 @@ class ProxyServer(Handler):
             address = dynamic = self.upstream.declare_dynamic_target()
         else:
             address, caps = decided.routed, decided.capabilities
-        state = link_state(link)
-        state.operation, state.address = plan.SEND, target.address
-        inlet = Inlet(link, address, conn, self.metrics.address(address) if self.metrics is not None else None)
-        inlet.dynamic = dynamic
-        state.inlet = inlet
-        if self.max_message_size:
-            link.set_max_message_size(self.max_message_size)  # advertised in the attach reply
-        conn.links.add(link)
-        conn.producers.add(link)
-        self._route_link(link, functools.partial(self._publish, inlet))
-        inlet.publisher = self.upstream.open_publisher(address, inlet, caps, durable=target.durability)
-
-    def _attach_relay(self, link, conn: ClientConnection) -> None:
-        """A sending link with a null target: each message goes to its `properties.to`."""
-        relay = Relay(self, link, conn)
-        link_state(link).relay = relay
-        if self.max_message_size:
-            link.set_max_message_size(self.max_message_size)
-        conn.links.add(link)
-        conn.producers.add(link)
-        self._route_link(link, relay.on_transfer)
-        link.set_target(Terminus())  # a target without an address: the anonymous relay
-        link.copy_remote_source()
-        link.open()
-        relay.top_up()
-
-    @property
-    def max_message_size(self) -> int:
-        return self._max_message_size
-
-    def _client_publish(self, link, dlv) -> None:
-        """A client's transfer (a delivery pointer) on an inlet, not routed (see `_route_link`)."""
-        state = state_of(link)
-        if state.relay is not None:
-            state.relay.on_transfer(link, dlv)
-            return
-        self._publish(state.inlet, link, dlv)
-
-    def _publish(self, inlet: Inlet | None, link, dlv) -> None:
-        """A client's transfer (a delivery pointer) on `inlet`'s link."""
-        if not lib.pn_delivery_readable(dlv):
-            return
-        limit = self._max_message_size
-        if lib.pn_delivery_partial(dlv):
-            if limit and lib.pn_delivery_pending(dlv) > limit:
-                # Too large already: drop what arrived (memory stays bounded), refuse once complete.
-                discard(link.ptr)
-                if inlet is not None:
-                    inlet.oversize.add(dlv)
-            return
-        size = lib.pn_delivery_pending(dlv)
-        data = receive(link.ptr, dlv)
-        if lib.pn_delivery_aborted(dlv):
-            if inlet is not None:
-                inlet.oversize.discard(dlv)
-            lib.pn_delivery_settle(dlv)
-            return
-        if limit and ((inlet is not None and dlv in inlet.oversize) or size > limit):
-            if inlet is not None:
-                inlet.oversize.discard(dlv)
-            settle_with(dlv, Outcome("rejected", error=(
-                "amqp:resource-limit-exceeded",
-                f"message larger than the {limit} bytes allowed (limits.max_message_size)")))
-            if inlet is not None:
-                inlet.top_up()
-            return
-        if inlet is None or inlet.closed or inlet.publisher is None:
-            settle_with(dlv, RELEASED)
-            return
-        try:
-            data = set_message_annotation(data, ORIGIN_ANNOTATION, inlet.conn.id, inlet.origin)
-        except CodecError as e:
-            settle_with(dlv, Outcome("rejected", error=("amqp:decode-error", f"message not decodable: {e}")))
-            inlet.top_up()
-            return
-        if inlet.counters is not None:
-            inlet.counters.published.inc()
-        if lib.pn_delivery_settled(dlv):  # sent pre-settled: at most once, nothing to report
-            lib.pn_delivery_settle(dlv)
-            inlet.publisher.send(data, lambda outcome, address=inlet.address: self.poke(address))
-        else:
-            inlet.unsettled += 1
-
-            def settled(outcome: Outcome, dlv=dlv, inlet=inlet) -> None:
-                inlet.unsettled -= 1
-                if outcome.kind == "accepted":
-                    self.poke(inlet.address)
-                if not inlet.closed:  # (else the link, and the delivery with it, may be gone)
-                    settle_with(dlv, outcome)
-                    inlet.top_up()
-
-            inlet.publisher.send(data, settled)
-        inlet.top_up()
+        link_state(link).operation, link_state(link).address = plan.SEND, target.address
+        sender.open_inlet(self, link, conn, address, caps, dynamic)
 
     def _route(self, address: str | None) -> Any:
         if self.routing is None or address is None:
