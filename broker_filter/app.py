@@ -333,7 +333,7 @@ class App:
         self.acceptor.stop_accepting()
         if self.replicas is not None:
             self.replicas.stopping = True  # owns nothing now (its links detach; the others take over)
-        self.server.quiesce()
+        self.server.registry.quiesce()
         if getattr(self, "passthrough", None) is not None:
             self.passthrough.quiesce()  # every pass-through tenant's server too
 
@@ -347,7 +347,7 @@ class App:
     def _in_flight(self) -> int:
         """Deliveries sent to clients and not settled, client publishes not yet settled upstream,
         and moves to a queue's tail not yet confirmed (their originals are accepted once they are)."""
-        n = self.server.moves_in_flight()
+        n = self.server.registry.moves_in_flight()
         if getattr(self, "passthrough", None) is not None:
             n += self.passthrough.moves_in_flight()
         for conn in list(self.registry.connections):

@@ -147,6 +147,6 @@ def snapshot(server) -> dict:
         "feeds": feeds,
         "held": sum(f["held"] for f in feeds),
         "starved": sum(f["starved"] for f in feeds),
-        "moving": server.moves_in_flight(),
+        "moving": server.registry.moves_in_flight(),
         "refused": server.refused,
     }

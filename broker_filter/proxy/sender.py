@@ -176,14 +176,14 @@ class Inlet:
         server = self.server
         if lib.pn_delivery_settled(dlv):  # sent pre-settled: at most once, nothing to report
             lib.pn_delivery_settle(dlv)
-            self.publisher.send(data, lambda outcome, address=self.address: server.poke(address))
+            self.publisher.send(data, lambda outcome, address=self.address: server.registry.poke(address))
         else:
             self.unsettled += 1
 
             def settled(outcome: Outcome, dlv=dlv, inlet=self) -> None:
                 inlet.unsettled -= 1
                 if outcome.kind == "accepted":
-                    server.poke(inlet.address)
+                    server.registry.poke(inlet.address)
                 if not inlet.closed:  # (else the link, and the delivery with it, may be gone)
                     settle_with(dlv, outcome)
                     inlet.top_up()
@@ -251,14 +251,14 @@ class _RelayTarget:
         while self.waiting and self.publisher.credit > 0:
             data, dlv = self.waiting.pop(0)
             if dlv is None:
-                self.publisher.send(data, lambda outcome, a=self.address: server.poke(a))
+                self.publisher.send(data, lambda outcome, a=self.address: server.registry.poke(a))
                 continue
             self.in_flight.add(dlv)
 
             def settled(outcome: Outcome, dlv=dlv) -> None:
                 self.in_flight.discard(dlv)
                 if outcome.kind == "accepted":
-                    server.poke(self.address)
+                    server.registry.poke(self.address)
                 self.relay.settled(dlv, outcome)
 
             self.publisher.send(data, settled)

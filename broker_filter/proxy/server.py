@@ -42,8 +42,9 @@ from ..amqp import types as t
 from ..config import Config
 from ..filters import FilterSet
 from ..security import SaslClientExchange, identity_of
-from .forwarding import Feed, Outcome, Outlet, filter_identity
-from . import fanout, introspect, reports, sharing, topology
+from .feeds import FeedBinding, FeedRegistry, offer_identity
+from .forwarding import Outcome, Outlet, filter_identity
+from . import introspect, sharing, topology
 from . import plan, sender
 from .grants import Granted
 from .sender import RELAY_CAPABILITY
@@ -56,9 +57,9 @@ from ..engine.container import Typed
 from ..engine.splice import splice_target
 from ..engine.endpoints import (LOCAL_ACTIVE, LOCAL_CLOSED, LOCAL_UNINIT, REMOTE_CLOSED, Condition, Connection,
                                 Delivery, Handler, Link, Session, Terminus)
-from .wire import remote_outcome, send
+from .wire import remote_outcome
 from .management import ManagementPair, is_management, refusal
-from .upstream import FILTEX_KINDS, ConsumerInfo, ConsumerSpec, ErrorInfo, Passthrough, Upstream, UpstreamDelivery
+from .upstream import FILTEX_KINDS, ConsumerSpec, ErrorInfo, Passthrough, Upstream
 
 log = logging.getLogger("broker_filter.proxy")
 
@@ -78,9 +79,6 @@ FILTER_CAPABILITIES = (
     "AMQP_FILTEX_SQL_V1_0",
 )
 _OFFERED = FILTER_CAPABILITIES + (RELAY_CAPABILITY,)  # (a null target: the anonymous relay, `sender.Relay`)
-# A feed consuming through a queue's owner (`[replicas]`) holds up to this many times
-# `limits.upstream_window` beyond its clients' credit.
-VIA_WINDOW = 4
 _COORDINATOR = lib.PN_COORDINATOR  # a transaction coordinator target
 _EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
 
@@ -136,157 +134,6 @@ def push_down(upstream: Upstream, address: str | None, fs: FilterSet,
     return address, tuple(pushed), local, tuple(offered)
 
 
-class FeedBinding:
-    """One Feed and its upstream consumer: `FeedIO` for the feed, `ConsumerHandler` for the upstream."""
-
-    def __init__(self, server: "ProxyServer", key: Any, spec: ConsumerSpec, subscription: bool,
-                 upstream: Any = None, via: str | None = None):
-        self.server = server
-        self.key = key
-        self.spec = spec
-        self.upstream = upstream if upstream is not None else server.upstream
-        self.via = via  # the replica owning the queue, through which this feed consumes (None: here)
-        if key[0] == "fanout":  # the address's shared upstream subscription (proxy/fanout.py)
-            limits = server.config.limits
-            self.feed = fanout.FanoutFeed(self, window=server.window, buffer=server.window, max_credit=server.max_credit,
-                                          log=log.warning,
-                                          indexed=limits.subscription_index,
-                                          cache_size=limits.index_cache_size,
-                                          counters=server.metrics.shared(spec.address) if server.metrics else None)
-        else:
-            # Through the owner (replicas): a deeper window, so the owner's link for it runs out of
-            # credit less often while the grants cross two hops (a link without credit there gets
-            # its messages held, and past the owner's window moved)
-            window = server.window * (VIA_WINDOW if via is not None else 1)
-            self.feed = Feed(self, subscription=subscription, window=window, max_credit=server.max_credit,
-                             recycle=server.recycle and not subscription, token=server.feed_token(),
-                             custody=not self.upstream.traits.redelivers_in_place,
-                             log=log.warning)
-            # A queue that turns out to be a stream: no link joins this consumer any more (each
-            # stream consumer reads every message at an offset of its own)
-            self.feed.on_stream = lambda: server.unshare(self, [])
-        self.pending: list[Outlet] = []  # attached by clients, waiting for the upstream consumer
-        self.ready = False
-        self.closed = False
-        self.draining = False  # the last link went: waiting for moves in flight before closing
-        self.draining_closed = False  # ... and it was closed (not only detached)
-        # a durable subscription the proxy keeps across its subscriber's detaches (its name), and the
-        # address its subscriber attached to (the source a null-source lookup is answered with)
-        self.kept_name: str | None = None
-        self.kept_address: str | None = None
-        # the queue on the broker (RabbitMQ 4) that holds the durable subscription (`topology`): the
-        # subscription outlives this feed, which consumes the queue while its subscriber is attached
-        self.broker_queue: str | None = None
-        self.consumer = None
-        self.info: ConsumerInfo | None = None
-        self.evaluated: frozenset = frozenset()  # `_offer_identity` of each offered filter the upstream evaluates
-        self.aliases: list = []  # keys of `ProxyServer.feed_aliases` naming this feed
-        # Queue links that came while this feed's offered filters awaited the upstream's answer, and
-        # would have opened a second upstream consumer on the queue: outlet -> (key, spec); they join
-        # this feed if the upstream turns the offers down, else get feeds of their own.
-        self.awaiting: dict[Outlet, tuple] = {}
-        self.deciding_key: Any = None  # its key in `ProxyServer.deciding` while the answer is awaited
-        metrics = server.metrics
-        self.counters = metrics.address(spec.address) if metrics is not None else None
-
-    # FeedIO -------------------------------------------------------------
-    def send(self, outlet: Outlet, delivery: UpstreamDelivery, data: bytes) -> Any:
-        """The client delivery's pointer is its tag in the feed (valid until settled in `_outcome`)."""
-        if self.counters is not None:
-            self.counters.forwarded.inc()
-        return send(outlet.io_ref.ptr, self.server.next_tag(), data, outlet.presettled)
-
-    def settle_upstream(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
-        if self.consumer is not None:
-            self.consumer.settle(delivery, outcome)
-
-    def flow_upstream(self, n: int) -> None:
-        if self.consumer is not None:
-            self.consumer.flow(n)
-
-    def probe(self, answer: Callable[[int | None], None]) -> bool | None:
-        """The queue's ready count, if the upstream consumer can be asked (see search.QueueSearch.look)."""
-        probe = getattr(self.consumer, "probe", None)
-        if probe is None:
-            return None if self.consumer is not None else False
-        return False if self.closed else probe(answer)
-
-    def recycle(self, delivery: UpstreamDelivery, data: bytes, done: Callable[[bool], None]) -> bool:
-        def moved(ok: bool) -> None:
-            if not self.closed:
-                done(ok)
-                if self.draining and self.feed.moving == 0:
-                    self.server.finish_feed(self)
-
-        return self.server.recycle_message(self, data, moved)
-
-    def open_own(self, outlet: Outlet, handler: Any) -> Any:
-        """FanoutIO: an upstream subscription for one slow link of a shared subscription."""
-        name = f"{self.spec.name}|own-{next(self.server._sub_ids)}"
-        return self.server.upstream.open_consumer(dataclasses.replace(self.spec, name=name), handler)
-
-    def lost_outlet(self, outlet: Outlet, condition: str, description: str) -> None:
-        outlet.io_owner = None
-        close_link(outlet.io_ref, condition, description)
-
-    # ConsumerHandler ----------------------------------------------------------
-    def on_consumer_ready(self, consumer, info: ConsumerInfo) -> None:
-        try:
-            self.ready = True
-            self.info = info
-            if self.spec.offered:
-                self.server.offers_decided(self, info.evaluated)
-            if isinstance(self.feed, Feed):
-                self.feed.whole_grants = bool(self.upstream.traits.over_delivers)
-                self.feed.dead_letters = bool(self.upstream.traits.dead_letters_undeliverable)
-            if info.subscription is False and self.feed.subscription:
-                # The upstream says this source is shared: never consume a non-match on it.
-                self.feed.subscription = False
-                self.feed.custody = not self.upstream.traits.redelivers_in_place
-            pending, self.pending = self.pending, []
-            if info.subscription is True and not self.feed.subscription and self.key[0] == "queue":
-                # A subscription taken for a queue (sharing.decide had no word for it): the first
-                # link keeps this consumer, the others get subscriptions of their own.
-                self.pending = pending[:1]
-                self.server.unshare(self, pending[1:])
-                pending, self.pending = self.pending, []
-            for outlet in pending:
-                self.server.complete_outlet(self, outlet)
-            if self.feed.subscription and hasattr(consumer, "settle_in_order"):
-                # every delivery of a subscription is decided within the feed's window
-                consumer.settle_in_order()
-        except Exception:
-            log.exception("consumer ready handling failed")
-            self.server.fail_feed(self, ErrorInfo("amqp:internal-error", "proxy failure attaching upstream"))
-
-    def on_delivery(self, consumer, delivery: UpstreamDelivery) -> None:
-        try:
-            counters = self.counters
-            if counters is None:
-                self.feed.on_upstream_delivery(delivery)
-                return
-            counters.received.inc()
-            filtered = self.feed.stats.filtered
-            self.feed.on_upstream_delivery(delivery)
-            if self.feed.stats.filtered != filtered:
-                counters.filtered_out.inc(self.feed.stats.filtered - filtered)
-        except Exception:
-            log.exception("forwarding a delivery failed")
-            self.server.fail_feed(self, ErrorInfo("amqp:internal-error", "proxy failure forwarding a message"))
-
-    def on_consumer_credit(self, consumer, credit: int) -> None:
-        if consumer is self.consumer:
-            self.feed.on_upstream_credit(credit)
-
-    def on_consumer_closed(self, consumer, error: ErrorInfo | None) -> None:
-        try:
-            if self.via is not None and consumer is self.consumer and self.server.replica_lost(self, error):
-                return  # its links are served elsewhere now
-            self.server.fail_feed(self, error or ErrorInfo("amqp:link:detach-forced", "upstream detached"))
-        except Exception:
-            log.exception("consumer close handling failed")
-
-
 class ProxyServer(Handler):
     """Handler for every client connection accepted by the proxy's listener."""
 
@@ -313,23 +160,13 @@ class ProxyServer(Handler):
         self.window = window
         self.max_credit = max_credit
         self.recycle = recycle
-        self.feeds: dict[Any, FeedBinding] = {}
-        self._at_address: dict[str | None, set[FeedBinding]] = {}  # the feeds in `feeds` by address
-        # queue feeds whose upstream turned their offered filter expressions down, under the key of
-        # the same feed without them: any link of the queue may join (its filters stay local)
-        self.feed_aliases: dict[Any, FeedBinding] = {}
-        self.deciding: dict[Any, FeedBinding] = {}  # queue base key -> the feed whose offers await an answer
+        self.registry = FeedRegistry(self)  # every feed: an upstream consumer and the links it serves
+        self.feeds = self.registry.feeds  # (the same dict, for the reports)
         self.connections: dict[str, ClientConnection] = {}
         self._conn_ids = itertools.count(1)
         self._tags = itertools.count(1)
         self._sub_ids = itertools.count(1)
-        self._recyclers: dict[str, Any] = {}
         self._feed_ids = itertools.count(1)
-        self.draining: set[FeedBinding] = set()  # feeds whose last link went, finishing their moves
-        # durable subscriptions kept while their subscriber is detached (an upstream without named
-        # subscriptions: RabbitMQ), by name: their upstream consumer stays attached, holding what they
-        # select; with the attached ones at most `limits.kept_subscriptions` (`_beyond_kept_limit`)
-        self.kept: dict[str, FeedBinding] = {}
         # how long a feed whose last link went waits for its moves in flight
         self.grace = float(config.shutdown.grace_period)
         self.stopping = False
@@ -359,50 +196,29 @@ class ProxyServer(Handler):
         return f"{self.instance}/{next(self._feed_ids)}"
 
     # ---------------------------------------------------------------- stopping
-    def quiesce(self) -> None:
-        """Shutdown begins: every feed stops starting moves, pulling and sending (moves in flight
-        finish; `moves_in_flight` tells the shutdown when)."""
-        self.stopping = True
-        for b in list(self.feeds.values()):
-            b.feed.stop()
-
-    def _tick(self) -> None:
-        """Once a second: queue feeds whose search is over look again after a while (forwarding),
-        shared subscriptions publish their index counts (fanout)."""
-        try:
-            for b in list(self.feeds.values()):
-                if not b.closed:
-                    b.feed.tick()
-        except Exception:
-            log.exception("search tick failed")
-        if not self.stopping:
-            self.upstream.loop.call_later(1.0, self._tick)
-
-    def moves_in_flight(self) -> int:
-        return sum(b.feed.moving for b in list(self.feeds.values())) + sum(b.feed.moving for b in self.draining)
 
     # ---------------------------------------------------------------- upstream listener
     def on_upstream_up(self, upstream) -> None:
         if self.metrics is not None and self._was_up:
             self.metrics.upstream_reconnects.inc()
         if not self._was_up:
-            self.upstream.loop.call_later(1.0, self._tick)
+            self.upstream.loop.call_later(1.0, self.registry.tick)
         self._was_up = True
         self.upstream_up = True
-        self._recyclers.clear()
+        self.registry.forget_recyclers()
 
     def on_upstream_down(self, upstream, error: ErrorInfo) -> None:
         self.upstream_up = False
-        self._recyclers.clear()
+        self.registry.forget_recyclers()
         if self.replicas is not None:
             # A replica without its upstream owns nothing: the others see it gone and take over.
             for c in list(self.connections.values()):
                 if c.peer is not None and c.connection is not None:
                     c.connection.close(Condition("amqp:connection:forced",
                                                  f"upstream {self.upstream.name} is not connected"))
-        for b in list(self.feeds.values()):
+        for b in list(self.registry.feeds.values()):
             if b.via is None:  # a feed consuming through a queue's owner does not use this upstream
-                self.fail_feed(b, error)
+                self.registry.fail_feed(b, error)
 
     # ---------------------------------------------------------------- connections
     @boundary
@@ -788,7 +604,7 @@ class ProxyServer(Handler):
         the kept subscription's source (Qpid JMS requires one); closing the link ends it.  In front
         of RabbitMQ 4 the subscription is looked for on the broker as well (`_hold_on_broker`)."""
         name = sharing.kept_name(link.name, self.subscriber(conn, link))
-        binding = self.kept.get(name) if name is not None else None
+        binding = self.registry.kept.get(name) if name is not None else None
         if binding is not None:
             self._answer_lookup(link, conn, name, binding.kept_address)
             return
@@ -894,7 +710,7 @@ class ProxyServer(Handler):
             if pair is not None:
                 # RabbitMQ 4 (or 3.x with `upstream.management_url`): the subscription is a durable
                 # queue of its own on the broker
-                existing = self.feeds.get(key)
+                existing = self.registry.feeds.get(key)
                 if existing is None or existing.closed:
                     self._hold_on_broker(pair, link, outlet, key, spec, kept_name, held, up_address, local)
                     return
@@ -902,38 +718,38 @@ class ProxyServer(Handler):
         if kept_name is not None:
             if self._beyond_kept_limit(link, kept_name):
                 return
-            old = self.kept.pop(kept_name, None)
+            old = self.registry.kept.pop(kept_name, None)
             if old is not None and old.key != key:
                 # JMS: subscribing again under the name with another selector or topic replaces it
                 log.info("durable subscription %r resubscribed with another address or selector: the "
                          "one kept is ended", kept_name)
-                self._end_feed(old, closed=True)
+                self.registry.end_feed(old, closed=True)
         if browse:  # a browser reads the queue from its head on an upstream consumer of its own
             key = ("subscription", next(self._sub_ids))
         if via is not None:  # consuming through the queue's owner: not the feed of one consuming here
             key = key + (("via", via),)
-        binding = self.feeds.get(key)
+        binding = self.registry.feeds.get(key)
         base = None
         if (binding is None or binding.closed) and not decision.subscription:
             # A feed whose upstream turned the offered filters down serves every link of its queue.
             base = sharing.feed_key(decision, address=up_address, pushed=pushed, local=local, serial=0)
             if via is not None:
                 base = base + (("via", via),)
-            binding = self.feeds.get(base) or self.feed_aliases.get(base)
+            binding = self.registry.feeds.get(base) or self.registry.feed_aliases.get(base)
             if binding is None or binding.closed:
                 # One whose answer is not in yet: wait for it rather than open a second upstream
                 # consumer on the queue, which would hold a share of its messages out of reach.
-                deciding = self.deciding.get(base)
+                deciding = self.registry.deciding.get(base)
                 if deciding is not None and not deciding.closed:
                     outlet.io_owner = deciding
                     deciding.pending.append(outlet)
                     deciding.awaiting[outlet] = (key, spec)
                     return
         if binding is None or binding.closed:
-            opened = self._open_feed(key, spec, subscription, outlet, upstream, via)
+            opened = self.registry.open_feed(key, spec, subscription, outlet, upstream, via)
             opened.kept_name, opened.kept_address = kept_name, src.address
-            if offered and base is not None and base not in self.deciding:
-                self.deciding[base] = opened
+            if offered and base is not None and base not in self.registry.deciding:
+                self.registry.deciding[base] = opened
                 opened.deciding_key = base
             return
         self._join(binding, outlet)
@@ -950,7 +766,7 @@ class ProxyServer(Handler):
         """A shared durable subscription asked for with another address or selector while links are
         attached to it as it is: refused (JMS: its selector cannot change while it has consumers).
         True if refused."""
-        for k, b in self.feeds.items():
+        for k, b in self.registry.feeds.items():
             if k[0] == sharing.NAMED and k[2] == name and k != key and not b.closed and (b.feed.outlets or b.pending):
                 self._drop_link(link)
                 self._refuse(link, "amqp:resource-locked",
@@ -981,13 +797,13 @@ class ProxyServer(Handler):
             if replaced:
                 log.info("durable subscription %r resubscribed with another address or selector: its queue "
                          "%s was replaced", kept_name, queue)
-            binding = self.feeds.get(key)
+            binding = self.registry.feeds.get(key)
             if binding is not None and not binding.closed:
                 self._join(binding, outlet)
                 return
             consumed = dataclasses.replace(spec, address=topology.consume_address(self.upstream, queue), capabilities=(),
                                            distribution_mode=None, durable=None, expiry_policy=None)
-            opened = self._open_feed(key, consumed, True, outlet, self.upstream)
+            opened = self.registry.open_feed(key, consumed, True, outlet, self.upstream)
             opened.kept_name, opened.kept_address, opened.broker_queue = kept_name, address, queue
 
         topology.ensure_subscription_queue(pair, queue, binding_key, arguments, ready)
@@ -998,9 +814,9 @@ class ProxyServer(Handler):
         so that no subscriber's detach ever needs one more kept than the limit and none kept is
         dropped.  True if refused."""
         limit = self.config.limits.kept_subscriptions or 0
-        if not limit or name in self.kept:
+        if not limit or name in self.registry.kept:
             return False
-        names = {b.kept_name for b in self.feeds.values()
+        names = {b.kept_name for b in self.registry.feeds.values()
                  if b.kept_name is not None and not b.closed and b.broker_queue is None}
         if name in names or len(names) < limit:
             return False
@@ -1012,17 +828,6 @@ class ProxyServer(Handler):
                      "unsubscribe one, or resume one of them", reason="kept-subscriptions", level=logging.WARNING)
         return True
 
-    def _open_feed(self, key: Any, spec: ConsumerSpec, subscription: bool, outlet: Outlet,
-                   upstream: Any = None, via: str | None = None) -> FeedBinding:
-        binding = FeedBinding(self, key, spec, subscription, upstream, via)
-        if self.stopping:
-            binding.feed.stop()
-        self._register(binding)
-        binding.pending.append(outlet)
-        outlet.io_owner = binding
-        binding.consumer = binding.upstream.open_consumer(spec, binding)
-        return binding
-
     # ---------------------------------------------------------------- replicas
     def owners_changed(self) -> None:
         """The live replicas changed (`proxy.replicas`): queue links whose queue has another owner
@@ -1030,7 +835,7 @@ class ProxyServer(Handler):
         if self.stopping or self.replicas is None:
             return
         seen: set[int] = set()
-        for b in list(self.feeds.values()) + list(self.feed_aliases.values()):
+        for b in list(self.registry.feeds.values()) + list(self.registry.feed_aliases.values()):
             if id(b) in seen or b.closed:
                 continue
             seen.add(id(b))
@@ -1073,14 +878,14 @@ class ProxyServer(Handler):
             binding.feed.remove_outlet(o)
             o.io_owner = None
         if not binding.feed.outlets and not binding.pending:
-            self._unregister(binding)
+            self.registry.unregister(binding)
             binding.feed.stop()
             binding.draining = True
             if binding.feed.moving == 0:
-                self.finish_feed(binding)
+                self.registry.finish_feed(binding)
             else:
-                self.draining.add(binding)
-                self.upstream.loop.call_later(self.grace, lambda b=binding: self.finish_feed(b))
+                self.registry.draining.add(binding)
+                self.upstream.loop.call_later(self.grace, lambda b=binding: self.registry.finish_feed(b))
         for o in outlets:
             link = o.io_ref
             if link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED or state_of(link).outlet is not o:
@@ -1089,90 +894,13 @@ class ProxyServer(Handler):
             o.waiting_since = None
             self._place(link, o)
 
-    def feeds_at(self, address: str | None) -> list[FeedBinding]:
-        """The registered feeds of `address` (a copy: what is done with them may change them)."""
-        return list(self._at_address.get(address, ()))
-
-    def _register(self, binding: FeedBinding) -> None:
-        self.feeds[binding.key] = binding
-        self._at_address.setdefault(binding.spec.address, set()).add(binding)
-
-    def _unregister(self, binding: FeedBinding) -> None:
-        """No link may join `binding` any more."""
-        if self.feeds.get(binding.key) is binding:
-            del self.feeds[binding.key]
-            same = self._at_address.get(binding.spec.address)
-            if same is not None:
-                same.discard(binding)
-                if not same:
-                    del self._at_address[binding.spec.address]
-        for key in binding.aliases:
-            if self.feed_aliases.get(key) is binding:
-                del self.feed_aliases[key]
-        binding.aliases = []
-
-    def offers_decided(self, binding: FeedBinding, evaluated: tuple) -> None:
-        """The attach reply of a feed that offered filter expressions: the ones it evaluates are no
-        longer evaluated here (for every link of the feed: they share its key, so its filters); when
-        it evaluates none, the feed serves every link of its queue (an alias key without them)."""
-        binding.evaluated = frozenset(_offer_identity(e) for e in evaluated)
-        kept = [e for e in binding.spec.offered if _offer_identity(e) not in binding.evaluated]
-        if self.metrics is not None:
-            for e in evaluated:
-                self.metrics.filter_pushdown.labels(kind=e.kind, result="upstream").inc()
-            for e in kept:
-                self.metrics.filter_pushdown.labels(kind=e.kind, result="local").inc()
-        log.info("upstream %s evaluates %s on %s; %s evaluated here", self.upstream.name,
-                 ", ".join(f"{e.kind} filter {e.key!s}" for e in evaluated) or "no filter expression",
-                 binding.spec.address, ", ".join(f"{e.kind} filter {e.key!s}" for e in kept) or "none offered")
-        serves_all = False
-        if not evaluated and binding.key[0] == "queue" and binding.via is None:
-            base = sharing.feed_key(sharing.Decision(sharing.QUEUE, "offers turned down"), address=binding.spec.address,
-                                    pushed=binding.spec.filters, local=None, serial=0)
-            if self.feeds.get(base) is None and self.feed_aliases.get(base) is None:
-                self.feed_aliases[base] = binding
-                binding.aliases.append(base)
-            serves_all = self.feed_aliases.get(base) is binding
-        self._decided(binding, serves_all)
-
-    def _decided(self, binding: FeedBinding, joins: bool) -> None:
-        """The links that waited for `binding`'s answer (`FeedBinding.awaiting`) stay with it when it
-        serves every link of its queue (`joins`), else get feeds of their own."""
-        if binding.deciding_key is not None and self.deciding.get(binding.deciding_key) is binding:
-            del self.deciding[binding.deciding_key]
-        binding.deciding_key = None
-        awaiting, binding.awaiting = binding.awaiting, {}
-        if joins:
-            return
-        for outlet, (key, spec) in awaiting.items():
-            if outlet in binding.pending:
-                binding.pending.remove(outlet)
-                self._open_feed(key, spec, False, outlet, binding.upstream, binding.via)
-
-    def unshare(self, binding: FeedBinding, outlets: list[Outlet]) -> None:
-        """The upstream says `binding`'s source is a subscription the proxy took for a queue: no
-        link may join it any more, and the links that were waiting for it get feeds of their own."""
-        self._unregister(binding)
-        binding.key = ("subscription", next(self._sub_ids))
-        self._register(binding)
-        binding.feed.subscription = True
-        binding.feed.recycle = False
-        binding.feed.custody = False
-        for outlet in binding.pending:
-            link_state(outlet.io_ref).subscription = True
-        for outlet in outlets:
-            link = outlet.io_ref
-            link_state(link).subscription = True
-            spec = dataclasses.replace(binding.spec, name=link.name)
-            self._open_feed(("subscription", next(self._sub_ids)), spec, True, outlet)
-
     def complete_outlet(self, binding: FeedBinding, outlet: Outlet) -> None:
         link = outlet.io_ref
         if link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED:
             return
         if binding.evaluated:
             # What the upstream evaluates for this feed is not evaluated again here.
-            outlet.filter = outlet.filter.subset(lambda e: _offer_identity(e) not in binding.evaluated)
+            outlet.filter = outlet.filter.subset(lambda e: offer_identity(e) not in binding.evaluated)
             outlet.identity = filter_identity(outlet.filter, outlet.receiver)
         if link.local_state == LOCAL_ACTIVE:  # attached before: moved to its queue's new owner
             binding.feed.add_outlet(outlet)
@@ -1205,32 +933,6 @@ class ProxyServer(Handler):
         link.open()
         binding.feed.add_outlet(outlet)
         self._outlet_credit(link)
-
-    def fail_feed(self, binding: FeedBinding, error: ErrorInfo) -> None:
-        if binding.closed:
-            return
-        binding.closed = True
-        if binding.kept_name is not None and self.kept.get(binding.kept_name) is binding:
-            del self.kept[binding.kept_name]
-            log.warning("durable subscription %r kept for a detached subscriber is lost: %s", binding.kept_name,
-                        error.description)
-        self.draining.discard(binding)
-        self._unregister(binding)
-        if binding.deciding_key is not None and self.deciding.get(binding.deciding_key) is binding:
-            del self.deciding[binding.deciding_key]
-        outlets = list(binding.feed.outlets) + binding.pending
-        binding.pending = []
-        binding.feed.close()
-        if binding.consumer is not None:
-            binding.consumer.close()
-        self._forget_recycler(binding.spec.address)
-        for o in outlets:
-            link = o.io_ref
-            o.io_owner = None
-            if link.local_state == LOCAL_UNINIT:
-                self._refuse(link, error.condition, error.description or "upstream refused", error.info)
-            else:
-                close_link(link, error.condition, error.description, error.info)
 
     def _outcome(self, outlet: Outlet | None, link, dlv) -> None:
         """A client's disposition of a delivery (a pointer) sent on `outlet`'s link (its binding
@@ -1286,74 +988,6 @@ class ProxyServer(Handler):
         return self.routing.route(address)
 
     # ---------------------------------------------------------------- recycling
-    def recycle_message(self, binding: FeedBinding, data: bytes, done: Callable[[bool], None]) -> bool:
-        """Publish a moved copy (see forwarding) to the tail of its queue; False if the publisher
-        has no credit yet (its credit pumps the address's feeds)."""
-        address = binding.spec.address
-        rec = self._recyclers.get(address)
-        if rec is None or rec.closed:
-            rec = _Recycler(self, address)
-            self._recyclers[address] = rec
-            rec.publisher = self.upstream.open_publisher(address, rec, durable=binding.spec.durable)
-        if not rec.ready or rec.publisher.credit <= 0:
-            return False
-        rec.send(data, done)
-        return True
-
-    def poke(self, address: str) -> None:
-        """A client published to `address` through the proxy: its queue feeds search once more."""
-        for b in self.feeds_at(address):
-            if not b.closed:
-                b.feed.poke()
-
-    def finish_feed(self, binding: FeedBinding) -> None:
-        """The moves of a feed whose last link went are done (or the grace is over): return what it
-        holds by ending its upstream consumer."""
-        if binding in self.draining:
-            self.draining.discard(binding)
-        if not binding.closed:
-            counts = reports.in_process_counts(binding)
-            if counts is not None:
-                self.filter_totals.retire_feed(binding.spec.address, introspect.entries_kind(binding.spec.filters),
-                                               counts)
-        if binding.closed:
-            return
-        if binding.feed.moving:
-            log.warning("shutdown grace over with %d moves to %s in flight: their originals go back to the queue "
-                        "beside copies the broker may accept", binding.feed.moving, binding.spec.address)
-        binding.closed = True
-        returns = getattr(binding.feed, "returns", None)
-        returns = returns() if returns is not None else ()
-        binding.feed.close()
-        if binding.consumer is not None:
-            for delivery, outcome in returns:  # unacquired (3.2.1), or modified with a client's annotations
-                binding.consumer.settle(delivery, outcome)
-            binding.consumer.close(closed=binding.draining_closed)
-        self._forget_recycler(binding.spec.address)
-
-    def _end_feed(self, binding: FeedBinding, closed: bool) -> None:
-        """The last link of `binding` went: no move starts; the ones in flight finish (their
-        originals are accepted), bounded by the shutdown grace; then what is held goes back."""
-        self._unregister(binding)
-        binding.feed.stop()
-        binding.draining = True
-        binding.draining_closed = closed
-        if binding.feed.moving == 0:
-            self.finish_feed(binding)
-        else:
-            self.draining.add(binding)
-            self.upstream.loop.call_later(self.grace, lambda b=binding: self.finish_feed(b))
-
-    def _forget_recycler(self, address: str | None) -> None:
-        """Close the recycling publisher of an address no feed uses any more."""
-        if self._at_address.get(address):
-            return
-        if any(b.spec.address == address for b in self.draining):
-            return
-        rec = self._recyclers.pop(address, None)
-        if rec is not None and rec.publisher is not None:
-            rec.closed = True
-            rec.publisher.close()
 
     # ---------------------------------------------------------------- cleanup
     def _drop_link(self, link, closed: bool = False) -> None:
@@ -1378,18 +1012,18 @@ class ProxyServer(Handler):
                 if not binding.feed.outlets and not binding.pending:
                     if binding.broker_queue is not None:
                         # Its queue on the broker keeps the subscription; closing the link ends it.
-                        self._end_feed(binding, closed)
+                        self.registry.end_feed(binding, closed)
                         if closed:
                             self._unsubscribe_on_broker(binding.kept_name, binding.broker_queue)
                     elif binding.kept_name is not None and not closed and not self.stopping and self.upstream_up:
                         # A durable subscriber detached without closing (JMS consumer.close()): the
                         # subscription stays, its upstream consumer attached, until it comes back,
                         # unsubscribes, or the upstream connection goes.
-                        self.kept[binding.kept_name] = binding
+                        self.registry.kept[binding.kept_name] = binding
                         log.info("durable subscription %r kept while its subscriber is detached (%s)",
                                  binding.kept_name, binding.spec.address)
                     else:
-                        self._end_feed(binding, closed)
+                        self.registry.end_feed(binding, closed)
         unsubscribing = state.unsubscribe
         if state.unsubscribe_queue is not None:
             queue, state.unsubscribe_queue = state.unsubscribe_queue, None
@@ -1397,11 +1031,11 @@ class ProxyServer(Handler):
                 self._unsubscribe_on_broker(unsubscribing, queue)
         if unsubscribing is not None:
             state.unsubscribe = None
-            binding = self.kept.get(unsubscribing)
+            binding = self.registry.kept.get(unsubscribing)
             if closed and binding is not None:
-                del self.kept[unsubscribing]
+                del self.registry.kept[unsubscribing]
                 log.info("durable subscription %r unsubscribed", unsubscribing)
-                self._end_feed(binding, closed=True)
+                self.registry.end_feed(binding, closed=True)
         relay = state.relay
         if relay is not None:
             state.relay = None
@@ -1414,45 +1048,6 @@ class ProxyServer(Handler):
                 inlet.publisher.close()
             if inlet.dynamic is not None:
                 self.upstream.release_dynamic_target(inlet.dynamic)
-
-
-class _Recycler:
-    """The publisher of moved copies to one address.  A move whose publisher goes before the broker
-    settled it counts as not done (its original is held again)."""
-
-    def __init__(self, server: ProxyServer, address: str):
-        self.server = server
-        self.address = address
-        self.publisher = None
-        self.ready = False
-        self.closed = False
-        self.pending: dict[int, Callable[[bool], None]] = {}
-        self._ids = itertools.count(1)
-
-    def send(self, data: bytes, done: Callable[[bool], None]) -> None:
-        n = next(self._ids)
-        self.pending[n] = done
-
-        def settled(outcome: Outcome) -> None:
-            cb = self.pending.pop(n, None)
-            if cb is not None:
-                cb(outcome.kind == "accepted")
-
-        self.publisher.send(data, settled)
-
-    def on_publisher_ready(self, publisher) -> None:
-        self.ready = True
-
-    def on_publisher_credit(self, publisher) -> None:
-        for b in self.server.feeds_at(self.address):
-            if not b.closed and b.feed.held:
-                b.feed.pump()
-
-    def on_publisher_closed(self, publisher, error) -> None:
-        self.closed = True
-        pending, self.pending = self.pending, {}
-        for done in pending.values():
-            done(False)
 
 
 _REFUSAL_REASONS = {
@@ -1484,11 +1079,6 @@ def _identity(upstream: Any) -> dict:
         return {t.symbol("product"): product, t.symbol("version"): upstream.version or "",
                 t.symbol("broker-filter"): __version__}
     return {t.symbol("product"): "broker-filter", t.symbol("broker-filter"): __version__}
-
-
-def _offer_identity(entry: Any) -> tuple:
-    """An offered filter as the links of one feed all have it (their entries are objects of their own)."""
-    return (entry.kind, str(entry.key), repr(entry.value))
 
 
 def outlet_presettled_requested(link: Link) -> bool:
