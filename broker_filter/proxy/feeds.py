@@ -151,7 +151,7 @@ class FeedBinding:
                 self.server.registry.unshare(self, pending[1:])
                 pending, self.pending = self.pending, []
             for outlet in pending:
-                self.server.complete_outlet(self, outlet)
+                self.server.receivers.complete(self, outlet)
             if self.feed.subscription and hasattr(consumer, "settle_in_order"):
                 # every delivery of a subscription is decided within the feed's window
                 consumer.settle_in_order()
@@ -180,7 +180,7 @@ class FeedBinding:
 
     def on_consumer_closed(self, consumer, error: ErrorInfo | None) -> None:
         try:
-            if self.via is not None and consumer is self.consumer and self.server.replica_lost(self, error):
+            if self.via is not None and consumer is self.consumer and self.server.rehoming.replica_lost(self, error):
                 return  # its links are served elsewhere now
             self.server.registry.fail_feed(self, error or ErrorInfo("amqp:link:detach-forced", "upstream detached"))
         except Exception:

@@ -45,6 +45,7 @@ by its `to`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -52,6 +53,7 @@ from ..amqp import types as t
 from ..filters import FilterError, compile_filter_set
 from . import sharing
 from .traits import Traits
+from .upstream import FILTEX_KINDS
 
 FIELD_FILTER = {t.symbol("field"): t.symbol("filter")}  # the error info naming the source filter
 
@@ -265,3 +267,43 @@ def plan_sender(request: SenderRequest, context: Context) -> Refuse | Relay | Dy
 def may_send(permissions: Permissions, user: str | None, address: str) -> str | None:
     """An anonymous relay's message to `address` (its `to`): None when allowed, else why not."""
     return permissions.refusal(user, SEND, address)
+
+
+_EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
+
+
+def push_down(upstream: Any, address: str | None, fs: Any,
+              dialect: str) -> tuple[str | None, tuple, Any, tuple]:
+    """(upstream address, entries the upstream evaluates, filter-set left to evaluate locally,
+    filter expressions offered to the upstream).
+
+    The offered entries (filtex: the property and SQL filters, on an upstream that `can_offer` them)
+    go on the upstream attach beside the pushed ones and stay in the local filter-set: the attach
+    reply decides whether the upstream evaluates them (`FeedBinding.on_consumer_ready`)."""
+    pushed: list = []
+    offered: list = []
+    taken: set[int] = set()
+    m = _EXCHANGE.match(address or "")
+    if m and upstream.traits.binds_exchange_keys:
+        exchange = m.group(1)
+        bindings = [e for e in fs.entries if e.kind in ("direct", "topic") and isinstance(e.text, str)]
+        if len(bindings) == 1 and "/" not in bindings[0].text:
+            # The exchange applies its own binding semantics, which is what a legacy binding asks for.
+            address = f"/exchange/{exchange}/{bindings[0].text}"
+            taken.add(id(bindings[0]))
+    keys: set = set()
+    for e in fs.entries:
+        # One entry per key upstream (a filter-set is a map); a clashing key stays local.
+        if id(e) in taken or e.kind == "no-local" or str(e.key) in keys:
+            continue
+        if dialect == "jms" or e.kind in FILTEX_KINDS:
+            if upstream.can_evaluate(e):
+                pushed.append(e)
+                taken.add(id(e))
+                keys.add(str(e.key))
+                continue
+        if upstream.can_offer(e):
+            offered.append(e)
+            keys.add(str(e.key))
+    local = fs.subset(lambda e: id(e) not in taken)
+    return address, tuple(pushed), local, tuple(offered)

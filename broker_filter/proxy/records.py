@@ -80,7 +80,7 @@ def links_of(conn: Any) -> list:
 
 class Placement:
     """What a client's receiving link asked for, kept to serve it again on another upstream (a
-    queue whose owner changed, see `ProxyServer.rehome`)."""
+    queue whose owner changed, see `rehoming.Rehoming.rehome`)."""
 
     __slots__ = ("routed", "wanted", "decision", "caps", "routing_type", "browse", "owned")
 

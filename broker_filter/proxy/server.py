@@ -33,54 +33,33 @@ import dataclasses
 import functools
 import itertools
 import logging
-import re
-import time
 from typing import Any, Callable
-
 
 from ..amqp import types as t
 from ..config import Config
-from ..filters import FilterSet
-from ..security import SaslClientExchange, identity_of
-from .feeds import FeedBinding, FeedRegistry, offer_identity
-from .forwarding import Outcome, Outlet, filter_identity
-from . import introspect, sharing, topology
-from . import plan, sender
-from .grants import Granted
-from .sender import RELAY_CAPABILITY
-from .records import ClientConnection, Placement, connection_state, link_state, links_of, state_of
-from .refusal import close_link, refuse_link
-from .routing import Routing, vhost_asked
-from .replicas import PROPERTY as REPLICA_PROPERTY
 from ..engine._cproton import lib
 from ..engine.container import Typed
+from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Condition, Connection, Delivery, Handler, Link, Session
 from ..engine.splice import splice_target
-from ..engine.endpoints import (LOCAL_ACTIVE, LOCAL_CLOSED, LOCAL_UNINIT, REMOTE_CLOSED, Condition, Connection,
-                                Delivery, Handler, Link, Session, Terminus)
-from .wire import remote_outcome
+from ..security import SaslClientExchange, identity_of
+from . import introspect, plan, sender
+from .durable import DurableSubscriptions
+from .feeds import FeedRegistry
+from .grants import Granted
 from .management import ManagementPair, is_management, refusal
-from .upstream import FILTEX_KINDS, ConsumerSpec, ErrorInfo, Passthrough, Upstream
+from .receiver import FILTER_CAPABILITIES, Receivers
+from .records import ClientConnection, connection_state, link_state, links_of, state_of
+from .refusal import close_link, refuse_link
+from .rehoming import Rehoming
+from .replicas import PROPERTY as REPLICA_PROPERTY
+from .routing import Routing, vhost_asked
+from .sender import RELAY_CAPABILITY
+from .upstream import ErrorInfo, Upstream
 
 log = logging.getLogger("broker_filter.proxy")
 
-# A drain (see `ProxyServer._drain`) waits for the upstream's messages until none came for DRAIN_QUIET
-# seconds (looking every DRAIN_STEP), at most DRAIN_LIMIT seconds.
-DRAIN_QUIET = 0.15
-DRAIN_STEP = 0.05
-DRAIN_LIMIT = 2.0
-
-FILTER_CAPABILITIES = (
-    "APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS",
-    "APACHE.ORG:JMS_FILTERS",
-    "APACHE.ORG:LOGIC_FILTERS",
-    "APACHE.ORG:SELECTOR",
-    "APACHE.ORG:NO_LOCAL",
-    "AMQP_FILTEX_PROP_V1_0",
-    "AMQP_FILTEX_SQL_V1_0",
-)
 _OFFERED = FILTER_CAPABILITIES + (RELAY_CAPABILITY,)  # (a null target: the anonymous relay, `sender.Relay`)
 _COORDINATOR = lib.PN_COORDINATOR  # a transaction coordinator target
-_EXCHANGE = re.compile(r"^/exchange/([^/]+)/?$")
 
 
 def boundary(fn: Callable) -> Callable:
@@ -95,43 +74,6 @@ def boundary(fn: Callable) -> Callable:
             self._fail(subject)
 
     return wrapper
-
-
-def push_down(upstream: Upstream, address: str | None, fs: FilterSet,
-              dialect: str) -> tuple[str | None, tuple, FilterSet, tuple]:
-    """(upstream address, entries the upstream evaluates, filter-set left to evaluate locally,
-    filter expressions offered to the upstream).
-
-    The offered entries (filtex: the property and SQL filters, on an upstream that `can_offer` them)
-    go on the upstream attach beside the pushed ones and stay in the local filter-set: the attach
-    reply decides whether the upstream evaluates them (`FeedBinding.on_consumer_ready`)."""
-    pushed: list = []
-    offered: list = []
-    taken: set[int] = set()
-    m = _EXCHANGE.match(address or "")
-    if m and upstream.traits.binds_exchange_keys:
-        exchange = m.group(1)
-        bindings = [e for e in fs.entries if e.kind in ("direct", "topic") and isinstance(e.text, str)]
-        if len(bindings) == 1 and "/" not in bindings[0].text:
-            # The exchange applies its own binding semantics, which is what a legacy binding asks for.
-            address = f"/exchange/{exchange}/{bindings[0].text}"
-            taken.add(id(bindings[0]))
-    keys: set = set()
-    for e in fs.entries:
-        # One entry per key upstream (a filter-set is a map); a clashing key stays local.
-        if id(e) in taken or e.kind == "no-local" or str(e.key) in keys:
-            continue
-        if dialect == "jms" or e.kind in FILTEX_KINDS:
-            if upstream.can_evaluate(e):
-                pushed.append(e)
-                taken.add(id(e))
-                keys.add(str(e.key))
-                continue
-        if upstream.can_offer(e):
-            offered.append(e)
-            keys.add(str(e.key))
-    local = fs.subset(lambda e: id(e) not in taken)
-    return address, tuple(pushed), local, tuple(offered)
 
 
 class ProxyServer(Handler):
@@ -161,6 +103,9 @@ class ProxyServer(Handler):
         self.max_credit = max_credit
         self.recycle = recycle
         self.registry = FeedRegistry(self)  # every feed: an upstream consumer and the links it serves
+        self.receivers = Receivers(self)  # the client's receiving links: attach, placement, outcomes, credit
+        self.durable = DurableSubscriptions(self)  # JMS durable subscriptions the daemon keeps
+        self.rehoming = Rehoming(self)  # queue links served through their queue's owner (`[replicas]`)
         self.feeds = self.registry.feeds  # (the same dict, for the reports)
         self.connections: dict[str, ClientConnection] = {}
         self._conn_ids = itertools.count(1)
@@ -330,7 +275,7 @@ class ProxyServer(Handler):
             ManagementPair.serve(self.upstream, link, self._route_link, self._manage_check(conn))
             return
         if link.is_sender:
-            self._attach_outlet(link, conn)
+            self.receivers.attach(link, conn)
         else:
             self._attach_inlet(link, conn)
 
@@ -360,62 +305,7 @@ class ProxyServer(Handler):
         if state.pair is not None:
             state.pair._client_credit(link)
         elif link.is_sender:
-            self._outlet_credit(link)
-
-    def _outlet_credit(self, link: Link) -> None:
-        outlet = state_of(link).outlet
-        if outlet is None:
-            return
-        pointer = link.ptr
-        credit = lib.pn_link_credit(pointer)
-        binding = outlet.io_owner
-        if binding is None or binding.closed or outlet not in binding.feed.outlets:
-            if binding is not None and not binding.closed and outlet in binding.pending:
-                return  # the feed is not ready: its credit (and drain) is taken when it is (`complete_outlet`)
-            if credit > 0 and lib.pn_link_get_drain(pointer):
-                lib.pn_link_drained(pointer)
-            return
-        binding.feed.set_credit(outlet, credit)
-        if credit > 0 and lib.pn_link_get_drain(pointer):
-            self._drain(link, outlet, binding)
-        elif outlet.draining is not None:
-            outlet.draining = None  # a flow without drain ends a drain under way
-
-    def _drain(self, link, outlet: Outlet, binding) -> None:
-        """The client asked to drain (AMQP 1.0 2.6.7): the feed was just given the link's credit, so it
-        offered what it holds and asked its upstream for more.  Messages the upstream had ready come
-        within moments: once none came for `DRAIN_QUIET` s (at most `DRAIN_LIMIT` s), or the credit is
-        used up, the link is drained (its delivery-count advanced past the unused credit, credit 0).
-        Only a link with drain set pays for this: the per-message path does not change."""
-        token = outlet.draining = object()
-        loop = self.upstream.loop
-        clock = time.monotonic
-        started = clock()
-        state = {"seen": binding.feed._upstream_received(), "quiet_since": started}
-
-        def check() -> None:
-            if outlet.draining is not token:
-                return  # a later flow took over (a new drain, or drain cleared)
-            if outlet.io_owner is not binding or binding.closed or outlet not in binding.feed.outlets:
-                outlet.draining = None
-                return
-            now = clock()
-            received = binding.feed._upstream_received()
-            if received != state["seen"]:
-                state["seen"], state["quiet_since"] = received, now
-            if (outlet.credit > 0 and now - state["quiet_since"] < DRAIN_QUIET and now - started < DRAIN_LIMIT):
-                loop.call_later(DRAIN_STEP, check)
-                return
-            outlet.draining = None
-            pointer = link.ptr
-            if pointer is not None and lib.pn_link_get_drain(pointer):
-                lib.pn_link_drained(pointer)
-            binding.feed.set_credit(outlet, 0)
-
-        if outlet.credit <= 0:
-            check()
-        else:
-            loop.call_later(DRAIN_STEP, check)
+            self.receivers.credit(link)
 
     @boundary
     def on_message(self, delivery: Delivery, data: memoryview) -> None:
@@ -528,43 +418,6 @@ class ProxyServer(Handler):
                             max_depth=limits.nesting_depth, replicas=self.replicas is not None,
                             splicing=self._splicing(conn))
 
-    def _attach_outlet(self, link, conn: ClientConnection) -> None:
-        src = link.remote_source
-        request = plan.ReceiverRequest(address=src.address, filter=src.filter, capabilities=src.capabilities,
-                                       copy=src.distribution_mode == "copy", dynamic=bool(src.dynamic), null=src.null,
-                                       durable=bool(src.durability) or src.expiry_policy == "never",
-                                       user=conn.user, peer=conn.peer is not None)
-        context = self.plan_context(conn)
-        decided = plan.plan_receiver(request, context)
-        if isinstance(decided, plan.Splice):
-            if self._splice(link, decided.address):
-                return
-            decided = plan.plan_receiver(request, dataclasses.replace(context, splicing=False))
-        if isinstance(decided, plan.Refuse):
-            self._refuse_planned(link, conn, decided)
-            return
-        if isinstance(decided, plan.LookUpKept):
-            # Qpid JMS's unsubscribe (a null source, the subscription's link name): the durable
-            # subscription the proxy keeps under that name, if any.
-            self._look_up_kept(link, conn)
-            return
-        fs, wanted = decided.fs, decided.wanted
-        state = link_state(link)
-        state.fs = fs
-        state.subscription = decided.decision.subscription
-        state.operation, state.address = plan.BROWSE if decided.browse else plan.CONSUME, src.address
-        outlet = Outlet(f"{conn.id}:{link.name}", wanted, conn.id, io_ref=link,
-                        max_size=link.remote_max_message_size)
-        state.outlet = outlet
-        conn.links.add(link)
-        self._route_link(link, functools.partial(self._outcome, outlet))
-        if outlet_presettled_requested(link):
-            link.set_snd_settle_mode(True)
-            outlet.presettled = True
-        state.place = Placement(decided.routed, wanted, decided.decision, src.capabilities, decided.routing_type,
-                                decided.browse, decided.owned)
-        self._place(link, outlet)
-
     def _replica_login(self, identity: Any) -> bool:
         """Whether a connection logged in as the replicas do (`replicas.user`, else ANONYMOUS)."""
         user = self.config.replicas.user
@@ -599,359 +452,7 @@ class ProxyServer(Handler):
             self.metrics.splices.inc()
         return True
 
-    def _look_up_kept(self, link, conn: ClientConnection) -> None:
-        """A null-source attach names a durable subscription (Qpid JMS's unsubscribe): answered with
-        the kept subscription's source (Qpid JMS requires one); closing the link ends it.  In front
-        of RabbitMQ 4 the subscription is looked for on the broker as well (`_hold_on_broker`)."""
-        name = sharing.kept_name(link.name, self.subscriber(conn, link))
-        binding = self.registry.kept.get(name) if name is not None else None
-        if binding is not None:
-            self._answer_lookup(link, conn, name, binding.kept_address)
-            return
-        pair = topology.topology(self.upstream) if name is not None else None
-        if pair is None:
-            self._refuse(link, "amqp:not-found",
-                         f"no durable subscription named {link.name!r} is kept for a detached subscriber here "
-                         f"(in front of upstream {self.upstream.name} the proxy keeps one from its subscriber's "
-                         "detach until the upstream connection goes)")
-            return
-        queue = topology.durable_queue(name)
-        state = link_state(link)
-        state.unsubscribe_queue = queue  # (set while the broker is asked: a detach meanwhile clears it)
-
-        def found(arguments: dict | None, failure: tuple[str, str] | None) -> None:
-            if state.unsubscribe_queue != queue or link.local_state != LOCAL_UNINIT:
-                return  # the client went meanwhile
-            if arguments is None:
-                state.unsubscribe_queue = None
-                self._refuse(link, failure[0] if failure else "amqp:not-found",
-                             f"durable subscription {link.name!r}: {failure[1]}" if failure else
-                             f"no durable subscription named {link.name!r} of client "
-                             f"{link.connection.remote_container!r} exists on upstream {self.upstream.name} "
-                             f"(no queue {queue!r})")
-                return
-            self._answer_lookup(link, conn, name, str(arguments.get(topology.ARG_ADDRESS) or "") or None)
-
-        topology.find_subscription_queue(pair, queue, found)
-
-    def _answer_lookup(self, link, conn: ClientConnection, name: str, address: str | None) -> None:
-        why = self.permissions.refusal(conn.user, plan.DURABLE, address) if address is not None else None
-        if why is not None:  # (its own subscription, but no longer allowed to keep or remove one there)
-            self.audit(conn, plan.DURABLE, address, why)
-            self._refuse(link, "amqp:unauthorized-access", why, reason="unauthorized")
-            return
-        link.set_source(_kept_source(address))
-        link.copy_remote_target()
-        link_state(link).unsubscribe = name
-        conn.links.add(link)
-        link.open()
-
-    def _unsubscribe_on_broker(self, name: str | None, queue: str) -> None:
-        pair = topology.topology(self.upstream)
-        if pair is None:
-            log.warning("durable subscription %r could not be unsubscribed: upstream %s is not connected; its "
-                        "queue %s stays on the broker", name, self.upstream.name, queue)
-            return
-        log.info("durable subscription %r unsubscribed: deleting its queue %s", name, queue)
-        topology.delete_subscription_queue(pair, queue)
-
-    def _place(self, link, outlet: Outlet) -> None:
-        """Serve a client's receiving link: join the feed of its kind on its upstream, or open one
-        (a queue link under `[replicas]`: on the upstream of the queue's owner)."""
-        state = state_of(link)
-        p: Placement = state.place
-        src = link.remote_source
-        fs: FilterSet = state.fs
-        routed, wanted, decision, caps, browse = p.routed, p.wanted, p.decision, p.caps, p.browse
-        subscription = decision.subscription
-        upstream, via = self.upstream, None
-        if p.owned:
-            via, peer_upstream = self.replicas.upstream_for(routed)
-            if via is not None:
-                upstream = peer_upstream
-        up_address, pushed, local, offered = push_down(upstream, routed, wanted, self.dialect)
-        outlet.filter = local
-        outlet.identity = filter_identity(local, outlet.receiver)
-        passthrough = ()
-        if fs.ignored and upstream.traits.passes_unknown_filters:
-            # Filters the proxy does not know (a stream offset, a broker's own filter): the upstream
-            # may (RabbitMQ's `rabbitmq:stream-offset-spec`); its echo says what it applied.
-            passthrough = tuple(Passthrough(i.key, i.value) for i in fs.ignored)
-        spec = ConsumerSpec(
-            address=up_address,
-            filters=pushed,
-            capabilities=sharing.upstream_capabilities(caps, p.routing_type),
-            distribution_mode="copy" if src.distribution_mode == "copy" else None,
-            durable=src.durability,
-            expiry_policy=src.expiry_policy,
-            dynamic=bool(src.dynamic),
-            name=link.name,
-            container_id=self.subscriber(connection_state(link.connection), link),
-            offered=offered,
-            passthrough=passthrough,
-        )
-        # The offered filters are in the key: links on one upstream consumer ask it the same.
-        # A durable subscription (shared or not) in front of an upstream without named
-        # subscriptions: the proxy keeps it across its subscribers' detaches, as a queue on the
-        # broker (RabbitMQ 4, `_hold_on_broker`), else with its upstream consumer left attached.
-        kept = (subscription and via is None and not browse and not spec.dynamic
-                and not upstream.traits.named_subscriptions)
-        durable = bool(src.durability) or spec.expiry_policy == "never"
-        key = sharing.feed_key(decision, address=up_address, pushed=pushed + offered + passthrough, local=local,
-                               serial=next(self._sub_ids), link_name=link.name,
-                               container_id=spec.container_id, capabilities=caps,
-                               durable=durable, dynamic=spec.dynamic, kept=kept)
-        kept_name = key[2] if key[0] == sharing.KEPT or (key[0] == sharing.NAMED and durable and kept) else None
-        if kept_name is not None and key[0] == sharing.NAMED and self._in_use_otherwise(link, kept_name, key):
-            return
-        if kept_name is not None and not (pushed or offered or passthrough):
-            held = topology.exchange_binding(up_address)
-            pair = topology.topology(upstream) if held is not None else None
-            if pair is not None:
-                # RabbitMQ 4 (or 3.x with `upstream.management_url`): the subscription is a durable
-                # queue of its own on the broker
-                existing = self.registry.feeds.get(key)
-                if existing is None or existing.closed:
-                    self._hold_on_broker(pair, link, outlet, key, spec, kept_name, held, up_address, local)
-                    return
-                kept_name = None  # (attached already: the link joins that feed, below)
-        if kept_name is not None:
-            if self._beyond_kept_limit(link, kept_name):
-                return
-            old = self.registry.kept.pop(kept_name, None)
-            if old is not None and old.key != key:
-                # JMS: subscribing again under the name with another selector or topic replaces it
-                log.info("durable subscription %r resubscribed with another address or selector: the "
-                         "one kept is ended", kept_name)
-                self.registry.end_feed(old, closed=True)
-        if browse:  # a browser reads the queue from its head on an upstream consumer of its own
-            key = ("subscription", next(self._sub_ids))
-        if via is not None:  # consuming through the queue's owner: not the feed of one consuming here
-            key = key + (("via", via),)
-        binding = self.registry.feeds.get(key)
-        base = None
-        if (binding is None or binding.closed) and not decision.subscription:
-            # A feed whose upstream turned the offered filters down serves every link of its queue.
-            base = sharing.feed_key(decision, address=up_address, pushed=pushed, local=local, serial=0)
-            if via is not None:
-                base = base + (("via", via),)
-            binding = self.registry.feeds.get(base) or self.registry.feed_aliases.get(base)
-            if binding is None or binding.closed:
-                # One whose answer is not in yet: wait for it rather than open a second upstream
-                # consumer on the queue, which would hold a share of its messages out of reach.
-                deciding = self.registry.deciding.get(base)
-                if deciding is not None and not deciding.closed:
-                    outlet.io_owner = deciding
-                    deciding.pending.append(outlet)
-                    deciding.awaiting[outlet] = (key, spec)
-                    return
-        if binding is None or binding.closed:
-            opened = self.registry.open_feed(key, spec, subscription, outlet, upstream, via)
-            opened.kept_name, opened.kept_address = kept_name, src.address
-            if offered and base is not None and base not in self.registry.deciding:
-                self.registry.deciding[base] = opened
-                opened.deciding_key = base
-            return
-        self._join(binding, outlet)
-
-    def _join(self, binding: FeedBinding, outlet: Outlet) -> None:
-        """The outlet is served by an open feed: at once if its upstream consumer is ready."""
-        outlet.io_owner = binding
-        if binding.ready:
-            self.complete_outlet(binding, outlet)
-        else:
-            binding.pending.append(outlet)
-
-    def _in_use_otherwise(self, link, name: str, key: Any) -> bool:
-        """A shared durable subscription asked for with another address or selector while links are
-        attached to it as it is: refused (JMS: its selector cannot change while it has consumers).
-        True if refused."""
-        for k, b in self.registry.feeds.items():
-            if k[0] == sharing.NAMED and k[2] == name and k != key and not b.closed and (b.feed.outlets or b.pending):
-                self._drop_link(link)
-                self._refuse(link, "amqp:resource-locked",
-                             f"shared durable subscription {link.name!r} has subscribers attached with another "
-                             "address or selector: detach them before subscribing with this one")
-                return True
-        return False
-
-    def _hold_on_broker(self, pair: Any, link, outlet: Outlet, key: Any, spec: ConsumerSpec, kept_name: str,
-                        binding_key: tuple[str, str], address: str, local: FilterSet) -> None:
-        """A durable subscription in front of RabbitMQ 4 (or 3.x given its HTTP API): its queue on the
-        broker is found or declared (and bound) over `pair` (`topology`), then consumed by a
-        subscription feed (what the link's filters do not select is accepted and dropped).  The
-        queue, not the daemon, keeps the subscription while its subscriber is detached, across
-        daemon restarts and upstream reconnects; an unsubscribe deletes it."""
-        state = state_of(link)
-        queue = topology.durable_queue(kept_name)
-        arguments = {"x-queue-type": "classic", topology.ARG_ADDRESS: address, topology.ARG_FILTER: local.description,
-                     topology.ARG_CLIENT: spec.container_id or "", topology.ARG_NAME: link.name}
-
-        def ready(failure: tuple[str, str] | None, replaced: bool) -> None:
-            if state.outlet is not outlet or self.stopping:
-                return  # the subscriber went meanwhile (the queue stays, as its detach asks)
-            if failure is not None:
-                self._drop_link(link)
-                self._refuse(link, failure[0], f"durable subscription {link.name!r}: {failure[1]}")
-                return
-            if replaced:
-                log.info("durable subscription %r resubscribed with another address or selector: its queue "
-                         "%s was replaced", kept_name, queue)
-            binding = self.registry.feeds.get(key)
-            if binding is not None and not binding.closed:
-                self._join(binding, outlet)
-                return
-            consumed = dataclasses.replace(spec, address=topology.consume_address(self.upstream, queue), capabilities=(),
-                                           distribution_mode=None, durable=None, expiry_policy=None)
-            opened = self.registry.open_feed(key, consumed, True, outlet, self.upstream)
-            opened.kept_name, opened.kept_address, opened.broker_queue = kept_name, address, queue
-
-        topology.ensure_subscription_queue(pair, queue, binding_key, arguments, ready)
-
-    def _beyond_kept_limit(self, link, name: str) -> bool:
-        """A new durable subscription the daemon would keep (`name`: not attached nor kept now) while
-        it already has `limits.kept_subscriptions` of them, attached or kept: refused at its attach,
-        so that no subscriber's detach ever needs one more kept than the limit and none kept is
-        dropped.  True if refused."""
-        limit = self.config.limits.kept_subscriptions or 0
-        if not limit or name in self.registry.kept:
-            return False
-        names = {b.kept_name for b in self.registry.feeds.values()
-                 if b.kept_name is not None and not b.closed and b.broker_queue is None}
-        if name in names or len(names) < limit:
-            return False
-        self._drop_link(link)
-        self._refuse(link, "amqp:resource-limit-exceeded",
-                     f"durable subscription {link.name!r} of client {link.connection.remote_container!r} "
-                     f"refused: the daemon keeps {len(names)} durable subscriptions in front of upstream "
-                     f"{self.upstream.name}, attached or detached (limits.kept_subscriptions = {limit}); "
-                     "unsubscribe one, or resume one of them", reason="kept-subscriptions", level=logging.WARNING)
-        return True
-
     # ---------------------------------------------------------------- replicas
-    def owners_changed(self) -> None:
-        """The live replicas changed (`proxy.replicas`): queue links whose queue has another owner
-        now are served there."""
-        if self.stopping or self.replicas is None:
-            return
-        seen: set[int] = set()
-        for b in list(self.registry.feeds.values()) + list(self.registry.feed_aliases.values()):
-            if id(b) in seen or b.closed:
-                continue
-            seen.add(id(b))
-            moving = [o for o in list(b.feed.outlets) + list(b.pending) if self._moves(o, b)]
-            if moving:
-                self.rehome(b, moving)
-
-    def _moves(self, outlet: Outlet, binding: FeedBinding) -> bool:
-        p = state_of(outlet.io_ref).place
-        if p is None or not p.owned:
-            return False
-        via, _ = self.replicas.upstream_for(p.routed)
-        return via != binding.via
-
-    def replica_lost(self, binding: FeedBinding, error: ErrorInfo | None) -> bool:
-        """The consumer of a feed served through a replica closed: True when its links moved to
-        another owner (the replica went or drains), False to fail them as usual."""
-        if self.stopping or self.replicas is None or error is None:
-            return False
-        if not error.transient and error.condition != "amqp:connection:forced":
-            return False  # the owner's own answer (not found, unauthorized...): the client's to see
-        if not error.transient:
-            self.replicas.peer_leaving(binding.via)  # detached as it drains
-        if not binding.closed:
-            moving = list(binding.feed.outlets) + list(binding.pending)
-            if moving:
-                self.rehome(binding, moving)
-        return binding.closed or not (binding.feed.outlets or binding.pending)
-
-    def rehome(self, binding: FeedBinding, outlets: list[Outlet]) -> None:
-        """Move `outlets` (their links stay attached) from `binding` to the feed of their queue's
-        owner.  What the client has unsettled goes back to `binding`'s custody, and what it holds
-        goes back to the broker when no link is left on it."""
-        log.info("queue %s: %d link(s) move from %s to %s", binding.spec.address, len(outlets),
-                 binding.via or "this replica",
-                 self.replicas.owner(state_of(outlets[0].io_ref).place.routed) or "nobody")
-        for o in outlets:
-            if o in binding.pending:
-                binding.pending.remove(o)
-            binding.feed.remove_outlet(o)
-            o.io_owner = None
-        if not binding.feed.outlets and not binding.pending:
-            self.registry.unregister(binding)
-            binding.feed.stop()
-            binding.draining = True
-            if binding.feed.moving == 0:
-                self.registry.finish_feed(binding)
-            else:
-                self.registry.draining.add(binding)
-                self.upstream.loop.call_later(self.grace, lambda b=binding: self.registry.finish_feed(b))
-        for o in outlets:
-            link = o.io_ref
-            if link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED or state_of(link).outlet is not o:
-                continue
-            o.in_flight.clear()
-            o.waiting_since = None
-            self._place(link, o)
-
-    def complete_outlet(self, binding: FeedBinding, outlet: Outlet) -> None:
-        link = outlet.io_ref
-        if link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED:
-            return
-        if binding.evaluated:
-            # What the upstream evaluates for this feed is not evaluated again here.
-            outlet.filter = outlet.filter.subset(lambda e: offer_identity(e) not in binding.evaluated)
-            outlet.identity = filter_identity(outlet.filter, outlet.receiver)
-        if link.local_state == LOCAL_ACTIVE:  # attached before: moved to its queue's new owner
-            binding.feed.add_outlet(outlet)
-            self._outlet_credit(link)
-            return
-        state = state_of(link)
-        fs: FilterSet = state.fs
-        src = link.remote_source
-        address, dynamic = src.address, False
-        if src.dynamic and not src.address:
-            address = binding.info.address if binding.info is not None else None
-            if not address:
-                self._drop_link(link)
-                close_link(link, "amqp:not-implemented",
-                           f"dynamic sources are not supported by upstream {self.upstream.name}")
-                return
-            dynamic = True  # the node made for this link (gone when it closes)
-        echoed = binding.info.echoed if binding.info is not None else None
-        source = Terminus(address=address, dynamic=dynamic, durability=src.durability, expiry_policy=src.expiry_policy,
-                          distribution_mode="copy" if state.subscription else None,
-                          filter={**fs.applied, **(echoed or {})} if fs.entries or echoed else None,
-                          capabilities=FILTER_CAPABILITIES)
-        if src.null and binding.info is not None:
-            # A null-source lookup of a named subscription (Qpid JMS unsubscribe and reattach): the
-            # reply's source is the subscription found, which Qpid JMS requires to be non-null.
-            source = dataclasses.replace(source, address=binding.info.address, durability=_UNSETTLED_STATE,
-                                         expiry_policy="never", distribution_mode="copy")
-        link.set_source(source)
-        link.copy_remote_target()
-        link.open()
-        binding.feed.add_outlet(outlet)
-        self._outlet_credit(link)
-
-    def _outcome(self, outlet: Outlet | None, link, dlv) -> None:
-        """A client's disposition of a delivery (a pointer) sent on `outlet`'s link (its binding
-        is None once the link was dropped)."""
-        if outlet is None:
-            lib.pn_delivery_settle(dlv)
-            return
-        outcome = remote_outcome(dlv)
-        if outcome is None:
-            if not lib.pn_delivery_settled(dlv):
-                return  # not a terminal state yet
-            # Settled without an outcome: never treat that as accepted.
-            outcome = Outcome("released")
-        binding = outlet.io_owner
-        if binding is not None and not binding.closed:
-            binding.feed.on_client_outcome(outlet, dlv, outcome)
-            if binding.counters is not None:
-                binding.counters.outcome(outcome.kind)
-        lib.pn_delivery_settle(dlv)
 
     # ---------------------------------------------------------------- publishing (inlets)
     def _attach_inlet(self, link, conn: ClientConnection) -> None:
@@ -1014,7 +515,7 @@ class ProxyServer(Handler):
                         # Its queue on the broker keeps the subscription; closing the link ends it.
                         self.registry.end_feed(binding, closed)
                         if closed:
-                            self._unsubscribe_on_broker(binding.kept_name, binding.broker_queue)
+                            self.durable.unsubscribe_on_broker(binding.kept_name, binding.broker_queue)
                     elif binding.kept_name is not None and not closed and not self.stopping and self.upstream_up:
                         # A durable subscriber detached without closing (JMS consumer.close()): the
                         # subscription stays, its upstream consumer attached, until it comes back,
@@ -1028,7 +529,7 @@ class ProxyServer(Handler):
         if state.unsubscribe_queue is not None:
             queue, state.unsubscribe_queue = state.unsubscribe_queue, None
             if closed and unsubscribing is not None:  # (answered: found on the broker)
-                self._unsubscribe_on_broker(unsubscribing, queue)
+                self.durable.unsubscribe_on_broker(unsubscribing, queue)
         if unsubscribing is not None:
             state.unsubscribe = None
             binding = self.registry.kept.get(unsubscribing)
@@ -1060,12 +561,6 @@ _REFUSAL_REASONS = {
 }
 
 
-_UNSETTLED_STATE = 2  # terminus durability: unsettled-state (what Qpid JMS's durable subscriptions ask)
-
-
-def _kept_source(address: str | None) -> Terminus:
-    """The source of a durable subscription found by its name (a null-source attach)."""
-    return Terminus(address=address, durability=_UNSETTLED_STATE, expiry_policy="never", distribution_mode="copy")
 
 
 def _identity(upstream: Any) -> dict:
@@ -1079,8 +574,3 @@ def _identity(upstream: Any) -> dict:
         return {t.symbol("product"): product, t.symbol("version"): upstream.version or "",
                 t.symbol("broker-filter"): __version__}
     return {t.symbol("product"): "broker-filter", t.symbol("broker-filter"): __version__}
-
-
-def outlet_presettled_requested(link: Link) -> bool:
-    return link.remote_settled_mode
-
