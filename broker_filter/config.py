@@ -320,6 +320,18 @@ class Limits:
     )
     links_per_connection: int = setting(256, "links one client connection may attach", kind="int", minimum=1)
     connections: int = setting(1024, "client connections accepted at once", kind="int", minimum=1)
+    connections_per_user: int = setting(
+        256, "client connections one user (its login; ANONYMOUS clients are one user) may have at once; "
+        "beyond, refused with amqp:resource-limit-exceeded (0: no limit)", kind="int", minimum=0)
+    connections_per_address: int = setting(
+        256, "client connections one source address may have at once (0: no limit)", kind="int", minimum=0)
+    links_per_user: int = setting(
+        4096, "links one user may have attached over all its connections (0: no limit)", kind="int", minimum=0)
+    unfinished_bytes: int = setting(
+        64 * 1024 * 1024,
+        "bytes of messages a client connection may have in transfer, not yet complete, over all its links; "
+        "beyond, what arrives is dropped and the message refused with amqp:resource-limit-exceeded when "
+        "complete (0: no limit)", kind="int", minimum=0)
     handshake_timeout: float = setting(
         10.0,
         "seconds a client connection has from accept to its AMQP open (TLS and SASL included); then it is "

@@ -12,7 +12,8 @@ from typing import Any
 class ClientConnection:
     """What the proxy keeps on each client connection (`Connection.context`)."""
 
-    __slots__ = ("id", "links", "producers", "closed", "peer", "connection", "management_calls", "identity")
+    __slots__ = ("id", "links", "producers", "closed", "peer", "connection", "management_calls", "identity",
+                 "unfinished")
 
     def __init__(self, id: str, connection: Any = None, identity: Any = None):
         self.id = id
@@ -23,6 +24,7 @@ class ClientConnection:
         self.connection = connection
         self.management_calls: Any = None  # its /management requests in flight (`management._Calls`)
         self.identity = identity  # who logged in (`security.Identity`), None when unknown
+        self.unfinished: Any = None  # its messages in transfer, not complete yet (`quotas.Unfinished`)
 
     @property
     def user(self) -> str | None:

@@ -48,22 +48,32 @@ def read(owner: Any, dlv: Any) -> bytes | None:
     if not lib.pn_delivery_readable(dlv):
         return None
     limit = owner.server.max_message_size
+    unfinished = owner.conn.unfinished
     if lib.pn_delivery_partial(dlv):
         if limit and lib.pn_delivery_pending(dlv) > limit:
             # Too large already: drop what arrived (memory stays bounded), refuse once complete.
             discard(owner.ptr)
             owner.oversize.add(dlv)
+            unfinished.done(owner, dlv)
+        elif dlv not in owner.oversize and unfinished.over(owner, dlv):
+            # The connection's messages in transfer hold too much: this one is dropped as it arrives.
+            discard(owner.ptr)
+            owner.oversize.add(dlv)
+            unfinished.dropped(owner, dlv)
         return None
     size = lib.pn_delivery_pending(dlv)
     data = receive(owner.ptr, dlv)
+    crowded = unfinished.done(owner, dlv) if unfinished.pending else False
     if lib.pn_delivery_aborted(dlv):
         owner.oversize.discard(dlv)
         lib.pn_delivery_settle(dlv)
         return None
-    if limit and (size > limit or (owner.oversize and dlv in owner.oversize)):
+    if (limit and size > limit) or (owner.oversize and dlv in owner.oversize):
         owner.oversize.discard(dlv)
-        settle_with(dlv, Outcome("rejected", error=(
-            "amqp:resource-limit-exceeded", f"message larger than the {limit} bytes allowed (limits.max_message_size)")))
+        why = (f"the client's messages in transfer on this connection were over {unfinished.limit} bytes "
+               "(limits.unfinished_bytes): this one was dropped as it arrived; send it again" if crowded else
+               f"message larger than the {limit} bytes allowed (limits.max_message_size)")
+        settle_with(dlv, Outcome("rejected", error=("amqp:resource-limit-exceeded", why)))
         owner.top_up()
         return None
     return data

@@ -49,6 +49,7 @@ from .grants import Granted
 from .management import ManagementPair, is_management, refusal
 from .receiver import FILTER_CAPABILITIES, Receivers
 from .records import ClientConnection, connection_state, link_state, links_of, state_of
+from .quotas import Quotas, Unfinished
 from .refusal import close_link, refuse_link
 from .rehoming import Rehoming
 from .replicas import PROPERTY as REPLICA_PROPERTY
@@ -108,6 +109,7 @@ class ProxyServer(Handler):
         self.rehoming = Rehoming(self)  # queue links served through their queue's owner (`[replicas]`)
         self.feeds = self.registry.feeds  # (the same dict, for the reports)
         self.connections: dict[str, ClientConnection] = {}
+        self.quotas = Quotas(config.limits)  # connections and links per user and source address
         self._conn_ids = itertools.count(1)
         self._tags = itertools.count(1)
         self._sub_ids = itertools.count(1)
@@ -201,10 +203,21 @@ class ProxyServer(Handler):
                 conn.open()
                 conn.close(Condition("amqp:connection:forced", f"upstream {self.upstream.name} is not connected"))
                 return
+        why = self.quotas.refusal(identity) if peer is None else None
+        if why is not None:
+            conn.open()
+            conn.close(Condition("amqp:resource-limit-exceeded", why))
+            log.warning("refused a connection from %s: %s", identity.peer or "?", why)
+            if self.metrics is not None:
+                self.metrics.refuse_connection("limit")
+            return
         if self.metrics is not None:
             self.metrics.connections_accepted.inc()
         cid = f"{self.instance}/{next(self._conn_ids)}"
         state = conn.context = ClientConnection(cid, conn, identity)
+        state.unfinished = Unfinished(self.config.limits.unfinished_bytes)
+        if peer is None:
+            self.quotas.admitted(state)
         state.peer = str(peer) if peer is not None else None
         if peer is not None:
             # the peer's link to this replica ends after the same silence as this one's to the peer:
@@ -244,6 +257,7 @@ class ProxyServer(Handler):
         for link in links_of(conn):
             self._drop_link(link)
         self.connections.pop(c.id, None)
+        self.quotas.gone(c)
 
     # ---------------------------------------------------------------- links
     @boundary
@@ -258,6 +272,10 @@ class ProxyServer(Handler):
         if len(conn.links) >= limits.links_per_connection:
             self._refuse(link, "amqp:resource-limit-exceeded",
                          f"at most {limits.links_per_connection} links per connection")
+            return
+        why = self.quotas.link_refusal(conn) if conn.peer is None else None
+        if why is not None:
+            self._refuse(link, "amqp:resource-limit-exceeded", why)
             return
         if link.is_sender and link.remote_source.filter_error is not None:
             # A source filter proton could not decode (a map whose size and count disagree) must not
@@ -541,10 +559,12 @@ class ProxyServer(Handler):
         if relay is not None:
             state.relay = None
             relay.close()
+            relay.conn.unfinished.forget(relay)
         inlet = state.inlet
         if inlet is not None:
             state.inlet = None
             inlet.closed = True
+            inlet.conn.unfinished.forget(inlet)
             if inlet.publisher is not None:
                 inlet.publisher.close()
             if inlet.dynamic is not None:
