@@ -439,6 +439,11 @@ class Embedded:
     max_bytes: int = setting(
         256 * 1024 * 1024, "bytes one address may hold (0: unlimited)", kind="int", minimum=0
     )
+    max_total_bytes: int = setting(
+        256 * 1024 * 1024,
+        "bytes of messages every address together may hold; a publish beyond is refused with "
+        "amqp:resource-limit-exceeded (0: unlimited)",
+        kind="int", minimum=0)
     dead_letter_address: str = setting("", "where rejected messages go; empty: dropped", kind="str")
 
 

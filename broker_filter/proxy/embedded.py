@@ -45,12 +45,10 @@ PUBLISHER_CREDIT = 1000
 def broker_config(section: Any) -> BrokerConfig:
     """A BrokerConfig from the `[embedded]` section of `broker_filter.config.Config` (0 = unlimited)."""
     return BrokerConfig(
-        default_routing_type=getattr(section, "default_routing_type", ANYCAST) or ANYCAST,
-        limits=Limits(
-            max_messages=getattr(section, "max_messages", 0) or None,
-            max_bytes=getattr(section, "max_bytes", 0) or None,
-        ),
-        dead_letter_address=getattr(section, "dead_letter_address", "") or None,
+        default_routing_type=section.default_routing_type or ANYCAST,
+        limits=Limits(max_messages=section.max_messages or None, max_bytes=section.max_bytes or None),
+        max_total_bytes=section.max_total_bytes or None,
+        dead_letter_address=section.dead_letter_address or None,
     )
 
 
