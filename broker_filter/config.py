@@ -332,6 +332,11 @@ class Limits:
         "bytes of messages a client connection may have in transfer, not yet complete, over all its links; "
         "beyond, what arrives is dropped and the message refused with amqp:resource-limit-exceeded when "
         "complete (0: no limit)", kind="int", minimum=0)
+    idle_timeout: float = setting(
+        60.0,
+        "seconds a client connection may stay silent (not even a heartbeat) before the daemon closes it; its "
+        "open frame announces half of it as its idle time-out, so clients heartbeat in time (0: none)",
+        kind="float", minimum=0)
     handshake_timeout: float = setting(
         10.0,
         "seconds a client connection has from accept to its AMQP open (TLS and SASL included); then it is "

@@ -224,6 +224,10 @@ class ProxyServer(Handler):
             # what this replica delivered on it and was not settled goes back (custody), not held
             # for a replica cut off
             conn.set_idle_timeout(self.replicas.heartbeat)
+        elif self.config.limits.idle_timeout:
+            # announced in the open frame: a client that sends nothing, not even a heartbeat, for
+            # this long has its connection closed, and its place freed
+            conn.set_idle_timeout(self.config.limits.idle_timeout)
         self.connections[cid] = state
         conn.open(container_id=self.instance, properties=_identity(self.upstream), offered_capabilities=_OFFERED)
 
