@@ -106,10 +106,9 @@ class FeedBinding:
 
     def probe(self, answer: Callable[[int | None], None]) -> bool | None:
         """The queue's ready count, if the upstream consumer can be asked (see search.QueueSearch.look)."""
-        probe = getattr(self.consumer, "probe", None)
-        if probe is None:
-            return None if self.consumer is not None else False
-        return False if self.closed else probe(answer)
+        if self.consumer is None:
+            return False
+        return False if self.closed else self.consumer.probe(answer)
 
     def recycle(self, delivery: UpstreamDelivery, data: bytes, done: Callable[[bool], None]) -> bool:
         def moved(ok: bool) -> None:
@@ -152,7 +151,7 @@ class FeedBinding:
                 pending, self.pending = self.pending, []
             for outlet in pending:
                 self.server.receivers.complete(self, outlet)
-            if self.feed.subscription and hasattr(consumer, "settle_in_order"):
+            if self.feed.subscription:
                 # every delivery of a subscription is decided within the feed's window
                 consumer.settle_in_order()
         except Exception:
@@ -387,8 +386,7 @@ class FeedRegistry:
             log.warning("shutdown grace over with %d moves to %s in flight: their originals go back to the queue "
                         "beside copies the broker may accept", binding.feed.moving, binding.spec.address)
         binding.closed = True
-        returns = getattr(binding.feed, "returns", None)
-        returns = returns() if returns is not None else ()
+        returns = binding.feed.returns()
         binding.feed.close()
         if binding.consumer is not None:
             for delivery, outcome in returns:  # unacquired (3.2.1), or modified with a client's annotations

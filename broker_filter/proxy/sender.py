@@ -154,7 +154,7 @@ class Inlet:
         if not self.ready:
             self.link.set_target(Terminus(null=True))
             self.link.open()
-        loop = getattr(getattr(publisher, "upstream", None), "loop", None)
+        loop = self.server.upstream.loop
         if err.condition == "amqp:resource-deleted" and loop is not None:
             # (the broker removed the node, maybe by a management call of this client's, whose
             # answer the client must see first, as directly: see management.py, Order)
