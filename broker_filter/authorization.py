@@ -555,9 +555,10 @@ class Permissions:
         else:
             assert self._compiled is not None
             result = (node, self._compiled.needed(node), "")
-        if len(self._cache) >= self._cache_size:
-            del self._cache[next(iter(self._cache))]
-        self._cache[address] = result
+        if self._cache_size:
+            if len(self._cache) >= self._cache_size:
+                del self._cache[next(iter(self._cache))]  # the oldest
+            self._cache[address] = result
         return result
 
     def allows(self, user: str | None, roles: frozenset[str] | None, operation: str, address: str) -> bool:
