@@ -85,6 +85,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
+from urllib.parse import unquote_to_bytes
 
 OPERATIONS = ("send", "consume", "browse", "manage", "durable")
 UPSTREAMS = ("embedded", "other", "rabbitmq")
@@ -111,7 +112,7 @@ ARTEMIS_PERMISSIONS = {
 
 _VERBS = {"send": "send to", "consume": "consume from", "browse": "browse", "manage": "manage",
           "durable": "keep a durable subscription on"}
-_HEX = re.compile(r"%[0-9A-Fa-f]{2}")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 class PatternError(ValueError):
@@ -153,19 +154,10 @@ def _v2_decode(text: str) -> str:
     """RFC 3986 percent-decoding, strict (RabbitMQ 4 refuses a bad escape); the bytes must be UTF-8."""
     if "%" not in text:
         return text
-    if len(_HEX.findall(text)) != text.count("%"):
+    if _BAD_ESCAPE.search(text):
         raise PatternError(f"bad percent-encoding in {text!r}")
-    raw = bytearray()
-    i = 0
-    while i < len(text):
-        if text[i] == "%":
-            raw.append(int(text[i + 1:i + 3], 16))
-            i += 3
-        else:
-            raw += text[i].encode("utf-8", "surrogatepass")
-            i += 1
     try:
-        return raw.decode("utf-8")
+        return unquote_to_bytes(text).decode("utf-8")
     except UnicodeDecodeError:
         raise PatternError(f"percent-encoding in {text!r} is not UTF-8") from None
 
@@ -491,6 +483,9 @@ class _Compiled:
             found = self.candidates(node)
             return (min(found, key=lambda e: e.rank),) if found else ()
         entries = self.every + self.by_space.get(node.space, [])
+        lead = node.words[0] if node.words else None
+        if lead is not None and lead not in (ANY_WORDS, ONE_WORD):  # a literal first word: skip other ones
+            entries = [e for e in entries if not e.node.words or e.node.words[0] in (lead, ANY_WORDS, ONE_WORD)]
         covering = [e for e in entries if covers(e.node.words, node.words)]
         if not covering:
             return ()
@@ -557,7 +552,10 @@ class Permissions:
             result = (node, self._compiled.needed(node), "")
         if self._cache_size:
             if len(self._cache) >= self._cache_size:
-                del self._cache[next(iter(self._cache))]  # the oldest
+                try:
+                    del self._cache[next(iter(self._cache))]  # the oldest
+                except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+                    self._cache.clear()
             self._cache[address] = result
         return result
 

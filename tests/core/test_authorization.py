@@ -558,6 +558,18 @@ def test_the_shipped_secure_configuration(user, operation, address, expected):
     assert decide.allows(user, None, operation, address) is expected
 
 
+def test_the_worked_example_of_the_docs_is_the_shipped_one():
+    import re
+    import tomllib
+
+    text = open(os.path.join(ROOT, "docs", "security.md"), encoding="utf-8").read()
+    block = re.search(r"## A worked example.*?```toml\n(.*?)```", text, re.S).group(1)
+    documented = tomllib.loads(block)["security"]
+    with open(os.path.join(ROOT, "config", "broker-filter-secure.toml"), "rb") as fh:
+        shipped = tomllib.load(fh)["security"]
+    assert documented == shipped
+
+
 # ------------------------------------------------------------------------------------------ reference
 
 WORDS = ("a", "b", "")
