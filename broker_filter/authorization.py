@@ -84,7 +84,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 from urllib.parse import unquote_to_bytes
 
 OPERATIONS = ("send", "consume", "browse", "manage", "durable")
@@ -128,8 +128,7 @@ class PatternError(ValueError):
 # Nodes: what an address or a pattern names
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
+class Node(NamedTuple):
     """An address or pattern in canonical form.  `space` is the name space ("" for an AMQ-style
     address, "queue", or "exchange" + the exchange name); `words` the name's words (a queue name, a
     routing key, an address), wildcard words included; `fqqn` the whole `a::q` text of an FQQN (its
