@@ -246,8 +246,9 @@ def pattern_node(match: str, upstream: str) -> Node:
         return Node("", (ANY_WORDS,), ANY_WORDS, every=True)
     if upstream == "rabbitmq":
         node = rabbitmq_node(match)
-        if node.space.startswith("exchange") and any(c in node.space for c in (ANY_WORDS, ONE_WORD)):
-            raise PatternError("an exchange name in a match is literal (no `*` or `#`)")
+        exchange = node.space[len("exchange"):] if node.space.startswith("exchange") else ""
+        if any(word in (ANY_WORDS, ONE_WORD) for word in exchange.split(".")):
+            raise PatternError("an exchange name in a match is literal (no `*` or `#` word)")
     else:
         node = amq_node(match)
     if ANY_WORDS in node.words[:-1]:
@@ -257,27 +258,8 @@ def pattern_node(match: str, upstream: str) -> Node:
     return node
 
 
-def check_pattern(match: str) -> None:
-    """Raise PatternError if `match` is unusable on any upstream kind (syntax, and RabbitMQ's forms)."""
-    pattern_node(match, "embedded")
-    pattern_node(match, "rabbitmq")
-
-
 # --------------------------------------------------------------------------------------------------
 # Matching words
-
-
-def matches(pattern: tuple[str, ...], words: tuple[str, ...]) -> bool:
-    """A pattern (`#` last only) matches concrete words."""
-    if pattern and pattern[-1] == ANY_WORDS:
-        fixed = pattern[:-1]
-        if len(words) < len(fixed):
-            return False
-    else:
-        fixed = pattern
-        if len(words) != len(fixed):
-            return False
-    return all(p == ONE_WORD or p == w for p, w in zip(fixed, words))
 
 
 def covers(pattern: tuple[str, ...], words: tuple[str, ...]) -> bool:
