@@ -94,7 +94,8 @@ def main() -> None:
             for address in warm:
                 allows("user-7", roles, "consume", address)
 
-    wild = [f"/topic/news-{i % 10}.#" for i in range(200)] + [f"team-{i % TEAMS}.*" for i in range(200)] + ["/topic/#"] * 100
+    wild = ([f"/topic/news-{i % 10}.#" for i in range(200)] + [f"team-{i % TEAMS}.*" for i in range(200)]
+            + ["/topic/#"] * 100)
 
     uncached = Permissions(grants, users, "rabbitmq", cache_size=0)
 

@@ -17,10 +17,11 @@ a PLAIN user may not be called so when settings exist).  A user without an entry
 **Patterns** are AMQ wildcard patterns (Artemis's wildcard syntax): words delimited by `.`, `*` is
 exactly one word, `#` any number of words, zero included (`news.#` matches `news`, `news.uk` and
 `news.uk.sport`).  As Artemis requires, `#` may only be the last word, and a match with an FQQN
-`a::q` has no wildcard.  `*` and `#` are wildcards as whole words only, as in the daemon's address rules:
-`news.eu*` is the literal word `eu*` (Artemis's regular expression would take it as a prefix).  Empty words are words (`a..b` has three, and `a.*` matches `a.`,
-where Artemis's regular expression wants at least one character for `*`).  Case matters: addresses
-are case-sensitive in Artemis and RabbitMQ, so `Alice.x` is another node than `alice.x`.
+`a::q` has no wildcard.  `*` and `#` are wildcards as whole words only, as in the daemon's address
+rules: `news.eu*` is the literal word `eu*` (Artemis's regular expression would take it as a prefix).
+Empty words are words (`a..b` has three, and `a.*` matches `a.`, where Artemis's regular expression
+wants at least one character for `*`).  Case matters: addresses are case-sensitive in Artemis and
+RabbitMQ, so `Alice.x` is another node than `alice.x`.
 
 **Specificity** is Artemis's (`HierarchicalObjectRepository.MatchComparator`), on the matches that
 match one address:

@@ -375,7 +375,8 @@ def test_a_refusal_where_nothing_matches():
     decide = permissions([("a.#", everything("r"))])
     refusal = decide.explain("bob", None, "consume", "b")
     assert refusal.setting is None
-    assert str(refusal) == "user bob may not consume from b: no security setting matches it (what is not granted is refused)"
+    assert str(refusal) == ("user bob may not consume from b: no security setting matches it "
+                            "(what is not granted is refused)")
 
 
 # ------------------------------------------------------------------------------------------ cost and cache
@@ -418,7 +419,8 @@ def test_the_section_loads_with_artemis_role_strings(tmp_path):
     """)
     assert dict(config.security.roles) == {"alice": ("a", "b"), "bob": ("b", "c")}
     (setting,) = config.security.settings
-    assert (setting.index, setting.match, setting.send, setting.consume, setting.browse) == (0, "orders.#", ("a", "b"), ("c",), ())
+    assert (setting.index, setting.match, setting.send, setting.consume, setting.browse) == (
+        0, "orders.#", ("a", "b"), ("c",), ())
     assert config.security.enabled
     assert config.to_dict()["security"]["settings"][0]["send"] == ["a", "b"]
     decide = Permissions.from_config(config)
@@ -471,7 +473,8 @@ RABBITMQ_CONFIG_ERRORS = [
 
 @pytest.mark.parametrize("match, reason", RABBITMQ_CONFIG_ERRORS)
 def test_in_front_of_an_upstream_matches_must_be_rabbitmq_addresses_too(tmp_path, match, reason):
-    toml = f'[upstream]\nurls = ["amqp://h"]\n[[security.settings]]\nmatch = "x"\n[[security.settings]]\nmatch = "{match}"'
+    toml = (f'[upstream]\nurls = ["amqp://h"]\n[[security.settings]]\nmatch = "x"\n'
+            f'[[security.settings]]\nmatch = "{match}"')
     with pytest.raises(cfg.ConfigError) as e:
         load(tmp_path, toml)
     assert e.value.key == "security.settings[1].match" and reason in e.value.reason
