@@ -59,6 +59,7 @@ In front of RabbitMQ (`rabbitmq`), as RabbitMQ itself parses addresses (v1: `rab
 | `/exchange/X`, `/exchange/X/`, `/exchanges/X` | exchange `X`, *every* key | `/exchanges/X/#` |
 | `/queue`, the empty address | *every* queue | `/queues/#` |
 | exchange `amq.default` (or the empty name) with key `K` | the queue `K` | `/queues/K` |
+| `amq.fanout`, `amq.headers`, `amq.match` with any key | the exchange, *every* key (keys do not route) | `/exchanges/X/#` |
 | anything else starting with `/`, a bare name with `/`, a bad `%` escape | no node: refused | |
 
 A v1 sender without a key (`/exchange/X`, `/queue`) publishes with each message's subject as the
@@ -75,6 +76,12 @@ Patterns are canonicalised the same way, with two additions: the bare pattern `#
 `alice.#` is `/queues/alice.#`.  An exchange name in a pattern is literal, a key part may have
 wildcards, and an exchange without a key part is the exchange with every key.
 
+RabbitMQ 4's `/management` requests (`management_checks`) name queues and exchanges the same way: the
+daemon parses the request's path as RabbitMQ does (`uri_string:normalize`: unreserved characters
+decoded, dot segments removed; then each segment percent-decoded) and asks for `manage` on the queue
+or exchange it touches, and for a binding `manage` on its destination plus `consume` on its source
+with its key (the destination receives what a subscription with that key would).
+
 Cost: the settings are compiled once per upstream kind into a word trie per node space (queues, each
 exchange; the address space on AMQ-style upstreams) whose walk collects the matches of an address in
 O(words) steps, however many settings there are; the decision per address (which settings must grant)
@@ -86,7 +93,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, NamedTuple
-from urllib.parse import unquote_to_bytes
+from urllib.parse import quote, unquote_to_bytes
 
 OPERATIONS = ("send", "consume", "browse", "manage", "durable")
 UPSTREAMS = ("embedded", "other", "rabbitmq")
@@ -172,10 +179,15 @@ def _queue(name: str) -> Node:
     return Node("queue", _words(name), f"/queues/{name}")
 
 
+# RabbitMQ's built-in exchanges whose routing ignores the key (fanout, headers): any key of them reads
+# everything, so a key names the whole exchange.
+KEYLESS_EXCHANGES = frozenset({"amq.fanout", "amq.headers", "amq.match"})
+
+
 def _exchange(exchange: str, key: str | None) -> Node:
     if exchange in ("", "amq.default"):
         return _queue(key or "")  # the default exchange routes to the queue its key names
-    if not key:
+    if not key or exchange in KEYLESS_EXCHANGES:
         key = ANY_WORDS  # no key: a v1 sender's subject, so every key
     return Node("exchange" + exchange, _words(key), f"/exchanges/{exchange}/{key}")
 
@@ -257,6 +269,105 @@ def pattern_node(match: str, upstream: str) -> Node:
     if node.fqqn is not None and (node.wild or ANY_WORDS in node.fqqn or ONE_WORD in node.fqqn):
         raise PatternError("a fully qualified queue name (`a::q`) matches exactly: no `*` or `#`")
     return node
+
+
+# --------------------------------------------------------------------------------------------------
+# RabbitMQ 4's /management requests
+
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_BINDING = re.compile(r"^src=([0-9A-Za-z\-._~%]+);dst([eq])=([0-9A-Za-z\-._~%]+);key=([0-9A-Za-z\-._~%]*);"
+                      r"args=([0-9A-Za-z\-_]*)$")
+
+
+def _remove_dot_segments(path: str) -> str:
+    """RFC 3986 5.2.4."""
+    out: list[str] = []
+    for segment in path.split("/")[1:] if path.startswith("/") else path.split("/"):
+        if segment == "..":
+            if out:
+                out.pop()
+        elif segment != ".":
+            out.append(segment)
+    trailing = "/" if path.endswith(("/.", "/..")) else ""
+    return "/" + "/".join(out) + trailing
+
+
+def _normalized_path(uri: str) -> tuple[list[str], dict[str, str]]:
+    """The path segments (decoded) and query of a request URI, as RabbitMQ reads them: `uri_string:
+    normalize` (percent-encoded unreserved characters decoded, dot segments removed), then each segment
+    percent-decoded.  PatternError when RabbitMQ would answer 400."""
+    path, _, query = uri.partition("?")
+    path = path.partition("#")[0]
+    query = query.partition("#")[0]
+    path = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)) if chr(int(m.group(1), 16)) in _UNRESERVED
+                       else m.group(0).upper(), path)
+    if not path.startswith("/"):
+        raise PatternError(f"a /management request's path must start with `/`, got {uri!r}")
+    segments = _remove_dot_segments(path).split("/")[1:]
+    params: dict[str, str] = {}
+    for pair in query.split("&") if query else ():
+        name, _, value = pair.partition("=")
+        params[_v2_decode(name.replace("+", " "))] = _v2_decode(value.replace("+", " "))
+    return segments, params
+
+
+def _queue_address(name: str) -> str:
+    return "/queues/" + quote(name, safe="")
+
+
+def _exchange_address(name: str, key: str | None = None) -> str:
+    return "/exchanges/" + quote(name, safe="") + ("" if key is None else "/" + quote(key, safe=""))
+
+
+def management_checks(method: str, uri: str, body: Mapping[str, Any] | None = None) -> tuple[tuple[str, str], ...]:
+    """The (operation, address) pairs a client's request to RabbitMQ 4's `/management` node must each be
+    allowed (addresses in RabbitMQ's v2 form, to decide with `upstream="rabbitmq"`): `manage` on the
+    queue or exchange a request declares, deletes, purges or reads; for a binding (made, deleted or
+    listed) `manage` on its destination and `consume` on its source exchange with its key, since the
+    destination then receives what the source routes with that key (RabbitMQ checks write on the
+    destination and read on the source).  `uri` is the request's `to`, `method` its `subject`, `body`
+    its decoded amqp-value map (POST /bindings).  `()` for requests that name no node (`/auth/tokens`).
+    PatternError for a request RabbitMQ would refuse as malformed: refuse it."""
+    segments, params = _normalized_path(uri)
+    method = method.upper()
+    if segments[:1] == ["queues"] and len(segments) in (2, 3):
+        name = _v2_decode(segments[1])
+        if len(segments) == 2 and method in ("GET", "PUT", "DELETE"):
+            return (("manage", _queue_address(name)),)
+        if segments[2:] == ["messages"] and method == "DELETE":
+            return (("manage", _queue_address(name)),)
+    elif segments[:1] == ["exchanges"] and len(segments) == 2 and method in ("GET", "PUT", "DELETE"):
+        return (("manage", _exchange_address(_v2_decode(segments[1]))),)
+    elif segments == ["bindings"] and method == "POST":
+        if not isinstance(body, Mapping):
+            raise PatternError("POST /bindings needs a map body")
+        source, key = body.get("source"), body.get("binding_key")
+        queue, exchange = body.get("destination_queue"), body.get("destination_exchange")
+        if not isinstance(source, str) or not isinstance(key, str) or not isinstance(queue or exchange, str):
+            raise PatternError("POST /bindings needs `source`, `binding_key` and `destination_queue` or "
+                               "`destination_exchange` (strings)")
+        return _binding_checks(source, "q" if queue is not None else "e", queue if queue is not None else exchange,
+                               key)
+    elif segments[:1] == ["bindings"] and len(segments) == 2 and method == "DELETE":
+        found = _BINDING.match(segments[1])
+        if found is None:
+            raise PatternError(f"bad binding path segment {segments[1]!r}")
+        source, kind, destination, key, _ = found.groups()
+        return _binding_checks(_v2_decode(source), kind, _v2_decode(destination), _v2_decode(key))
+    elif segments == ["bindings"] and method == "GET":
+        if "src" not in params or "key" not in params or not ("dstq" in params or "dste" in params):
+            raise PatternError("GET /bindings needs `src`, `key` and `dstq` or `dste`")
+        kind = "q" if "dstq" in params else "e"
+        return _binding_checks(params["src"], kind, params["dst" + kind], params["key"])
+    elif segments == ["auth", "tokens"] and method == "PUT":
+        return ()
+    raise PatternError(f"not a /management request the daemon knows: {method} {uri}")
+
+
+def _binding_checks(source: str, kind: str, destination: str, key: str) -> tuple[tuple[str, str], ...]:
+    target = _queue_address(destination) if kind == "q" else _exchange_address(destination)
+    return (("manage", target), ("consume", _exchange_address(source, key)))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from broker_filter.authorization import (
     Permissions,
     covers,
     intersects,
+    management_checks,
     node_of,
     open_warning,
 )
@@ -250,6 +251,8 @@ RABBITMQ_SAME_NODE = [
     ("/exchanges/x/#", ["/exchange/x", "/exchange/x/", "/exchanges/x", "/exchanges/x/", "/exchange/x/#"]),
     ("/queues/#", ["", "/queue", "/exchange/amq.default", "/queues/%23"]),
     ("/exchanges/x/a/b", ["/exchange/x/a%2Fb", "/exchanges/x/a%2Fb"]),
+    ("/exchanges/amq.fanout/#", ["/exchange/amq.fanout/news.x", "/exchanges/amq.fanout/k", "/exchange/amq.fanout"]),
+    ("/exchanges/amq.match/#", ["/exchange/amq.match/k", "/exchanges/amq.match"]),  # headers: keys do not route
 ]
 
 
@@ -328,6 +331,58 @@ def test_evasions(address, expected):
     decide = permissions(OPEN_BUT_ALICE, upstream="rabbitmq")
     assert decide.allows("bob", frozenset({"all"}), "consume", address) is expected
     assert decide.allows("alice", frozenset({"all", "alice"}), "consume", address) is (address not in RABBITMQ_NO_NODE)
+
+
+# RabbitMQ 4's /management requests: (method, to, body, the (operation, address) pairs to allow)
+MANAGEMENT = [
+    ("GET", "/queues/alice.x", None, [("manage", "/queues/alice.x")]),
+    ("PUT", "/queues/alice%2Ex", None, [("manage", "/queues/alice.x")]),
+    ("delete", "/queues/alice.x", None, [("manage", "/queues/alice.x")]),
+    ("DELETE", "/queues/alice.x/messages", None, [("manage", "/queues/alice.x")]),  # purge
+    ("DELETE", "/queues/bob/../alice.x", None, [("manage", "/queues/alice.x")]),  # RabbitMQ normalises the URI
+    ("DELETE", "/queues/%2E%2E/exchanges/x", None, [("manage", "/exchanges/x")]),
+    ("DELETE", "/queues/a%2Fb", None, [("manage", "/queues/a%2Fb")]),
+    ("PUT", "/exchanges/x", None, [("manage", "/exchanges/x")]),
+    ("POST", "/bindings", {"source": "amq.topic", "binding_key": "alice.#", "destination_queue": "bobs"},
+     [("manage", "/queues/bobs"), ("consume", "/exchanges/amq.topic/alice.%23")]),
+    ("POST", "/bindings", {"source": "x", "binding_key": "", "destination_exchange": "y", "arguments": {}},
+     [("manage", "/exchanges/y"), ("consume", "/exchanges/x/")]),
+    ("DELETE", "/bindings/src=amq.topic;dstq=bobs;key=alice.%23;args=",
+     None, [("manage", "/queues/bobs"), ("consume", "/exchanges/amq.topic/alice.%23")]),
+    ("GET", "/bindings?src=amq.topic&dstq=my+q&key=a.b", None,
+     [("manage", "/queues/my%20q"), ("consume", "/exchanges/amq.topic/a.b")]),
+    ("PUT", "/auth/tokens", None, []),
+]
+
+
+@pytest.mark.parametrize("method, uri, body, checks", MANAGEMENT)
+def test_management_requests_name_what_they_touch(method, uri, body, checks):
+    assert list(management_checks(method, uri, body)) == checks
+
+
+@pytest.mark.parametrize("method, uri, body", [
+    ("POST", "/queues/a", None), ("GET", "/vhosts", None), ("DELETE", "/bindings/src=x", None),
+    ("POST", "/bindings", {"source": "x"}), ("POST", "/bindings", None), ("GET", "/bindings?src=x", None),
+    ("PUT", "queues/a", None), ("PUT", "/queues/a%zz", None),
+])
+def test_management_requests_rabbitmq_would_refuse(method, uri, body):
+    with pytest.raises(PatternError):
+        management_checks(method, uri, body)
+
+
+def test_a_binding_is_allowed_as_a_subscription_would_be():
+    decide = permissions(OPEN_BUT_ALICE + [("/queues/bobs", everything("bob"))], upstream="rabbitmq")
+    bob = frozenset({"all", "bob"})
+
+    def may(body):
+        return all(decide.allows("bob", bob, op, address)
+                   for op, address in management_checks("POST", "/bindings", body))
+
+    assert may({"source": "amq.topic", "binding_key": "news.x", "destination_queue": "bobs"})
+    assert not may({"source": "amq.topic", "binding_key": "alice.x", "destination_queue": "bobs"})
+    assert not may({"source": "amq.topic", "binding_key": "#", "destination_queue": "bobs"})
+    assert not may({"source": "amq.topic", "binding_key": "news.x", "destination_queue": "alice.q"})
+    assert not may({"source": "", "binding_key": "alice.q", "destination_queue": "bobs"})  # the default exchange
 
 
 # ------------------------------------------------------------------------------------------ explanations
