@@ -59,7 +59,7 @@ In front of RabbitMQ (`rabbitmq`), as RabbitMQ itself parses addresses (v1: `rab
 | `/exchange/X`, `/exchange/X/`, `/exchanges/X` | exchange `X`, *every* key | `/exchanges/X/#` |
 | `/queue`, the empty address | *every* queue | `/queues/#` |
 | exchange `amq.default` (or the empty name) with key `K` | the queue `K` | `/queues/K` |
-| `amq.fanout`, `amq.headers`, `amq.match` with any key | the exchange, *every* key (keys do not route) | `/exchanges/X/#` |
+| `amq.fanout`, `amq.headers`, `amq.match`, any key | the exchange, *every* key (no key routes) | `/exchanges/X/#` |
 | anything else starting with `/`, a bare name with `/`, a bad `%` escape | no node: refused | |
 
 A v1 sender without a key (`/exchange/X`, `/queue`) publishes with each message's subject as the
