@@ -385,6 +385,29 @@ def test_a_binding_is_allowed_as_a_subscription_would_be():
     assert not may({"source": "", "binding_key": "alice.q", "destination_queue": "bobs"})  # the default exchange
 
 
+def test_settings_that_grant_nothing_keep_rabbitmqs_own_nodes_out(tmp_path):
+    config, _, _ = load(tmp_path, """
+        [upstream]
+        urls = ["amqp://h"]
+        [security.roles]
+        bob = ["all"]
+        [[security.settings]]
+        match = "#"
+        send = ["all"]
+        consume = ["all"]
+        [[security.settings]]
+        match = "/exchanges/amq.rabbitmq.trace"
+        [[security.settings]]
+        match = "broker-filter.durable.#"
+    """)
+    decide = Permissions.from_config(config, "rabbitmq")
+    assert decide.allows("bob", None, "consume", "/exchange/amq.topic/x")
+    for address in ("/exchange/amq.rabbitmq.trace/publish.amq.direct", "/exchanges/amq.rabbitmq.trace",
+                    "/amq/queue/broker-filter.durable.c1.sub", "/queues/broker-filter%2Edurable.c1.sub", "/queue"):
+        assert not decide.allows("bob", None, "consume", address), address
+    assert decide.allows("bob", None, "consume", "/topic/#")  # amq.topic, not the trace exchange
+
+
 # ------------------------------------------------------------------------------------------ explanations
 
 EXPLANATIONS = [
