@@ -16,11 +16,17 @@ RabbitMQ (v1, v2 percent-encoded, bare).  Measured per check, best of several re
 * `open`: no settings (the daemon without `[security]`).
 
 The daemon checks once per attach (and per message only on the anonymous relay), so the figure to
-relate is `first` or `cached` against the cost of one attach.
+relate is `first` or `cached` against the cost of one attach.  `--attach` measures that too: the
+daemon's CPU per receiver attach and detach (proton's BlockingConnection, 300 links one after the
+other on a topic and on a queue) in front of RabbitMQ on 127.0.0.1:5672 (guest/guest), the daemon
+without `[security]`; the queue it declares is deleted afterwards.
+
+    python bench/authz_bench.py [--attach]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -72,7 +78,36 @@ def per_check(run, checks: int, repeats: int = 5) -> float:
     return best / checks * 1e6
 
 
+def attach_cost(links: int = 300) -> list[tuple[str, float]]:
+    """The daemon's CPU (µs) per receiver attach and detach, by address."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cpu_usage import cpu_seconds
+    from engine_relay_bench import delete_queue, start_daemon
+    from proton.utils import BlockingConnection
+
+    proc, port, _ = start_daemon("engine", "127.0.0.1:5672")
+    out = []
+    try:
+        conn = BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=30)
+        for address in ("/topic/bench.authz.attach", "/queue/bench.authz.attach"):
+            for _ in range(20):  # warm up
+                conn.create_receiver(address, credit=0).close()
+            start = cpu_seconds(proc.pid)
+            for _ in range(links):
+                conn.create_receiver(address, credit=0).close()
+            out.append((address, (cpu_seconds(proc.pid) - start) / links * 1e6))
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        delete_queue("bench.authz.attach")
+    return out
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--attach", action="store_true", help="also measure the daemon's CPU per attach")
+    args = parser.parse_args()
     grants, users = site()
     names = addresses(20_000)
     roles = frozenset({"team-7", "staff"})
@@ -125,6 +160,12 @@ def main() -> None:
     print("|---|---|")
     for name, us in rows:
         print(f"| {name} | {us:.2f} |")
+    if args.attach:
+        first_us = rows[0][1]
+        print("\n| attach and detach, daemon without [security] | daemon CPU µs | a first check in % of it |")
+        print("|---|---|---|")
+        for address, us in attach_cost():
+            print(f"| receiver on `{address}` | {us:.0f} | {100 * first_us / us:.2f} % |")
 
 
 if __name__ == "__main__":
