@@ -86,6 +86,9 @@ Cost: the settings are compiled once per upstream kind into a word trie per node
 exchange; the address space on AMQ-style upstreams) whose walk collects the matches of an address in
 O(words) steps, however many settings there are; the decision per address (which settings must grant)
 is cached in a bounded dictionary, so a check is a dictionary hit and a set intersection per setting.
+Limits refuse, never fail: an address with wildcard words and more than 64 words is refused (its
+decision searches settings against each word), and addresses longer than 1,024 characters are decided
+every time rather than kept.
 """
 
 from __future__ import annotations
@@ -102,6 +105,8 @@ ANY_WORDS = "#"
 ONE_WORD = "*"
 FQQN = "::"
 CACHE_SIZE = 4096
+MAX_CACHED_ADDRESS = 1024  # characters: longer addresses are decided each time, never kept
+MAX_WILDCARD_WORDS = 64  # an address with wildcard words and more words than this is refused
 
 # Artemis's permission names, and what to write instead: none means the same as one of ours.
 ARTEMIS_PERMISSIONS = {
@@ -642,8 +647,12 @@ class Permissions:
             result: tuple[Node | None, tuple[_Entry, ...], str] = (None, (), str(e))
         else:
             assert self._compiled is not None
-            result = (node, self._compiled.needed(node), "")
-        if self._cache_size:
+            if node.wild and len(node.words) > MAX_WILDCARD_WORDS:
+                result = (node, (), f"an address with wildcards and more than {MAX_WILDCARD_WORDS} words is "
+                                    "not decided")
+            else:
+                result = (node, self._compiled.needed(node), "")
+        if self._cache_size and len(address) <= MAX_CACHED_ADDRESS:
             if len(self._cache) >= self._cache_size:
                 try:
                     del self._cache[next(iter(self._cache))]  # the oldest
@@ -682,7 +691,7 @@ class Permissions:
             return Refusal(name, operation, address, "", None, f"names no node in front of {self.upstream}: {error}")
         if not needed:
             return Refusal(name, operation, address, node.shown, None,
-                           "no security setting matches it (what is not granted is refused)")
+                           error or "no security setting matches it (what is not granted is refused)")
         refusing = next(e for e in needed if roles.isdisjoint(e.grant.roles[operation]))
         granted = sorted(refusing.grant.roles[operation])
         to = f"roles: {', '.join(granted)}" if granted else "no role"

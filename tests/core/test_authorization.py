@@ -468,6 +468,18 @@ def test_the_decision_cache_is_bounded():
     assert uncached.allows("u", frozenset({"r"}), "send", "a.b") and not uncached._cache
 
 
+def test_long_addresses_are_decided_within_limits():
+    decide = permissions([("#", everything("r")), ("a.#", {})], cache_size=8)
+    deep = ".".join(["#"] * 65)
+    assert not decide.allows("u", frozenset({"r"}), "send", deep)
+    assert str(decide.explain("u", frozenset({"r"}), "send", deep)).endswith(
+        "an address with wildcards and more than 64 words is not decided")
+    assert decide.allows("u", frozenset({"r"}), "send", ".".join(["b"] + ["#"] * 3 + ["b"] * 60))
+    assert decide.allows("u", frozenset({"r"}), "send", ".".join(["b"] * 100_000))  # concrete: the trie walk
+    assert not decide.allows("u", frozenset({"r"}), "send", ".".join(["a"] * 100_000))
+    assert all(len(address) <= 1024 for address in decide._cache)
+
+
 def test_one_configuration_compiles_for_each_upstream_kind():
     decide = permissions(OPEN_BUT_ALICE, {"bob": ["all"]}, "embedded")
     rabbit = decide.for_upstream("rabbitmq")
