@@ -271,6 +271,8 @@ def pattern_node(match: str, upstream: str) -> Node:
         node = amq_node(match)
     if ANY_WORDS in node.words[:-1]:
         raise PatternError("`#` may only be the last word (as in Artemis)")
+    if len(node.words) > MAX_WILDCARD_WORDS:
+        raise PatternError(f"has more than {MAX_WILDCARD_WORDS} words")
     if node.fqqn is not None and (node.wild or ANY_WORDS in node.fqqn or ONE_WORD in node.fqqn):
         raise PatternError("a fully qualified queue name (`a::q`) matches exactly: no `*` or `#`")
     return node

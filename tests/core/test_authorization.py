@@ -536,6 +536,7 @@ CONFIG_ERRORS = [
     ("[[security.settings]]\nmatch = \"a\"\n[[security.settings]]\nmatch = \"a.#.b\"", "security.settings[1].match",
      "'a.#.b': `#` may only be the last word (as in Artemis)"),
     ("[[security.settings]]\nmatch = \"a::*\"", "security.settings[0].match", "matches exactly: no `*` or `#`"),
+    ("[[security.settings]]\nmatch = \"" + "a." * 64 + "#\"", "security.settings[0].match", "more than 64 words"),
     ("[[security.settings]]\nmatch = \"a.#\"\n[[security.settings]]\nmatch = \"a.#\"", "security.settings[1].match",
      "names the same addresses as security.settings[0] (match 'a.#')"),
     ("[[security.settings]]\nmatch = \"a\"\n[listener.users]\nanonymous = \"$scrypt$ln=15,r=8,p=1$"
