@@ -643,6 +643,8 @@ class Permissions:
         hit = self._cache.get(address)
         if hit is not None:
             return hit
+        if not isinstance(address, str):
+            return (None, (), f"not an address: {address!r}")
         try:
             node = node_of(address, self.upstream)
         except PatternError as e:

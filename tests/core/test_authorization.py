@@ -480,6 +480,13 @@ def test_long_addresses_are_decided_within_limits():
     assert all(len(address) <= 1024 for address in decide._cache)
 
 
+def test_no_address_is_refused():
+    decide = permissions([("#", everything("r"))])
+    assert not decide.allows("u", frozenset({"r"}), "send", None)
+    assert str(decide.explain("u", frozenset({"r"}), "send", None)) == (
+        "user u may not send to None: names no node in front of embedded: not an address: None")
+
+
 def test_one_configuration_compiles_for_each_upstream_kind():
     decide = permissions(OPEN_BUT_ALICE, {"bob": ["all"]}, "embedded")
     rabbit = decide.for_upstream("rabbitmq")
