@@ -10,8 +10,9 @@ pass, so a bad value anywhere raises `ConfigError(key, reason)` naming the dotte
 daemon opens a socket.  Unknown keys are errors too (typos must not be silently ignored).
 
 Table-valued settings (`listener.users`, `address_rules`, `virtual_addresses`, `security.roles`,
-`security.settings`) come from the file or `--set` only.  Environment variables and flags carry text and are parsed by the setting's kind: lists
-are comma-separated, booleans are true/false/yes/no/1/0, tri-states also accept `auto`.
+`security.settings`) come from the file or `--set` only.  Environment variables and flags carry text
+and are parsed by the setting's kind: lists are comma-separated, booleans are true/false/yes/no/1/0,
+tri-states also accept `auto`.
 
 Secrets (passwords, key passwords, credentials inside URLs) never appear in `repr`, in error
 messages or in `Config.to_dict()`.
