@@ -37,10 +37,10 @@ A sender (the client's link sends):
   | 7     | a queue another replica owns, the connection may be spliced   | Splice                        |
   | 8     | otherwise                                                     | Publish                       |
 
-Permissions are checked on the address the client used (before an address rule or a virtual
-address rewrites it: the operator's rewrite never widens what the client is granted, and a virtual
-address's filter is always ANDed in), once per attach; only the anonymous relay checks each message,
-by its `to`.
+Permissions are checked on the address the client used, once per attach; an address rule that
+rewrites it needs the address it reaches granted too (a rewrite never widens what the client may do),
+while a virtual address is the operator's narrowed view (its filter is always ANDed in) and its own
+grant is enough.  Only the anonymous relay checks each message, by its `to`.
 """
 
 from __future__ import annotations
@@ -177,6 +177,15 @@ def _refused(context: Context, user: str | None, operation: str, address: str | 
                                            operation=operation, address=address)
 
 
+def _rewritten(context: Context, user: str | None, operation: str, address: str | None, route: Any) -> Refuse | None:
+    """An address rule that rewrites the client's address: the address it reaches must be granted too,
+    so a rewrite never widens what the client may do.  A virtual address is the operator's narrowed
+    view (its filter is always ANDed in): the client's grant on it is enough."""
+    if route is None or route.virtual or route.upstream == address:
+        return None
+    return _refused(context, user, operation, route.upstream)
+
+
 def _not_connected(context: Context) -> Refuse:
     return Refuse("amqp:connection:forced", f"upstream {context.upstream_name} is not connected; retry later")
 
@@ -206,6 +215,8 @@ def plan_receiver(request: ReceiverRequest, context: Context) -> Refuse | LookUp
     if not request.peer and not request.null:  # (a null source names a subscription of the user's own)
         refused = _refused(context, request.user, BROWSE if browse else CONSUME,
                            address if not request.dynamic or address else None)
+        if refused is None:
+            refused = _rewritten(context, request.user, BROWSE if browse else CONSUME, address, route)
         if refused is None and request.durable and decision.subscription and not request.dynamic:
             refused = _refused(context, request.user, DURABLE, address)
         if refused is not None:
@@ -247,11 +258,12 @@ def plan_sender(request: SenderRequest, context: Context) -> Refuse | Relay | Dy
         return DynamicTarget()
     if address is None:
         return Relay() if context.upstream_up else _not_connected(context)
+    route = context.route(address)
     if not request.peer:
-        refused = _refused(context, request.user, SEND, address)
+        refused = _refused(context, request.user, SEND, address) or _rewritten(context, request.user, SEND, address,
+                                                                                  route)
         if refused is not None:
             return refused
-    route = context.route(address)
     routed = route.upstream if route is not None else address
     rule_type = route.routing_type if route is not None else ""
     caps = sharing.upstream_capabilities(request.capabilities, rule_type)

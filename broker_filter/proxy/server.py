@@ -364,21 +364,22 @@ class ProxyServer(Handler):
             return container
         return f"{container}@{conn.user or 'anonymous'}"
 
-    def _manage_check(self, conn: ClientConnection) -> Callable[[list | None, str], str | None]:
-        """What a `/management` request of `conn`'s needs: `manage` on every node it names (with no
-        settings, every request passes)."""
+    def _manage_check(self, conn: ClientConnection) -> Callable[[Any, str], str | None]:
+        """What a `/management` request of `conn`'s needs (`authorization.management_checks`: the
+        (operation, address) pairs it must be allowed; None for one RabbitMQ would refuse as
+        malformed); with no settings, every request passes."""
 
-        def check(addresses: list | None, request: str) -> str | None:
+        def check(needed: Any, request: str) -> str | None:
             if self.permissions is plan.OPEN:
                 return None
-            if addresses is None:
+            if needed is None:
                 why = f"{request}: not a request the daemon can check permissions for"
                 self.audit(conn, plan.MANAGE, None, why)
                 return why
-            for address in addresses:
-                why = self.permissions.refusal(conn.user, plan.MANAGE, address)
+            for operation, address in needed:
+                why = self.permissions.refusal(conn.user, operation, address)
                 if why is not None:
-                    self.audit(conn, plan.MANAGE, address, why)
+                    self.audit(conn, operation, address, why)
                     return why
             return None
 
