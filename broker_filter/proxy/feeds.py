@@ -181,6 +181,9 @@ class FeedBinding:
         try:
             if self.via is not None and consumer is self.consumer and self.server.rehoming.replica_lost(self, error):
                 return  # its links are served elsewhere now
+            if error is not None and error.transient and self.server.resumption.resumable(self):
+                self.server.resumption.suspend_feed(self)  # the upstream connection went: its links wait
+                return
             self.server.registry.fail_feed(self, error or ErrorInfo("amqp:link:detach-forced", "upstream detached"))
         except Exception:
             log.exception("consumer close handling failed")
@@ -324,6 +327,27 @@ class FeedRegistry:
             spec = dataclasses.replace(binding.spec, name=link.name)
             self.open_feed(("subscription", next(self.server._sub_ids)), spec, True, outlet)
 
+    def suspend(self, binding: FeedBinding) -> list:
+        """The upstream connection under a queue feed went (`resume.Resumption.suspend_feed`): the feed
+        closes (what it held, and what its clients had not settled, stay on the broker) and its links,
+        still attached, are returned to be placed again when the upstream is back."""
+        if binding.closed:
+            return []
+        binding.closed = True
+        self.draining.discard(binding)
+        self.unregister(binding)
+        if binding.deciding_key is not None and self.deciding.get(binding.deciding_key) is binding:
+            del self.deciding[binding.deciding_key]
+        outlets = list(binding.feed.outlets) + binding.pending
+        binding.pending = []
+        binding.feed.close()
+        self._forget_recycler(binding.spec.address)
+        for o in outlets:
+            o.io_owner = None
+            o.in_flight.clear()
+            o.waiting_since = None
+        return outlets
+
     def fail_feed(self, binding: FeedBinding, error: ErrorInfo) -> None:
         if binding.closed:
             return
@@ -342,6 +366,9 @@ class FeedRegistry:
         if binding.consumer is not None:
             binding.consumer.close()
         self._forget_recycler(binding.spec.address)
+        metrics = self.server.metrics
+        if error.transient and outlets and metrics is not None:
+            metrics.links_detached_by_reconnect.inc(len(outlets))
         for o in outlets:
             link = o.io_ref
             o.io_owner = None
