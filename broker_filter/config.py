@@ -973,10 +973,16 @@ def _check_tls(tls: Any, prefix: str) -> None:
 
     from .security import harden
 
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
-        harden(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), tls)
+        harden(context, tls)
     except TlsSettingError as e:
         raise ConfigError(f"{prefix}.{e.key}", e.reason) from None
+    if tls.crl_file:
+        try:
+            context.load_verify_locations(tls.crl_file)
+        except (ssl.SSLError, OSError):
+            raise ConfigError(f"{prefix}.crl_file", f"{tls.crl_file} holds no PEM certificate revocation list") from None
 
 
 def _check_metrics(metrics: Metrics) -> None:

@@ -317,7 +317,9 @@ def redact_url(url: str) -> str:
     one the parser refuses) has everything between `//` and its last `@` masked, so a secret never
     survives by accident."""
     head, sep, rest = url.partition("//")
-    if not sep or "@" not in rest:
+    if not sep:  # no scheme: `user:pass@host` all the same
+        return f"{REDACTED}@{url.rsplit('@', 1)[1]}" if "@" in url else url
+    if "@" not in rest:
         return url
     try:
         parts = urlsplit(url)
