@@ -183,3 +183,50 @@ def test_without_the_crl_the_same_certificate_is_accepted(pki, revoked):
         assert sasl_answer(d.port, pki, revoked / "revoked.pem", revoked / "revoked.key") == SASL_HEADER
     finally:
         d.stop()
+
+
+# -------------------------------------------------------------------------------------------------
+# Settings OpenSSL or the daemon cannot use: refused when the configuration is loaded
+
+
+def config_error(*settings: str):
+    import argparse
+
+    from broker_filter.config import ConfigError, add_serve_arguments, load
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    argv = []
+    for item in settings:
+        argv += ["--set", item]
+    with pytest.raises(ConfigError) as info:
+        load(parser.parse_args(argv), {})
+    return info.value
+
+
+def test_bad_tls_settings_name_the_key(pki):
+    tls = [f"listener.tls.cert_file={pki / 'server.pem'}", f"listener.tls.key_file={pki / 'server.key'}"]
+    for extra, key, reason in (
+        (["listener.tls.ciphers=NO-SUCH-CIPHER"], "listener.tls.ciphers", "OpenSSL selects no cipher"),
+        (["listener.tls.groups=X25519,no-such-group"], "listener.tls.groups", "does not know one of"),
+        (["listener.tls.groups=X25519,a b"], "listener.tls.groups", "is not a group name"),
+        (["listener.tls.min_version=TLSv1.1"], "listener.tls.min_version", "must be one of TLSv1.2, TLSv1.3"),
+        ([f"listener.tls.crl_file={pki / 'ca.pem'}"], "listener.tls.crl_file", "needs listener.tls.verify_client"),
+        ([f"listener.tls.ca_file={pki / 'ca.pem'}", "listener.tls.verify_client=true",
+          f"listener.tls.crl_file={pki / 'server.key'}"], "listener.tls.crl_file", "holds no PEM certificate"),
+        (["replicas.peers=a:1,b:1", "replicas.self=a:1", "upstream.urls=amqp://rabbit"], "replicas.peers",
+         "without TLS"),
+    ):
+        err = config_error(*tls, *extra)
+        assert (err.key, reason in err.reason) == (key, True), (extra, str(err))
+
+
+def test_the_groups_are_set_as_a_list_on_this_python():
+    """The ctypes path finds the context's SSL_CTX here (else only the first group would be set)."""
+    from broker_filter.security import _groups_setter
+
+    setter = _groups_setter()
+    assert setter is not None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    assert setter(context, "X25519:prime256v1:secp384r1") is True
+    assert setter(context, "X25519:nonsense") is False
