@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import io
+import ipaddress
 import json
 import logging
 import selectors
@@ -843,20 +844,30 @@ class Exporter:
         self.close()
 
 
+def is_loopback(host: str) -> bool:
+    """A listener on `host` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def serve_http(metrics: Metrics, health: Health, host: str, port: int, settings: Any = None) -> Exporter:
     """Start the exporter on host:port (port 0: any free port, see `Exporter.port`).  `settings`: the
     `[metrics]` section (token, `/links` interval and limit, threads, request time-out); without it,
     the defaults and no token.  OSError if the address cannot be bound."""
-    from .config import Metrics as MetricsSettings, _is_loopback
+    def get(name: str, default: Any) -> Any:
+        return getattr(settings, name, default) if settings is not None else default
 
-    settings = settings if settings is not None else MetricsSettings()
-    metrics.filter_text_in_labels = settings.filter_text_in_labels
+    metrics.filter_text_in_labels = get("filter_text_in_labels", False)
     links = None
     if metrics.links is not None:
-        links = LinksAccess(metrics.links, token=settings.token, loopback=_is_loopback(host),
-                            interval=settings.links_interval, limit=settings.links_limit)
+        links = LinksAccess(metrics.links, token=get("token", ""), loopback=is_loopback(host),
+                            interval=get("links_interval", 1.0), limit=get("links_limit", 1000))
     app = make_app(metrics.registry, health, links)
-    exporter = Exporter(app, host, port, threads=settings.http_threads, request_timeout=settings.request_timeout)
+    exporter = Exporter(app, host, port, threads=get("http_threads", 8), request_timeout=get("request_timeout", 5.0))
     log.info("metrics and health endpoints on %s (/metrics, /healthz, /readyz, /links)", exporter.url)
     return exporter
 
