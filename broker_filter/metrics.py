@@ -47,6 +47,7 @@ OTHER = "other"
 OUTCOMES = frozenset({"accepted", "rejected", "released", "modified"})
 LINK_KINDS = frozenset({"consumer", "producer", "upstream-consumer", "upstream-producer"})
 
+AUTHORIZATION_OPERATIONS = frozenset({"consume", "browse", "send", "manage", "durable"})
 REFUSAL_REASONS = frozenset(
     {
         "invalid-filter",  # selector or filter-set that does not compile (amqp:invalid-field)
@@ -211,12 +212,24 @@ class Metrics:
         self.attach_refused = Counter(
             "broker_filter_attach_refused", "Link attaches refused, by reason", ["reason"], registry=r
         )
+        self.authorization_refusals = Counter(
+            "broker_filter_authorization_refusals", "Operations refused by the security settings, by operation "
+            "(consume, browse, send, manage, durable)", ["operation"], registry=r
+        )
         self.splices = Counter(
             "broker_filter_splices", "Client connections spliced to the replica owning their first link's queue "
             "(replicas.splice)", registry=r
         )
         self.upstream_reconnects = Counter(
             "broker_filter_upstream_reconnects", "Upstream connections re-established after a loss", registry=r
+        )
+        self.links_resumed = Counter(
+            "broker_filter_links_resumed", "Client links served again, still attached, after their upstream "
+            "connection was lost and re-established (queues and senders)", registry=r
+        )
+        self.links_detached_by_reconnect = Counter(
+            "broker_filter_links_detached_by_reconnect", "Client links detached because their upstream connection "
+            "was lost and they cannot be resumed (subscriptions, dynamic nodes, browsers)", registry=r
         )
         self.shared_subscribers = Gauge(
             "broker_filter_shared_subscribers",
@@ -266,6 +279,9 @@ class Metrics:
 
     def refuse_attach(self, reason: str) -> None:
         self.attach_refused.labels(bounded(reason, REFUSAL_REASONS)).inc()
+
+    def authorization_refused(self, operation: str) -> None:
+        self.authorization_refusals.labels(bounded(operation, AUTHORIZATION_OPERATIONS)).inc()
 
     def refuse_connection(self, reason: str) -> None:
         self.connections_refused.labels(bounded(reason, CONNECTION_REFUSALS)).inc()
