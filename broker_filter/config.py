@@ -403,9 +403,9 @@ class Limits:
 @dataclass(frozen=True)
 class Metrics:
     listen: str = setting(
-        DEFAULT_METRICS_LISTEN,
-        "`HOST:PORT` of the HTTP exporter (`/metrics`, `/healthz`, `/readyz`, `/links`); empty: off.  Left at "
-        "its default, a port already taken is logged and the daemon serves without it",
+        "",
+        "`HOST:PORT` of the HTTP exporter (`/metrics`, `/healthz`, `/readyz`, `/links`); `:PORT` binds loopback "
+        "(127.0.0.1); empty (the default): off, and the per-message path pays nothing for metrics",
         kind="hostport",
     )
     token: str = setting(
@@ -772,6 +772,8 @@ def _convert(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
             raise ConfigError(key, f"must be a HOST:PORT string{got}")
         if not value.strip():
             return ""
+        if key == "metrics.listen" and value.strip().startswith(":"):
+            value = "127.0.0.1" + value.strip()  # (a bare port: the metrics listener binds loopback)
         try:
             host, port = split_hostport(value)
         except ValueError as e:

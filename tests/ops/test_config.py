@@ -41,7 +41,7 @@ def test_defaults_are_loopback_embedded_and_anonymous():
     assert config.upstream.embedded
     assert config.listener.anonymous_allowed
     assert config.listener.effective_mechanisms == ("ANONYMOUS", "PLAIN")
-    assert (config.metrics.host, config.metrics.port) == ("127.0.0.1", 9464)  # loopback unless told
+    assert not config.metrics.enabled  # off unless told (and `:PORT` binds loopback)
     assert config.logging.format == "text"
 
 
