@@ -311,14 +311,9 @@ def test_the_replicas_overlay_keeps_the_network_policy(replica_objects):
     check_network_policy(replica_objects)  # the replicas reach each other on the AMQP port
 
 
-def test_the_replicas_overlay_gives_each_pod_an_owner_configuration(replica_objects, replica_secrets):
-    """The daemon in a pod of the overlay loads [replicas] with the headless Service's name, its own
-    IP as `self`, the proxy's own account upstream, and a replica login its listener accepts: the
-    password of the Secret the operator makes, hashed at start (no hash in the configuration)."""
-    from broker_filter.security import parse_password_hash
-
-    template = one(replica_objects, "Deployment")["spec"]["template"]
-    (container,) = template["spec"]["containers"]
+def _replica_pod_env(replica_objects: list[dict], replica_secrets: OperatorSecrets) -> dict[str, str]:
+    """The environment of the daemon in a pod of the overlay (pod IP 10.1.2.3), its Secrets resolved."""
+    (container,) = one(replica_objects, "Deployment")["spec"]["template"]["spec"]["containers"]
     env, names = {}, [v["name"] for v in container["env"]]
     for var in container["env"]:
         if "value" in var:
@@ -328,7 +323,17 @@ def test_the_replicas_overlay_gives_each_pod_an_owner_configuration(replica_obje
     assert names.index("POD_IP") < names.index("BROKER_FILTER_REPLICAS_SELF")  # $(POD_IP) is expanded
     env["BROKER_FILTER_CONFIG"] = str(REPLICAS / "broker-filter.toml")
     env.pop("POD_IP", None)
-    config = load(None, env)
+    return env
+
+
+def test_the_replicas_overlay_gives_each_pod_an_owner_configuration(replica_objects, replica_secrets):
+    """The daemon in a pod of the overlay loads [replicas] with the headless Service's name, its own
+    IP as `self`, the proxy's own account upstream, and a replica login its listener accepts: the
+    password of the Secret the operator makes, hashed at start (no hash in the configuration)."""
+    from broker_filter.security import parse_password_hash
+
+    template = one(replica_objects, "Deployment")["spec"]["template"]
+    config = load(None, _replica_pod_env(replica_objects, replica_secrets))
     assert config.upstream.credentials == "configured"
     headless = [s for s in replica_objects if s["kind"] == "Service" and s["spec"].get("clusterIP") == "None"]
     (service,) = headless
@@ -342,6 +347,31 @@ def test_the_replicas_overlay_gives_each_pod_an_owner_configuration(replica_obje
     users = listener_users(config)  # what the listener checks
     assert parse_password_hash(users[config.replicas.user]).verify(config.replicas.password)
     assert not parse_password_hash(users[config.replicas.user]).verify(config.replicas.password + "x")
+
+
+def test_a_replica_login_in_listener_users_wins_and_must_be_the_secrets_password(replica_objects, replica_secrets,
+                                                                               tmp_path):
+    """An operator who also puts the replicas' user in the overlay's [listener.users]: that hash is
+    the one the listener checks (it wins over the one made at start), and a hash of another password
+    than the Secret's is refused when the configuration is loaded, naming replicas.password."""
+    from broker_filter.config import ConfigError
+    from broker_filter.security import hash_password
+
+    env = _replica_pod_env(replica_objects, replica_secrets)
+    text = (REPLICAS / "broker-filter.toml").read_text()
+    assert "\n[listener.users]\n" in text
+    for password, accepted in ((env["BROKER_FILTER_REPLICAS_PASSWORD"], True), ("another", False)):
+        stored = hash_password(password, algorithm="pbkdf2-sha256")
+        path = tmp_path / "broker-filter.toml"
+        path.write_text(text.replace("\n[listener.users]\n", f'\n[listener.users]\nreplica = "{stored}"\n'))
+        env["BROKER_FILTER_CONFIG"] = str(path)
+        if accepted:
+            config = load(None, env)
+            assert listener_users(config)[config.replicas.user] == stored
+        else:
+            with pytest.raises(ConfigError) as info:
+                load(None, env)
+            assert info.value.key == "replicas.password" and "listener.users.replica" in info.value.reason
 
 
 def test_the_replicas_overlay_config_is_the_shipped_one_with_comments():
