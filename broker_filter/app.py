@@ -9,6 +9,7 @@ exporter, which receives a snapshot of the proxy's state once a second.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -124,8 +125,6 @@ class App:
     def start(self) -> None:
         """Bind the listener and start connecting upstream (the loop runs in `run`)."""
         from .proxy.lifecycle import ConnectionRegistry
-
-        import dataclasses
 
         host = self.config.listener.host
         listener = dataclasses.replace(self.config.listener, users=listener_users(self.config))
