@@ -9,6 +9,7 @@ exporter, which receives a snapshot of the proxy's state once a second.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -58,6 +59,21 @@ def build_upstream(config: Any) -> Any:
     from .proxy.embedded import EmbeddedUpstream
 
     return EmbeddedUpstream.from_config(config.embedded)
+
+
+def listener_users(config: Any) -> dict[str, str]:
+    """The PLAIN users the listener checks: `listener.users` and, with `[replicas]` on, the replicas'
+    own login.  `replicas.user` needs no entry there: when it has none, it is added with a hash made
+    here, at start, from `replicas.password` (so a deployment's configuration carries no hash of it).
+    When `listener.users` names it too, that entry's hash wins (the configuration check has made sure
+    `replicas.password` matches it)."""
+    from .security import hash_password
+
+    users = dict(config.listener.users)
+    replicas = config.replicas
+    if replicas.enabled and replicas.user and replicas.user not in users and replicas.password:
+        users[replicas.user] = hash_password(replicas.password)
+    return users
 
 
 class StartError(Exception):
@@ -111,6 +127,7 @@ class App:
         from .proxy.lifecycle import ConnectionRegistry
 
         host = self.config.listener.host
+        listener = dataclasses.replace(self.config.listener, users=listener_users(self.config))
         handler, check = self.server, None
         if self.config.upstream.credentials == "pass-through":
             # Each client's PLAIN credentials: checked against the upstream, then its own upstream connection.
@@ -126,7 +143,7 @@ class App:
         # SASL (PLAIN users, EXTERNAL, the anonymous policy) and TLS as configured in [listener].
         self.registry = ConnectionRegistry(handler)
         try:
-            self.acceptor = engine_listen(self.container, self.config.listener, self.registry, passthrough=check,
+            self.acceptor = engine_listen(self.container, listener, self.registry, passthrough=check,
                                           max_connections=self.config.limits.connections,
                                           handshake_timeout=self.config.limits.handshake_timeout,
                                           on_refused=self._refused,

@@ -1005,7 +1005,8 @@ def _check(config: Config) -> None:
         raise ConfigError("upstream.credentials", "pass-through needs upstream.urls (the embedded broker has no users)")
     can_authenticate = (
         listener.anonymous_allowed
-        or ("PLAIN" in listener.sasl_mechanisms and (listener.users or upstream.credentials == "pass-through"))
+        or ("PLAIN" in listener.sasl_mechanisms and (listener.users or upstream.credentials == "pass-through"
+                                                     or (config.replicas.enabled and config.replicas.user)))
         or "EXTERNAL" in listener.sasl_mechanisms
     )
     if not can_authenticate:
@@ -1112,9 +1113,25 @@ def _check_replicas_with(config: Config) -> None:
         raise ConfigError("replicas.user", f"is required when the listener is beyond loopback "
                           f"({config.listener.host}): replicas are recognised by their login, and without one any "
                           "client that reaches the listener could pass for a replica")
-    if replicas.user and replicas.user not in config.listener.users:
-        raise ConfigError("replicas.user", f"{replicas.user!r} must be one of listener.users (the replicas log in "
-                          "to each other with it)")
+    if not replicas.user:
+        return
+    # The replicas log in to each other with replicas.user and replicas.password (PLAIN).  The
+    # listener accepts that login from listener.users when the user is there (its hash wins), else
+    # from a hash of replicas.password made at start (app.listener_users): a deployment needs no hash.
+    if not replicas.password:
+        raise ConfigError("replicas.password", f"is required with replicas.user ({replicas.user!r}): the replicas "
+                          "log in to each other with it")
+    if "PLAIN" not in config.listener.sasl_mechanisms:
+        raise ConfigError("listener.sasl_mechanisms", "needs PLAIN with replicas.user: the replicas log in to each "
+                          "other with it")
+    if replicas.user == ANONYMOUS_USER and config.security.settings:
+        raise ConfigError("replicas.user", f"`{ANONYMOUS_USER}` is the ANONYMOUS login's name in security.roles: "
+                          "give the replicas' login another name")
+    stored = config.listener.users.get(replicas.user)
+    if stored is not None and not parse_password_hash(stored).verify(replicas.password):
+        raise ConfigError("replicas.password", f"is not the password of listener.users.{replicas.user}, whose hash "
+                          "the listener checks the replicas' login against: the replicas could not log in to each "
+                          "other (remove that entry to have the listener take replicas.password alone)")
 
 
 def _check_tls(tls: Any, prefix: str) -> None:

@@ -138,10 +138,15 @@ def test_compose_wires_rabbitmq_amqp10_proxy_and_prometheus():
     proxy = services["broker-filter"]
     env = {k: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(v)) for k, v in proxy["environment"].items()}
     assert proxy["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
-    config = load(None, {**dockerfile_env(), **env, "BROKER_FILTER_CONFIG": str(ROOT / "config" / "broker-filter.toml")})
+    (mounted,) = [v.split(":")[0] for v in proxy["volumes"] if v.split(":")[1] == dockerfile_env()["BROKER_FILTER_CONFIG"]]
+    config = load(None, {**dockerfile_env(), **env, "BROKER_FILTER_CONFIG": str(DOCKER / mounted)})
     assert config.upstream.urls == ("amqp://rabbitmq:5672",)
     assert config.upstream.password == "change-me"
-    assert config.upstream.credentials == "pass-through" and not config.listener.anonymous_allowed
+    assert config.listener.host == "0.0.0.0" and not config.listener.anonymous_allowed
+    # users, roles and security settings (the daemon decides who may do what: its own upstream account)
+    assert config.upstream.credentials == "configured"
+    assert config.listener.users and config.security.roles and config.security.settings
+    assert set(config.security.roles) <= set(config.listener.users)
     prometheus = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
     targets = [t for job in prometheus["scrape_configs"] if job["job_name"] == "broker-filter"
                for sc in job["static_configs"] for t in sc["targets"]]

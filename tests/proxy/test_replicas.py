@@ -212,3 +212,37 @@ def test_a_replica_losing_its_upstream_keeps_the_links_it_serves_through_the_own
     finally:
         logs = stop_everything(cs, rs, forwarder)
     no_traceback(logs)
+
+
+def test_replicas_log_in_with_replicas_user_and_password_alone(rabbitmq):
+    """No `[listener.users]` and no hash anywhere in the configuration: each replica's listener takes
+    the replicas' login from `replicas.user` and `replicas.password` (hashed at start), so the two
+    log in to each other, the non-owner's consumer is served through the owner (one consumer on
+    RabbitMQ), and a client with another password is refused."""
+    from proton import ConnectionException
+    from proton.utils import BlockingConnection
+
+    from replicas import replica_config
+
+    login = ("replica", uuid.uuid4().hex)
+    rs = ReplicaSet(rabbitmq, 2, login=login, hashed=False)
+    text = replica_config(rs.peers, rs.peers[0], login=login, hashed=False)
+    assert "[listener.users]" not in text and "$" not in text
+    cs: list[Consumer] = []
+    try:
+        rs.start_all()  # each waits until it sees the other: they logged in to each other
+        name, q = fresh()
+        cs = start_consumers(rs, q)
+        publish_parts(rabbitmq, q, 0, 400, n=2)
+        for k, c in enumerate(cs):
+            assert c.wait_set(expected(k, 0, 400, n=2), 60), f"consumer {k}: {c.count()}; {c.errors}"
+        assert wait_consumers(name, 1) == 1  # only the owner consumes: the other's link went through it
+        for i in range(2):
+            with pytest.raises(ConnectionException):
+                BlockingConnection(f"amqp://{login[0]}:wrong@{rs.peers[i]}", timeout=10,
+                                   allowed_mechs="PLAIN").close()
+    finally:
+        for c in cs:
+            c.stopping.set()
+        logs = rs.stop_all()
+    no_traceback(logs)

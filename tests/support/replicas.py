@@ -16,9 +16,10 @@ UP = r"replica {} is up"
 
 def replica_config(peers: list[str], me: str, metrics: str | None = None, heartbeat: float = 2.0,
                    grace: float = 5.0, login: tuple[str, str] | None = None, dns: str | None = None,
-                   splice: bool = False) -> str:
+                   splice: bool = False, hashed: bool = True) -> str:
     """`[replicas]` (and `[listener.users]` with the one user `login` = (name, password), which the
-    replicas log in to each other as too)."""
+    replicas log in to each other as too; `hashed=False`: no `[listener.users]`, the listener takes
+    the login from `replicas.user` and `replicas.password` alone)."""
     quoted = ", ".join(f'"{p}"' for p in peers)
     members = f'dns = "{dns}"' if dns else f'peers = [{quoted}]'
     text = f'[replicas]\n{members}\nself = "{me}"\nheartbeat = {heartbeat}\n'
@@ -27,8 +28,9 @@ def replica_config(peers: list[str], me: str, metrics: str | None = None, heartb
     if login is not None:
         from broker_filter.security import hash_password
 
-        text += f'user = "{login[0]}"\npassword = "{login[1]}"\n' \
-                f'[listener.users]\n{login[0]} = "{hash_password(login[1], algorithm="pbkdf2-sha256")}"\n'
+        text += f'user = "{login[0]}"\npassword = "{login[1]}"\n'
+        if hashed:
+            text += f'[listener.users]\n{login[0]} = "{hash_password(login[1], algorithm="pbkdf2-sha256")}"\n'
     text += f'[shutdown]\ngrace_period = {grace}\n'
     if metrics:
         text += f'[metrics]\nlisten = "{metrics}"\n'
@@ -42,7 +44,7 @@ class ReplicaSet:
     def __init__(self, upstream: str, n: int, host: str = "127.0.0.1", hosts: list[str] | None = None,
                  program_prefix: list[list[str]] | None = None, login: tuple[str, str] | None = None,
                  upstreams: list[str] | None = None, heartbeat: float = 10.0, dns: str | None = None,
-                 splice: bool = False):
+                 splice: bool = False, hashed: bool = True):
         # (a long heartbeat by default: a loaded machine must not make a replica look silent where
         # silence is not what is tested; killed and draining replicas close their connections)
         self.heartbeat = heartbeat
@@ -57,6 +59,7 @@ class ReplicaSet:
         self.prefix = program_prefix
         self.login = login
         self.splice = splice  # `replicas.splice`
+        self.hashed = hashed  # the login in [listener.users] too (else replicas.user/password alone)
 
     def start(self, i: int, wait_for: list[int] | None = None) -> Daemon:
         import sys
@@ -67,7 +70,7 @@ class ReplicaSet:
         d = Daemon(upstream=self.upstreams[i], listen=f"{self.hosts[i]}:{self.ports[i]}", program=program,
                    config=replica_config(self.peers, self.peers[i], f"{self.hosts[i]}:{self.metrics_ports[i]}",
                                          login=self.login, heartbeat=self.heartbeat, dns=self.dns,
-                                         splice=self.splice))
+                                         splice=self.splice, hashed=self.hashed))
         self.daemons[i] = d
         for j in (wait_for if wait_for is not None else self.live()):
             if j != i:
