@@ -33,7 +33,8 @@ SCRYPT_P = 1
 PBKDF2_ITERATIONS = 600_000
 _SALT_BYTES = 16
 _KEY_BYTES = 32
-# scrypt needs 128 * r * n bytes; hashlib's default cap (32 MiB) is just too small for ln=15, r=8.
+# scrypt needs 128 * r * n bytes; hashlib's default cap (32 MiB) is just too small for ln=15, r=8
+# (a costlier stored hash raises the cap to what it needs: 2**ln * 1 KiB at r=8).
 _SCRYPT_MAXMEM = 64 * 1024 * 1024
 
 REDACTED = "***"
@@ -91,13 +92,18 @@ class PasswordHash:
                 n=1 << self.params["ln"],
                 r=self.params["r"],
                 p=self.params["p"],
-                maxmem=_SCRYPT_MAXMEM,
+                maxmem=max(_SCRYPT_MAXMEM, _scrypt_memory(self.params) + (1 << 20)),
                 dklen=len(self.digest),
             )
         return hashlib.pbkdf2_hmac("sha256", data, self.salt, self.params["i"], dklen=len(self.digest))
 
     def verify(self, password: str) -> bool:
         return hmac.compare_digest(self.compute(password), self.digest)
+
+
+def _scrypt_memory(params: Mapping[str, int]) -> int:
+    """Bytes scrypt needs (OpenSSL's count: 128 * r * (N + 2 + p))."""
+    return 128 * params["r"] * ((1 << params["ln"]) + 2 + params["p"])
 
 
 def _b64encode(data: bytes) -> str:
