@@ -13,7 +13,8 @@ runs on the event loop, and no client can make the daemon do them faster than it
   The delay is the address's own: other addresses' logins are not behind it.
 - Checks wait in one queue of at most `queue` entries, taken round-robin over the source addresses
   (one address's burst does not make another's login wait behind all of it), and run on `workers`
-  threads (pass-through checks, a connection of the loop each, run up to `queue` at once).  A login
+  threads, of which one address takes at most all but one: another address's check finds a thread
+  free (pass-through checks, a connection of the loop each, run up to `queue` at once).  A login
   beyond the queue is refused at once (`queue-full`).  Both refusals answer SASL's `sys-temp`
   outcome (a temporary failure: try again later); the client's connection then closes.
 - A client that hangs up while its check waits takes the check out of the queue (nothing is
@@ -134,14 +135,16 @@ class Ticket:
         self.mechanism = mechanism
         self.state = "new"  # delayed, queued, running, cancelled (running, its client gone), finished
 
-    def cancel(self) -> None:
-        self.gate._cancel(self)
+    def cancel(self, abandoned: bool = True) -> None:
+        """Its client is gone (`abandoned`: it hung up; False: the daemon closed it, e.g. its handshake
+        time-out, which is counted as such): a check not started yet is never run."""
+        self.gate._cancel(self, abandoned)
 
 
 class _Address:
     """What the gate knows of one source address."""
 
-    __slots__ = ("failures", "last_failure", "not_before", "waiting", "active", "timer")
+    __slots__ = ("failures", "last_failure", "not_before", "waiting", "active", "running", "timer")
 
     def __init__(self) -> None:
         self.failures = 0
@@ -149,6 +152,7 @@ class _Address:
         self.not_before = 0.0
         self.waiting: collections.deque[Ticket] = collections.deque()  # delayed by the throttle
         self.active = 0  # queued or running checks
+        self.running = 0
         self.timer: Any = None
 
 
@@ -170,6 +174,8 @@ class LoginGate:
         self.on_failure = on_failure
         self.on_loop = bool(getattr(verify, "on_loop", False))
         self.concurrency = policy.queue if self.on_loop else policy.workers
+        # checks of one address running at once: one thread at least stays free for the others
+        self.per_address_running = max(1, self.concurrency - 1)
         self._addresses: dict[str, _Address] = {}
         self._queues: collections.OrderedDict[str, collections.deque[Ticket]] = collections.OrderedDict()
         self.queued = 0
@@ -279,14 +285,20 @@ class LoginGate:
 
     def _pump(self) -> None:
         while self.running < self.concurrency and self._queues:
-            host, queue = next(iter(self._queues.items()))
+            for host, queue in self._queues.items():  # round-robin over the addresses
+                address = self._addresses[host]
+                if address.running < self.per_address_running:
+                    break
+            else:
+                return  # every waiting address runs as many checks as it may
             ticket = queue.popleft()
             if queue:
-                self._queues.move_to_end(host)  # round-robin over the addresses
+                self._queues.move_to_end(host)
             else:
                 del self._queues[host]
             self.queued -= 1
             self.running += 1
+            address.running += 1
             ticket.state = "running"
             self._run(ticket)
 
@@ -325,6 +337,7 @@ class LoginGate:
             address = self._address(ticket.host)
         else:
             address.active -= 1
+            address.running -= 1
         if not ok:
             self._failed(address)
         cancelled = ticket.state == "cancelled"
@@ -338,7 +351,7 @@ class LoginGate:
         self._schedule(ticket.host, address)
         self._pump()
 
-    def _cancel(self, ticket: Ticket) -> None:
+    def _cancel(self, ticket: Ticket, abandoned: bool = True) -> None:
         state = ticket.state
         if state in ("finished", "cancelled", "new"):
             return
@@ -360,8 +373,12 @@ class LoginGate:
             ticket.state = "finished"
             ticket.password = ""
             if address is not None:
-                self._failed(address)
+                if abandoned:
+                    self._failed(address)
                 self._schedule(ticket.host, address)
+            self._pump()
+        if not abandoned:
+            return
         self._count(ABANDONED)
         self.failures_log(logging.INFO, "client hung up during its login check",
                           {"peer": ticket.peer, "mechanism": ticket.mechanism, "user": ticket.user,

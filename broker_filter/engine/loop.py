@@ -545,6 +545,9 @@ class _Channel:
         if self.listener is not None:
             self.listener.refuse("handshake-timeout")
         log.info("closing a connection that did not open AMQP in time", extra={"fields": {"peer": self.peer}})
+        if self.ticket is not None:  # its login check waits still: not the client's doing
+            ticket, self.ticket = self.ticket, None
+            ticket.cancel(abandoned=False)
         self.fail(Condition("amqp:resource-limit-exceeded", "no AMQP open within the handshake time-out"))
 
     def _lost(self, error: OSError) -> None:
