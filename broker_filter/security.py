@@ -466,6 +466,11 @@ class SaslServer(_SaslExchange):
         """Waiting for `resolve()`."""
         return self._state == "pending"
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken (what a client sent behind its sasl-init while it waits)."""
+        return len(self._buffer)
+
     def data_to_send(self) -> bytes:
         out = bytes(self._out)
         self._out.clear()

@@ -381,13 +381,13 @@ class LoginGate:
             return
         self._count(ABANDONED)
         self.failures_log(logging.INFO, "client hung up during its login check",
-                          {"peer": ticket.peer, "mechanism": ticket.mechanism, "user": ticket.user,
+                          {"peer": ticket.peer, "mechanism": ticket.mechanism, "user": _shown(ticket.user),
                            "reason": "abandoned"})
 
     def _refuse(self, ticket: Ticket, result: str, why: str) -> None:
         self._count(result)
         self.failures_log(logging.WARNING, f"client login refused for now: {why}",
-                          {"peer": ticket.peer, "mechanism": ticket.mechanism, "user": ticket.user,
+                          {"peer": ticket.peer, "mechanism": ticket.mechanism, "user": _shown(ticket.user),
                            "reason": result})
         self._finish(ticket, result)
 
@@ -404,6 +404,11 @@ class LoginGate:
                 self.on_failure(reason)
             except Exception:  # noqa: BLE001 - counting must not break a login
                 log.exception("counting a login failure failed")
+
+
+def _shown(user: str) -> str:
+    """A client's user name as logged: at most 100 characters."""
+    return user if len(user) <= 100 else user[:100] + "..."
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -361,7 +361,12 @@ class _Channel:
         self.sasl, self.credentials = self.sasl_config.exchange(certificate)
 
     def _sasl_receive(self, data: bytes) -> None:
-        self.sasl.receive(data)
+        sasl = self.sasl
+        sasl.receive(data)
+        if sasl.pending and sasl.buffered >= self.max_input and self.reading:
+            # its login check waits (perhaps throttled): no more of its input until it is decided
+            self.reading = False
+            self._watch()
         self._sasl_advance()
 
     def _sasl_advance(self) -> None:
@@ -386,7 +391,7 @@ class _Channel:
                     listener.refuse("login-busy", outcome.mechanism)
                 else:
                     listener.logins.refused(outcome.category, {
-                        "peer": self.peer, "mechanism": outcome.mechanism, "user": outcome.user,
+                        "peer": self.peer, "mechanism": outcome.mechanism, "user": _shown(outcome.user),
                         "reason": outcome.reason, **({"subject": outcome.subject} if outcome.subject else {})})
                     listener.refuse("unauthorized", outcome.mechanism)
             self.sasl = None
@@ -403,7 +408,7 @@ class _Channel:
                                           self.tls is not None, self.peer, outcome.subject)
             if listener is not None:
                 listener.logins.logged_in({"peer": self.peer, "mechanism": outcome.mechanism or "none",
-                                           "user": outcome.user,
+                                           "user": _shown(outcome.user),
                                            **({"subject": outcome.subject} if outcome.subject else {})})
             if sasl.leftover:
                 self._feed(sasl.leftover, len(sasl.leftover))
@@ -414,6 +419,9 @@ class _Channel:
         self.ticket = None
         if self.closed or self.sasl is None:
             return
+        if not self.reading:
+            self.reading = True  # (paused while the check waited: `_sasl_receive`)
+            self._watch()
         if result == "ok":
             self.sasl.resolve(True)
         elif result in REFUSED_FOR_NOW:
@@ -817,4 +825,9 @@ class EventLoop(Engine):
 
 def _nothing() -> None:
     pass
+
+
+def _shown(user: str | None) -> str | None:
+    """A client's user name as logged: at most 100 characters (a SASL frame may carry 64 KiB)."""
+    return user if user is None or len(user) <= 100 else user[:100] + "..."
 

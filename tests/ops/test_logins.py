@@ -222,7 +222,7 @@ def test_a_login_flood_from_one_address_does_not_hold_up_another(running):
 
 def test_failed_logins_delay_their_address_more_and_more_and_no_other(running):
     r = running(f'listener.users={{alice = "{CHEAP}"}}', "listener.allow_anonymous=false",
-                "listener.login.delay=0.2", "listener.login.max_delay=1.6")
+                "listener.login.delay=0.2", "listener.login.max_delay=1.6", "listener.login.forget=4")
     times = [raw_login(r.port, "alice", "nope")[1] for _ in range(7)]
     codes = [raw_login(r.port, "alice", "nope")[0]]
     # the k-th wrong login waits 0.2 * 2**(k-2) s before its check, up to 1.6 s
@@ -238,6 +238,11 @@ def test_failed_logins_delay_their_address_more_and_more_and_no_other(running):
     assert r.gate.delay_of("127.0.0.1") == 0.0 and r.gate.delay_of(FLOODER) > 0.5
     assert raw_login(r.port, "alice", "wonderland")[0] == 0
     wait_until(lambda: r.failures == {"wrong-credentials": 8})
+    # after a quiet period (listener.login.forget) the address starts afresh
+    time.sleep(4.2)  # (the quiet period itself is what is tested)
+    code, took = raw_login(r.port, "alice", "nope")
+    assert code == 1 and took < 1.0, took  # (not the 1.6 s of before)
+    assert 0.1 < r.gate.delay_of(FLOODER) <= 0.2
 
 
 def test_logins_beyond_the_queue_are_refused_at_once(running):
