@@ -9,12 +9,15 @@ and command-line flags (`--listen`, `--upstream`, `--metrics`, `--log-format`, `
 pass, so a bad value anywhere raises `ConfigError(key, reason)` naming the dotted key, before the
 daemon opens a socket.  Unknown keys are errors too (typos must not be silently ignored).
 
-Table-valued settings (`listener.users`, `address_rules`, `virtual_addresses`) come from the file or
-`--set` only.  Environment variables and flags carry text and are parsed by the setting's kind: lists
+Table-valued settings (`listener.users`, `address_rules`, `virtual_addresses`, `security.roles`,
+`security.settings`) come from the file or `--set` only.  Environment variables and flags carry text and are parsed by the setting's kind: lists
 are comma-separated, booleans are true/false/yes/no/1/0, tri-states also accept `auto`.
 
 Secrets (passwords, key passwords, credentials inside URLs) never appear in `repr`, in error
 messages or in `Config.to_dict()`.
+
+`reload_security` is the daemon's SIGHUP: it reads the same sources again and returns the new users,
+roles and security settings, or the error (the running ones then stay).
 
 `python -m broker_filter.config` prints the Markdown reference table that README.md carries.
 """
@@ -37,6 +40,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
+from .authorization import ARTEMIS_PERMISSIONS, ANONYMOUS_USER, OPERATIONS, PatternError, Permissions, pattern_node
 from .security import PasswordHashError, normalize_subject, parse_password_hash, redact_text, redact_url
 
 ENV_PREFIX = "BROKER_FILTER_"
@@ -189,7 +193,7 @@ class Listener:
         lambda: MappingProxyType({}),
         "EXTERNAL: client certificate -> user, `\"CN=app,O=Acme\" = \"alice\"` (a whole subject) or "
         "`app = \"alice\"` (a common name); a certificate not listed is the user named by its CN when that "
-        "is a configured user (`users` or a value here), else refused",
+        "is a configured user (`users`, `security.roles` or a value here), else refused",
         kind="table",
         shown_default="{}",
     )
@@ -363,6 +367,18 @@ class Limits:
     )
     links_per_connection: int = setting(256, "links one client connection may attach", kind="int", minimum=1)
     connections: int = setting(1024, "client connections accepted at once", kind="int", minimum=1)
+    connections_per_user: int = setting(
+        256, "client connections one user (its login; ANONYMOUS clients are one user) may have at once; "
+        "beyond, refused with amqp:resource-limit-exceeded (0: no limit)", kind="int", minimum=0)
+    connections_per_address: int = setting(
+        256, "client connections one source address may have at once (0: no limit)", kind="int", minimum=0)
+    links_per_user: int = setting(
+        4096, "links one user may have attached over all its connections (0: no limit)", kind="int", minimum=0)
+    unfinished_bytes: int = setting(
+        64 * 1024 * 1024,
+        "bytes of messages a client connection may have in transfer, not yet complete, over all its links; "
+        "beyond, what arrives is dropped and the message refused with amqp:resource-limit-exceeded when "
+        "complete (0: no limit)", kind="int", minimum=0)
     handshake_timeout: float = setting(
         10.0,
         "seconds a client connection has from accept to its AMQP open (TLS and SASL included); then it is "
@@ -470,6 +486,11 @@ class Embedded:
     max_bytes: int = setting(
         256 * 1024 * 1024, "bytes one address may hold (0: unlimited)", kind="int", minimum=0
     )
+    max_total_bytes: int = setting(
+        256 * 1024 * 1024,
+        "bytes of messages every address together may hold; a publish beyond is refused with "
+        "amqp:resource-limit-exceeded (0: unlimited)",
+        kind="int", minimum=0)
     dead_letter_address: str = setting("", "where rejected messages go; empty: dropped", kind="str")
 
 
@@ -518,6 +539,43 @@ class Replicas:
 
 
 @dataclass(frozen=True)
+class SecuritySetting:
+    """A `[[security.settings]]` table, in Artemis's vocabulary: `match` (an address pattern, AMQ
+    wildcards) and the roles granted each operation.  `index` is its position in the file (named in
+    refusals).  `broker_filter.authorization` decides with them."""
+
+    index: int
+    match: str
+    send: tuple[str, ...] = ()
+    consume: tuple[str, ...] = ()
+    browse: tuple[str, ...] = ()
+    manage: tuple[str, ...] = ()
+    durable: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Security:
+    roles: Mapping[str, tuple[str, ...]] = setting(
+        lambda: MappingProxyType({}),
+        "`[security.roles]`: `user = [\"role\", ...]` (`anonymous` is the ANONYMOUS login); reloaded on SIGHUP",
+        kind="table",
+        shown_default="{}",
+    )
+    settings: tuple[SecuritySetting, ...] = setting(
+        (),
+        "`[[security.settings]]` tables: `match` (AMQ wildcards, RabbitMQ v1/v2 addresses) and the roles per "
+        "permission `send`, `consume`, `browse`, `manage`, `durable`; the most specific match decides, what is "
+        "not granted is refused; none: everything is allowed (docs/security.md); reloaded on SIGHUP",
+        kind="table",
+        shown_default="[]",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.settings)
+
+
+@dataclass(frozen=True)
 class Config:
     listener: Listener = section(Listener, "the AMQP listener clients connect to")
     upstream: Upstream = section(Upstream, "where messages come from and go to")
@@ -542,6 +600,7 @@ class Config:
     embedded: Embedded = section(Embedded, "the embedded in-memory broker (no upstream URLs)")
     journal: Journal = section(Journal, "message journal for the Spark pipeline")
     replicas: Replicas = section(Replicas, "replicas in front of one broker: one owner per queue")
+    security: Security = section(Security, "who may do what on which address (Artemis's security-settings)")
 
     def to_dict(self) -> dict[str, Any]:
         """The effective configuration as plain data, secrets replaced by `***` (for `--print-config`)."""
@@ -849,12 +908,87 @@ def _build_certificate_users(raw: Any, key: str) -> Mapping[str, str]:
     return MappingProxyType(out)
 
 
+def _role_list(value: Any, key: str) -> tuple[str, ...]:
+    """A list of role names, or Artemis's comma-separated string (`"admin, guest"`)."""
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or not all(isinstance(role, str) for role in value):
+        raise ConfigError(key, f"must be a list of role names, got {_describe(value)}")
+    for role in value:
+        if not role.strip():
+            raise ConfigError(key, "role names must not be empty")
+    return tuple(dict.fromkeys(value))
+
+
+def _build_roles(raw: Any, key: str) -> Mapping[str, tuple[str, ...]]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key, "must be a table of `user = [\"role\", ...]`")
+    roles = {}
+    for user, value in raw.items():
+        if not user:
+            raise ConfigError(key, "user names must not be empty")
+        roles[str(user)] = _role_list(value, f"{key}.{user}")
+    return MappingProxyType(roles)
+
+
+def _build_security_settings(raw: Any, key: str) -> tuple[SecuritySetting, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(key, "must be an array of tables ([[security.settings]])")
+    allowed = ("match",) + OPERATIONS
+    out = []
+    for i, item in enumerate(raw):
+        here = f"{key}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(here, f"must be a table with `match` and role lists ({', '.join(OPERATIONS)})")
+        for name in item:
+            if name in ARTEMIS_PERMISSIONS:
+                raise ConfigError(f"{here}.{name}", f"Artemis's permission is not one of the daemon's: "
+                                                    f"{ARTEMIS_PERMISSIONS[name]}")
+            if name not in allowed:
+                close = difflib.get_close_matches(str(name), list(allowed), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(f"{here}.{name}", f"unknown setting ({hint}{', '.join(allowed)})")
+        match = item.get("match")
+        if not isinstance(match, str) or not match:
+            raise ConfigError(f"{here}.match", "must be a non-empty address pattern such as `orders.#`")
+        try:
+            pattern_node(match, "embedded")
+        except PatternError as e:
+            raise ConfigError(f"{here}.match", f"{match!r}: {e}") from None
+        grants = {op: _role_list(item[op], f"{here}.{op}") for op in OPERATIONS if op in item}
+        out.append(SecuritySetting(i, match, **grants))
+    return tuple(out)
+
+
 _TABLE_BUILDERS: dict[tuple[type, str], Callable[[Any, str], Any]] = {
     (Listener, "users"): _build_users,
     (Listener, "certificate_users"): _build_certificate_users,
     (Config, "address_rules"): _build_rules,
     (Config, "virtual_addresses"): _build_virtual,
+    (Security, "roles"): _build_roles,
+    (Security, "settings"): _build_security_settings,
 }
+
+
+def _check_security(config: Config) -> None:
+    """The settings compile in every address model the daemon may decide them in: the embedded
+    broker's, or in front of an upstream both RabbitMQ's and the AMQ-style one (the upstream's kind is
+    known only once connected).  Two matches naming the same addresses are refused."""
+    security = config.security
+    if not security.settings:
+        return
+    if ANONYMOUS_USER in config.listener.users:
+        raise ConfigError(f"listener.users.{ANONYMOUS_USER}", f"`{ANONYMOUS_USER}` is the ANONYMOUS login's name "
+                          "in security.roles: give this PLAIN user another name")
+    kinds = ("embedded",) if config.upstream.embedded else ("other", "rabbitmq")
+    for kind in kinds:
+        try:
+            Permissions.from_config(config, kind)
+        except PatternError as e:
+            index = e.index if e.index is not None else 0
+            where = " in front of RabbitMQ" if kind == "rabbitmq" else ""
+            raise ConfigError(f"security.settings[{index}].match",
+                              f"{security.settings[index].match!r}{where}: {e}") from None
 
 
 def _check(config: Config) -> None:
@@ -871,10 +1005,11 @@ def _check(config: Config) -> None:
         raise ConfigError("listener.tls.ca_file", "is required with listener.tls.verify_client")
     if "EXTERNAL" in listener.sasl_mechanisms and not tls.verify_client:
         raise ConfigError("listener.sasl_mechanisms", "EXTERNAL needs listener.tls.verify_client = true")
-    if "EXTERNAL" in listener.sasl_mechanisms and not (listener.users or listener.certificate_users):
+    external_users = listener.users or listener.certificate_users or config.security.roles
+    if "EXTERNAL" in listener.sasl_mechanisms and not external_users:
         raise ConfigError("listener.certificate_users", "EXTERNAL maps a client certificate to a configured user: "
-                          "list them here (or name them in listener.users); with neither, every certificate "
-                          "is refused")
+                          "list them here (or name them in listener.users or security.roles); with none, every "
+                          "certificate is refused")
     if listener.login.max_delay < listener.login.delay:
         raise ConfigError("listener.login.max_delay", "must be >= listener.login.delay")
     for name in ("cert_file", "key_file", "ca_file"):
@@ -887,7 +1022,7 @@ def _check(config: Config) -> None:
     can_authenticate = (
         listener.anonymous_allowed
         or ("PLAIN" in listener.sasl_mechanisms and (listener.users or upstream.credentials == "pass-through"))
-        or ("EXTERNAL" in listener.sasl_mechanisms and (listener.users or listener.certificate_users))
+        or ("EXTERNAL" in listener.sasl_mechanisms and external_users)
     )
     if not can_authenticate:
         if "ANONYMOUS" not in listener.sasl_mechanisms:
@@ -919,6 +1054,7 @@ def _check(config: Config) -> None:
     if config.journal.enabled:
         _check_extra("journal.enabled", "journal", "pyarrow")
     _check_replicas(config)
+    _check_security(config)
     for name, virtual in config.virtual_addresses.items():
         if not name:
             raise ConfigError("virtual_addresses", "names must not be empty")
@@ -984,6 +1120,13 @@ def _check_replicas_with(config: Config) -> None:
         raise ConfigError("replicas.peers", "replicas cannot be combined with listener.workers > 1")
     if replicas.password and not replicas.user:
         raise ConfigError("replicas.user", "is required with replicas.password")
+    if not replicas.user and not config.listener.is_loopback:
+        raise ConfigError("replicas.user", f"is required when the listener is beyond loopback "
+                          f"({config.listener.host}): replicas are recognised by their login, and without one any "
+                          "client that reaches the listener could pass for a replica")
+    if replicas.user and replicas.user not in config.listener.users:
+        raise ConfigError("replicas.user", f"{replicas.user!r} must be one of listener.users (the replicas log in "
+                          "to each other with it)")
 
 
 def _check_extra(key: str, extra: str, module: str) -> None:
@@ -1109,6 +1252,45 @@ def _apply_flags(raw: dict, args: argparse.Namespace, leaves: Mapping[str, Any])
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(key, f"--set value is not a TOML value: {e}") from None
         _set(raw, key, parsed)
+
+
+@dataclass(frozen=True)
+class Reloaded:
+    """What `reload_security` read: `config` is the running configuration with the file's users, roles
+    and settings (None when the file has an error: then `error` says why and the old ones stay);
+    `ignored` lists the other keys whose value changed, which need a restart."""
+
+    config: Config | None
+    error: ConfigError | None = None
+    ignored: tuple[str, ...] = ()
+
+
+_RELOADED = ("listener.users", "security.roles", "security.settings")
+
+
+def _value(config: Config, key: str) -> Any:
+    value: Any = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def reload_security(current: Config, args: argparse.Namespace | None = None,
+                    environ: Mapping[str, str] = os.environ) -> Reloaded:
+    """On SIGHUP: read the configuration again (the same file, environment and flags as at start) and
+    take its `listener.users`, `security.roles` and `security.settings`; everything else stays as it
+    runs.  A configuration error returns `Reloaded(None, error)`: the daemon keeps the old settings and
+    logs the error (it names the key)."""
+    try:
+        fresh = load(args, environ)
+        merged = dataclasses.replace(
+            current, listener=dataclasses.replace(current.listener, users=fresh.listener.users),
+            security=fresh.security)
+        _check(merged)
+    except ConfigError as e:
+        return Reloaded(None, e)
+    ignored = tuple(key for key, _ in _leaves() if key not in _RELOADED and _value(fresh, key) != _value(current, key))
+    return Reloaded(merged, None, ignored)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -42,6 +42,7 @@ OTHER = "other"
 OUTCOMES = frozenset({"accepted", "rejected", "released", "modified"})
 LINK_KINDS = frozenset({"consumer", "producer", "upstream-consumer", "upstream-producer"})
 
+AUTHORIZATION_OPERATIONS = frozenset({"consume", "browse", "send", "manage", "durable"})
 REFUSAL_REASONS = frozenset(
     {
         "invalid-filter",  # selector or filter-set that does not compile (amqp:invalid-field)
@@ -225,6 +226,10 @@ class Metrics:
         self.attach_refused = Counter(
             "broker_filter_attach_refused", "Link attaches refused, by reason", ["reason"], registry=r
         )
+        self.authorization_refusals = Counter(
+            "broker_filter_authorization_refusals", "Operations refused by the security settings, by operation "
+            "(consume, browse, send, manage, durable)", ["operation"], registry=r
+        )
         self.splices = Counter(
             "broker_filter_splices", "Client connections spliced to the replica owning their first link's queue "
             "(replicas.splice)", registry=r
@@ -279,6 +284,9 @@ class Metrics:
 
     def refuse_attach(self, reason: str) -> None:
         self.attach_refused.labels(bounded(reason, REFUSAL_REASONS)).inc()
+
+    def authorization_refused(self, operation: str) -> None:
+        self.authorization_refusals.labels(bounded(operation, AUTHORIZATION_OPERATIONS)).inc()
 
     def refuse_connection(self, reason: str) -> None:
         self.connections_refused.labels(bounded(reason, CONNECTION_REFUSALS)).inc()

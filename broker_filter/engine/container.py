@@ -234,18 +234,20 @@ class EngineListening:
 def listen(container: EngineContainer, listener: Any, handler: Any, *, passthrough: Verify | None = None,
            max_connections: int = 0, handshake_timeout: float = 10.0,
            on_refused: Callable[[str, str], None] | None = None, keep_first_input: int = 0,
-           on_login_failure: Callable[[str], None] | None = None) -> EngineListening:
+           on_login_failure: Callable[[str], None] | None = None, known_users: Any = ()) -> EngineListening:
     """`listener.listen` on the engine: `[listener]` SASL (PLAIN users, pass-through, EXTERNAL with
     `listener.certificate_users`, the anonymous policy), `[listener.login]` (the PLAIN checks' throttle
     and queue) and TLS, client connections dispatched to the engine `handler`; a connection that has
     not opened AMQP `handshake_timeout` seconds after accept is closed and counted.
-    `on_login_failure(reason)` counts failed, refused and abandoned logins."""
+    `on_login_failure(reason)` counts failed, refused and abandoned logins.  `known_users`: users
+    configured elsewhere (`[security.roles]`) whom an EXTERNAL certificate's CN may name too."""
     verify: Verify | None = passthrough
     remembered = None
     if verify is None and listener.users:
         users = UserDatabase(listener.users)
         verify, remembered = users.authenticate, users.remembered
-    certificates = CertificateUsers(getattr(listener, "certificate_users", None) or {}, listener.users)
+    certificates = CertificateUsers(getattr(listener, "certificate_users", None) or {},
+                                    set(listener.users) | set(known_users))
     sasl = ServerSasl(tuple(listener.effective_mechanisms), verify=verify, allow_skip=listener.anonymous_allowed,
                       keep_password=passthrough is not None, remembered=remembered,
                       certificate_users=certificates, logins=LoginPolicy.of(getattr(listener, "login", None)))

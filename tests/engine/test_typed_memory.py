@@ -254,9 +254,9 @@ def test_a_failure_in_a_typed_handler_closes_that_link_only(relayed, caplog):
     def broken(outlet, link, delivery):
         raise RuntimeError("broken outcome handling")
 
-    relayed.server._outcome = broken  # what the route of the next outlet calls
+    relayed.server.receivers.outcome = broken  # what the route of the next outlet calls
     relayed.receiver("/topic/broken", credit=5, durable=True)  # own upstream subscriptions, as above
-    del relayed.server._outcome  # (the class's again)
+    del relayed.server.receivers.outcome  # (the class's again)
     healthy = relayed.receiver("/topic/healthy", credit=5, durable=True)
     relayed.broker.senders[0].send(encode_section(0x77, "to the broken link"))
     relayed.broker.senders[1].send(encode_section(0x77, "to the healthy link"))
