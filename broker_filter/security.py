@@ -42,7 +42,9 @@ REDACTED = "***"
 
 @dataclass(frozen=True)
 class Identity:
-    """Who a client connection authenticated as."""
+    """Who a client connection authenticated as.  `user` is the configured user: PLAIN's user name as
+    verified (or as the upstream accepted it, pass-through), the user an EXTERNAL certificate maps to
+    (`CertificateUsers`; `subject` is the certificate's), `anonymous` for ANONYMOUS."""
 
     user: str | None
     mechanism: str  # PLAIN, ANONYMOUS, EXTERNAL, "" (no SASL)

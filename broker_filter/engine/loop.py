@@ -600,7 +600,7 @@ class _Channel:
         self.sock.close()
         if self.ticket is not None:  # hung up while its login is checked: abandoned
             ticket, self.ticket = self.ticket, None
-            ticket.cancel()
+            ticket.cancel(abandoned=not self.loop.closing)  # (not when the daemon stops)
         if self.listener is not None:
             self.listener.active -= 1
         if self.conn.ptr is not None:
@@ -626,6 +626,7 @@ class EventLoop(Engine):
         self.selector.register(self._wake_read, EVENT_READ, self._on_wake)
         self._stopping = False
         self.gates: list[LoginGate] = []  # the listeners' login gates (their threads end with the loop)
+        self.closing = False  # `close()` under way
         self.thread: threading.Thread | None = None
         self.after_turn: Callable[[], None] | None = None  # runs once the turn's events are handled (`add_after_turn`)
         self.reuse_port = False  # listeners share their port with other processes' (SO_REUSEPORT)
@@ -803,6 +804,7 @@ class EventLoop(Engine):
     def close(self) -> None:
         """Close every listener and socket, then free proton's memory (on the loop's thread, after
         `run()` returned)."""
+        self.closing = True
         for listener in list(self.listeners):
             listener.close()
         for channel in list(self.channels):
