@@ -17,10 +17,11 @@ a PLAIN user may not be called so when settings exist).  A user without an entry
 **Patterns** are AMQ wildcard patterns (Artemis's wildcard syntax): words delimited by `.`, `*` is
 exactly one word, `#` any number of words, zero included (`news.#` matches `news`, `news.uk` and
 `news.uk.sport`).  As Artemis requires, `#` may only be the last word, and a match with an FQQN
-`a::q` has no wildcard.  `*` and `#` are wildcards as whole words only, as in the daemon's address rules:
-`news.eu*` is the literal word `eu*` (Artemis's regular expression would take it as a prefix).  Empty words are words (`a..b` has three, and `a.*` matches `a.`,
-where Artemis's regular expression wants at least one character for `*`).  Case matters: addresses
-are case-sensitive in Artemis and RabbitMQ, so `Alice.x` is another node than `alice.x`.
+`a::q` has no wildcard.  `*` and `#` are wildcards as whole words only, as in the daemon's address
+rules: `news.eu*` is the literal word `eu*` (Artemis's regular expression would take it as a prefix).
+Empty words are words (`a..b` has three, and `a.*` matches `a.`, where Artemis's regular expression
+wants at least one character for `*`).  Case matters: addresses are case-sensitive in Artemis and
+RabbitMQ, so `Alice.x` is another node than `alice.x`.
 
 **Specificity** is Artemis's (`HierarchicalObjectRepository.MatchComparator`), on the matches that
 match one address:
@@ -58,6 +59,7 @@ In front of RabbitMQ (`rabbitmq`), as RabbitMQ itself parses addresses (v1: `rab
 | `/exchange/X`, `/exchange/X/`, `/exchanges/X` | exchange `X`, *every* key | `/exchanges/X/#` |
 | `/queue`, the empty address | *every* queue | `/queues/#` |
 | exchange `amq.default` (or the empty name) with key `K` | the queue `K` | `/queues/K` |
+| `amq.fanout`, `amq.headers`, `amq.match`, any key | the exchange, *every* key (no key routes) | `/exchanges/X/#` |
 | anything else starting with `/`, a bare name with `/`, a bad `%` escape | no node: refused | |
 
 A v1 sender without a key (`/exchange/X`, `/queue`) publishes with each message's subject as the
@@ -74,17 +76,27 @@ Patterns are canonicalised the same way, with two additions: the bare pattern `#
 `alice.#` is `/queues/alice.#`.  An exchange name in a pattern is literal, a key part may have
 wildcards, and an exchange without a key part is the exchange with every key.
 
+RabbitMQ 4's `/management` requests (`management_checks`) name queues and exchanges the same way: the
+daemon parses the request's path as RabbitMQ does (`uri_string:normalize`: unreserved characters
+decoded, dot segments removed; then each segment percent-decoded) and asks for `manage` on the queue
+or exchange it touches, and for a binding `manage` on its destination plus `consume` on its source
+with its key (the destination receives what a subscription with that key would).
+
 Cost: the settings are compiled once per upstream kind into a word trie per node space (queues, each
 exchange; the address space on AMQ-style upstreams) whose walk collects the matches of an address in
 O(words) steps, however many settings there are; the decision per address (which settings must grant)
 is cached in a bounded dictionary, so a check is a dictionary hit and a set intersection per setting.
+Limits refuse, never fail: an address with wildcard words and more than 64 words is refused (its
+decision searches settings against each word), and addresses longer than 1,024 characters are decided
+every time rather than kept.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
+from urllib.parse import quote, unquote_to_bytes
 
 OPERATIONS = ("send", "consume", "browse", "manage", "durable")
 UPSTREAMS = ("embedded", "other", "rabbitmq")
@@ -93,6 +105,8 @@ ANY_WORDS = "#"
 ONE_WORD = "*"
 FQQN = "::"
 CACHE_SIZE = 4096
+MAX_CACHED_ADDRESS = 1024  # characters: longer addresses are decided each time, never kept
+MAX_WILDCARD_WORDS = 64  # an address with wildcard words and more words than this is refused
 
 # Artemis's permission names, and what to write instead: none means the same as one of ours.
 ARTEMIS_PERMISSIONS = {
@@ -111,7 +125,7 @@ ARTEMIS_PERMISSIONS = {
 
 _VERBS = {"send": "send to", "consume": "consume from", "browse": "browse", "manage": "manage",
           "durable": "keep a durable subscription on"}
-_HEX = re.compile(r"%[0-9A-Fa-f]{2}")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 class PatternError(ValueError):
@@ -127,8 +141,7 @@ class PatternError(ValueError):
 # Nodes: what an address or a pattern names
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
+class Node(NamedTuple):
     """An address or pattern in canonical form.  `space` is the name space ("" for an AMQ-style
     address, "queue", or "exchange" + the exchange name); `words` the name's words (a queue name, a
     routing key, an address), wildcard words included; `fqqn` the whole `a::q` text of an FQQN (its
@@ -153,19 +166,10 @@ def _v2_decode(text: str) -> str:
     """RFC 3986 percent-decoding, strict (RabbitMQ 4 refuses a bad escape); the bytes must be UTF-8."""
     if "%" not in text:
         return text
-    if len(_HEX.findall(text)) != text.count("%"):
+    if _BAD_ESCAPE.search(text):
         raise PatternError(f"bad percent-encoding in {text!r}")
-    raw = bytearray()
-    i = 0
-    while i < len(text):
-        if text[i] == "%":
-            raw.append(int(text[i + 1:i + 3], 16))
-            i += 3
-        else:
-            raw += text[i].encode("utf-8", "surrogatepass")
-            i += 1
     try:
-        return raw.decode("utf-8")
+        return unquote_to_bytes(text).decode("utf-8")
     except UnicodeDecodeError:
         raise PatternError(f"percent-encoding in {text!r} is not UTF-8") from None
 
@@ -180,10 +184,15 @@ def _queue(name: str) -> Node:
     return Node("queue", _words(name), f"/queues/{name}")
 
 
+# RabbitMQ's built-in exchanges whose routing ignores the key (fanout, headers): any key of them reads
+# everything, so a key names the whole exchange.
+KEYLESS_EXCHANGES = frozenset({"amq.fanout", "amq.headers", "amq.match"})
+
+
 def _exchange(exchange: str, key: str | None) -> Node:
     if exchange in ("", "amq.default"):
         return _queue(key or "")  # the default exchange routes to the queue its key names
-    if not key:
+    if not key or exchange in KEYLESS_EXCHANGES:
         key = ANY_WORDS  # no key: a v1 sender's subject, so every key
     return Node("exchange" + exchange, _words(key), f"/exchanges/{exchange}/{key}")
 
@@ -255,38 +264,121 @@ def pattern_node(match: str, upstream: str) -> Node:
         return Node("", (ANY_WORDS,), ANY_WORDS, every=True)
     if upstream == "rabbitmq":
         node = rabbitmq_node(match)
-        if node.space.startswith("exchange") and any(c in node.space for c in (ANY_WORDS, ONE_WORD)):
-            raise PatternError("an exchange name in a match is literal (no `*` or `#`)")
+        exchange = node.space[len("exchange"):] if node.space.startswith("exchange") else ""
+        if any(word in (ANY_WORDS, ONE_WORD) for word in exchange.split(".")):
+            raise PatternError("an exchange name in a match is literal (no `*` or `#` word)")
     else:
         node = amq_node(match)
     if ANY_WORDS in node.words[:-1]:
         raise PatternError("`#` may only be the last word (as in Artemis)")
+    if len(node.words) > MAX_WILDCARD_WORDS:
+        raise PatternError(f"has more than {MAX_WILDCARD_WORDS} words")
     if node.fqqn is not None and (node.wild or ANY_WORDS in node.fqqn or ONE_WORD in node.fqqn):
         raise PatternError("a fully qualified queue name (`a::q`) matches exactly: no `*` or `#`")
     return node
 
 
-def check_pattern(match: str) -> None:
-    """Raise PatternError if `match` is unusable on any upstream kind (syntax, and RabbitMQ's forms)."""
-    pattern_node(match, "embedded")
-    pattern_node(match, "rabbitmq")
+# --------------------------------------------------------------------------------------------------
+# RabbitMQ 4's /management requests
+
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_BINDING = re.compile(r"^src=([0-9A-Za-z\-._~%]+);dst([eq])=([0-9A-Za-z\-._~%]+);key=([0-9A-Za-z\-._~%]*);"
+                      r"args=([0-9A-Za-z\-_]*)$")
+
+
+def _remove_dot_segments(path: str) -> str:
+    """RFC 3986 5.2.4."""
+    out: list[str] = []
+    for segment in path.split("/")[1:] if path.startswith("/") else path.split("/"):
+        if segment == "..":
+            if out:
+                out.pop()
+        elif segment != ".":
+            out.append(segment)
+    trailing = "/" if path.endswith(("/.", "/..")) else ""
+    return "/" + "/".join(out) + trailing
+
+
+def _normalized_path(uri: str) -> tuple[list[str], dict[str, str]]:
+    """The path segments (decoded) and query of a request URI, as RabbitMQ reads them: `uri_string:
+    normalize` (percent-encoded unreserved characters decoded, dot segments removed), then each segment
+    percent-decoded.  PatternError when RabbitMQ would answer 400."""
+    path, _, query = uri.partition("?")
+    path = path.partition("#")[0]
+    query = query.partition("#")[0]
+    path = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)) if chr(int(m.group(1), 16)) in _UNRESERVED
+                       else m.group(0).upper(), path)
+    if not path.startswith("/"):
+        raise PatternError(f"a /management request's path must start with `/`, got {uri!r}")
+    segments = _remove_dot_segments(path).split("/")[1:]
+    params: dict[str, str] = {}
+    for pair in query.split("&") if query else ():
+        name, _, value = pair.partition("=")
+        params[_v2_decode(name.replace("+", " "))] = _v2_decode(value.replace("+", " "))
+    return segments, params
+
+
+def _queue_address(name: str) -> str:
+    return "/queues/" + quote(name, safe="")
+
+
+def _exchange_address(name: str, key: str | None = None) -> str:
+    return "/exchanges/" + quote(name, safe="") + ("" if key is None else "/" + quote(key, safe=""))
+
+
+def management_checks(method: str, uri: str, body: Mapping[str, Any] | None = None) -> tuple[tuple[str, str], ...]:
+    """The (operation, address) pairs a client's request to RabbitMQ 4's `/management` node must each be
+    allowed (addresses in RabbitMQ's v2 form, to decide with `upstream="rabbitmq"`): `manage` on the
+    queue or exchange a request declares, deletes, purges or reads; for a binding (made, deleted or
+    listed) `manage` on its destination and `consume` on its source exchange with its key, since the
+    destination then receives what the source routes with that key (RabbitMQ checks write on the
+    destination and read on the source).  `uri` is the request's `to`, `method` its `subject`, `body`
+    its decoded amqp-value map (POST /bindings).  `()` for requests that name no node (`/auth/tokens`).
+    PatternError for a request RabbitMQ would refuse as malformed: refuse it."""
+    segments, params = _normalized_path(uri)
+    method = method.upper()
+    if segments[:1] == ["queues"] and len(segments) in (2, 3):
+        name = _v2_decode(segments[1])
+        if len(segments) == 2 and method in ("GET", "PUT", "DELETE"):
+            return (("manage", _queue_address(name)),)
+        if segments[2:] == ["messages"] and method == "DELETE":
+            return (("manage", _queue_address(name)),)
+    elif segments[:1] == ["exchanges"] and len(segments) == 2 and method in ("GET", "PUT", "DELETE"):
+        return (("manage", _exchange_address(_v2_decode(segments[1]))),)
+    elif segments == ["bindings"] and method == "POST":
+        if not isinstance(body, Mapping):
+            raise PatternError("POST /bindings needs a map body")
+        source, key = body.get("source"), body.get("binding_key")
+        queue, exchange = body.get("destination_queue"), body.get("destination_exchange")
+        if not isinstance(source, str) or not isinstance(key, str) or not isinstance(queue or exchange, str):
+            raise PatternError("POST /bindings needs `source`, `binding_key` and `destination_queue` or "
+                               "`destination_exchange` (strings)")
+        return _binding_checks(source, "q" if queue is not None else "e", queue if queue is not None else exchange,
+                               key)
+    elif segments[:1] == ["bindings"] and len(segments) == 2 and method == "DELETE":
+        found = _BINDING.match(segments[1])
+        if found is None:
+            raise PatternError(f"bad binding path segment {segments[1]!r}")
+        source, kind, destination, key, _ = found.groups()
+        return _binding_checks(_v2_decode(source), kind, _v2_decode(destination), _v2_decode(key))
+    elif segments == ["bindings"] and method == "GET":
+        if "src" not in params or "key" not in params or not ("dstq" in params or "dste" in params):
+            raise PatternError("GET /bindings needs `src`, `key` and `dstq` or `dste`")
+        kind = "q" if "dstq" in params else "e"
+        return _binding_checks(params["src"], kind, params["dst" + kind], params["key"])
+    elif segments == ["auth", "tokens"] and method == "PUT":
+        return ()
+    raise PatternError(f"not a /management request the daemon knows: {method} {uri}")
+
+
+def _binding_checks(source: str, kind: str, destination: str, key: str) -> tuple[tuple[str, str], ...]:
+    target = _queue_address(destination) if kind == "q" else _exchange_address(destination)
+    return (("manage", target), ("consume", _exchange_address(source, key)))
 
 
 # --------------------------------------------------------------------------------------------------
 # Matching words
-
-
-def matches(pattern: tuple[str, ...], words: tuple[str, ...]) -> bool:
-    """A pattern (`#` last only) matches concrete words."""
-    if pattern and pattern[-1] == ANY_WORDS:
-        fixed = pattern[:-1]
-        if len(words) < len(fixed):
-            return False
-    else:
-        fixed = pattern
-        if len(words) != len(fixed):
-            return False
-    return all(p == ONE_WORD or p == w for p, w in zip(fixed, words))
 
 
 def covers(pattern: tuple[str, ...], words: tuple[str, ...]) -> bool:
@@ -491,6 +583,9 @@ class _Compiled:
             found = self.candidates(node)
             return (min(found, key=lambda e: e.rank),) if found else ()
         entries = self.every + self.by_space.get(node.space, [])
+        lead = node.words[0] if node.words else None
+        if lead is not None and lead not in (ANY_WORDS, ONE_WORD):  # a literal first word: skip other ones
+            entries = [e for e in entries if not e.node.words or e.node.words[0] in (lead, ANY_WORDS, ONE_WORD)]
         covering = [e for e in entries if covers(e.node.words, node.words)]
         if not covering:
             return ()
@@ -548,16 +643,26 @@ class Permissions:
         hit = self._cache.get(address)
         if hit is not None:
             return hit
+        if not isinstance(address, str):
+            return (None, (), f"not an address: {address!r}")
         try:
             node = node_of(address, self.upstream)
         except PatternError as e:
             result: tuple[Node | None, tuple[_Entry, ...], str] = (None, (), str(e))
         else:
             assert self._compiled is not None
-            result = (node, self._compiled.needed(node), "")
-        if len(self._cache) >= self._cache_size:
-            del self._cache[next(iter(self._cache))]
-        self._cache[address] = result
+            if node.wild and len(node.words) > MAX_WILDCARD_WORDS:
+                result = (node, (), f"an address with wildcards and more than {MAX_WILDCARD_WORDS} words is "
+                                    "not decided")
+            else:
+                result = (node, self._compiled.needed(node), "")
+        if self._cache_size and len(address) <= MAX_CACHED_ADDRESS:
+            if len(self._cache) >= self._cache_size:
+                try:
+                    del self._cache[next(iter(self._cache))]  # the oldest
+                except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+                    self._cache.clear()
+            self._cache[address] = result
         return result
 
     def allows(self, user: str | None, roles: frozenset[str] | None, operation: str, address: str) -> bool:
@@ -590,7 +695,7 @@ class Permissions:
             return Refusal(name, operation, address, "", None, f"names no node in front of {self.upstream}: {error}")
         if not needed:
             return Refusal(name, operation, address, node.shown, None,
-                           "no security setting matches it (what is not granted is refused)")
+                           error or "no security setting matches it (what is not granted is refused)")
         refusing = next(e for e in needed if roles.isdisjoint(e.grant.roles[operation]))
         granted = sorted(refusing.grant.roles[operation])
         to = f"roles: {', '.join(granted)}" if granted else "no role"

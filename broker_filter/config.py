@@ -10,8 +10,9 @@ pass, so a bad value anywhere raises `ConfigError(key, reason)` naming the dotte
 daemon opens a socket.  Unknown keys are errors too (typos must not be silently ignored).
 
 Table-valued settings (`listener.users`, `address_rules`, `virtual_addresses`, `security.roles`,
-`security.settings`) come from the file or `--set` only.  Environment variables and flags carry text and are parsed by the setting's kind: lists
-are comma-separated, booleans are true/false/yes/no/1/0, tri-states also accept `auto`.
+`security.settings`) come from the file or `--set` only.  Environment variables and flags carry text
+and are parsed by the setting's kind: lists are comma-separated, booleans are true/false/yes/no/1/0,
+tri-states also accept `auto`.
 
 Secrets (passwords, key passwords, credentials inside URLs) never appear in `repr`, in error
 messages or in `Config.to_dict()`.
@@ -379,6 +380,11 @@ class Limits:
         "bytes of messages a client connection may have in transfer, not yet complete, over all its links; "
         "beyond, what arrives is dropped and the message refused with amqp:resource-limit-exceeded when "
         "complete (0: no limit)", kind="int", minimum=0)
+    idle_timeout: float = setting(
+        60.0,
+        "seconds a client connection may stay silent (not even a heartbeat) before the daemon closes it; its "
+        "open frame announces half of it as its idle time-out, so clients heartbeat in time (0: none)",
+        kind="float", minimum=0)
     handshake_timeout: float = setting(
         10.0,
         "seconds a client connection has from accept to its AMQP open (TLS and SASL included); then it is "

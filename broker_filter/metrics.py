@@ -237,6 +237,14 @@ class Metrics:
         self.upstream_reconnects = Counter(
             "broker_filter_upstream_reconnects", "Upstream connections re-established after a loss", registry=r
         )
+        self.links_resumed = Counter(
+            "broker_filter_links_resumed", "Client links served again, still attached, after their upstream "
+            "connection was lost and re-established (queues and senders)", registry=r
+        )
+        self.links_detached_by_reconnect = Counter(
+            "broker_filter_links_detached_by_reconnect", "Client links detached because their upstream connection "
+            "was lost and they cannot be resumed (subscriptions, dynamic nodes, browsers)", registry=r
+        )
         self.shared_subscribers = Gauge(
             "broker_filter_shared_subscribers",
             "Client links served by the address's shared upstream subscription (a link that fell behind "

@@ -75,6 +75,13 @@ class EmbeddedConsumer:
     def credit(self) -> int:
         return self.broker_consumer.credit if self.broker_consumer is not None else self._credit
 
+    def probe(self, answer: Any) -> None:
+        """The queue's ready count cannot be asked here (the broker is in process: nothing to probe)."""
+        return None
+
+    def settle_in_order(self) -> None:
+        """(A remote broker merges dispositions settled in order; nothing to do in process.)"""
+
     def filter_counts(self) -> tuple[int, int]:
         """(evaluations, matches) of the filters pushed down to the broker for this consumer: its
         consumer's on a queue, its subscription queue's on a topic."""
@@ -101,7 +108,7 @@ class EmbeddedConsumer:
                     capabilities=spec.capabilities,
                     filter=filter_,
                     link_name=spec.name,
-                    container_id=getattr(spec, "container_id", None),
+                    container_id=spec.container_id,
                     durable=_is_durable(spec),
                     context=self,
                     browse=spec.distribution_mode == "copy",
@@ -235,7 +242,7 @@ class EmbeddedUpstream(UpstreamBase):
             p.close()
 
     def can_evaluate(self, entry: Any) -> bool:
-        return getattr(entry, "kind", None) in PUSHABLE_KINDS
+        return entry.kind in PUSHABLE_KINDS
 
 
     def routing_type(self, address: str | None, capabilities: tuple[str, ...] = ()) -> str | None:

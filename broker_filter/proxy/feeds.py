@@ -106,10 +106,9 @@ class FeedBinding:
 
     def probe(self, answer: Callable[[int | None], None]) -> bool | None:
         """The queue's ready count, if the upstream consumer can be asked (see search.QueueSearch.look)."""
-        probe = getattr(self.consumer, "probe", None)
-        if probe is None:
-            return None if self.consumer is not None else False
-        return False if self.closed else probe(answer)
+        if self.consumer is None:
+            return False
+        return False if self.closed else self.consumer.probe(answer)
 
     def recycle(self, delivery: UpstreamDelivery, data: bytes, done: Callable[[bool], None]) -> bool:
         def moved(ok: bool) -> None:
@@ -152,7 +151,7 @@ class FeedBinding:
                 pending, self.pending = self.pending, []
             for outlet in pending:
                 self.server.receivers.complete(self, outlet)
-            if self.feed.subscription and hasattr(consumer, "settle_in_order"):
+            if self.feed.subscription:
                 # every delivery of a subscription is decided within the feed's window
                 consumer.settle_in_order()
         except Exception:
@@ -182,6 +181,9 @@ class FeedBinding:
         try:
             if self.via is not None and consumer is self.consumer and self.server.rehoming.replica_lost(self, error):
                 return  # its links are served elsewhere now
+            if error is not None and error.transient and self.server.resumption.resumable(self):
+                self.server.resumption.suspend_feed(self)  # the upstream connection went: its links wait
+                return
             self.server.registry.fail_feed(self, error or ErrorInfo("amqp:link:detach-forced", "upstream detached"))
         except Exception:
             log.exception("consumer close handling failed")
@@ -325,6 +327,27 @@ class FeedRegistry:
             spec = dataclasses.replace(binding.spec, name=link.name)
             self.open_feed(("subscription", next(self.server._sub_ids)), spec, True, outlet)
 
+    def suspend(self, binding: FeedBinding) -> list:
+        """The upstream connection under a queue feed went (`resume.Resumption.suspend_feed`): the feed
+        closes (what it held, and what its clients had not settled, stay on the broker) and its links,
+        still attached, are returned to be placed again when the upstream is back."""
+        if binding.closed:
+            return []
+        binding.closed = True
+        self.draining.discard(binding)
+        self.unregister(binding)
+        if binding.deciding_key is not None and self.deciding.get(binding.deciding_key) is binding:
+            del self.deciding[binding.deciding_key]
+        outlets = list(binding.feed.outlets) + binding.pending
+        binding.pending = []
+        binding.feed.close()
+        self._forget_recycler(binding.spec.address)
+        for o in outlets:
+            o.io_owner = None
+            o.in_flight.clear()
+            o.waiting_since = None
+        return outlets
+
     def fail_feed(self, binding: FeedBinding, error: ErrorInfo) -> None:
         if binding.closed:
             return
@@ -343,6 +366,9 @@ class FeedRegistry:
         if binding.consumer is not None:
             binding.consumer.close()
         self._forget_recycler(binding.spec.address)
+        metrics = self.server.metrics
+        if error.transient and outlets and metrics is not None:
+            metrics.links_detached_by_reconnect.inc(len(outlets))
         for o in outlets:
             link = o.io_ref
             o.io_owner = None
@@ -387,8 +413,7 @@ class FeedRegistry:
             log.warning("shutdown grace over with %d moves to %s in flight: their originals go back to the queue "
                         "beside copies the broker may accept", binding.feed.moving, binding.spec.address)
         binding.closed = True
-        returns = getattr(binding.feed, "returns", None)
-        returns = returns() if returns is not None else ()
+        returns = binding.feed.returns()
         binding.feed.close()
         if binding.consumer is not None:
             for delivery, outcome in returns:  # unacquired (3.2.1), or modified with a client's annotations

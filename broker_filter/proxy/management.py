@@ -13,9 +13,10 @@ application-properties and bodies unchanged, nothing filtered), credit follows t
 Anywhere else (the embedded broker, RabbitMQ 3.x) a link to `/management` is refused with
 `amqp:not-implemented` (`refusal`): the node is RabbitMQ 4's own.
 
-Permissions.  With `[security]` settings, each request needs `manage` on every queue and exchange it
-names (`nodes`: the queue or exchange of its path, both ends of a binding, the binding's key on its
-source exchange); a request that is not granted never reaches the broker: the daemon answers it
+Permissions.  With `[security]` settings, each request needs what `authorization.management_checks`
+reads from it (`manage` on the queue or exchange it declares, deletes, purges or reads; for a
+binding `manage` on its destination and `consume` on its source with its key); a request that is
+not granted never reaches the broker: the daemon answers it
 itself with status 403 and the refusal's text, as RabbitMQ answers a request its user may not make.
 
 Order.  Directly, RabbitMQ answers a management call before it detaches the links the call
@@ -32,9 +33,8 @@ import itertools
 import logging
 from typing import Any
 
-from urllib.parse import quote, unquote
-
 from ..amqp.message import Message, Properties
+from ..authorization import PatternError, management_checks
 from ..amqp.sections import decode_message, encode_message
 from ..engine._cproton import lib
 from ..engine.container import Typed
@@ -91,45 +91,10 @@ def after_calls(connection: Any, fn: Any, call_later: Any) -> None:
     call_later(ORDER_WAIT, calls.flush)
 
 
-def nodes(method: str, path: str, body: Any) -> list[str] | None:
-    """The addresses (RabbitMQ v2 forms) a management request names, each needing `manage`; None when
-    the request is not one the daemon knows how to read (it is then refused)."""
-    path = path.split("?", 1)[0] if method == "GET" and path.startswith("/bindings") else path
-    parts = path.split("/")
-    if len(parts) >= 3 and parts[0] == "" and parts[1] in ("queues", "exchanges") and parts[2]:
-        if parts[1] == "exchanges" and len(parts) > 3:
-            return None
-        if parts[1] == "queues" and len(parts) > 3 and parts[3:] != ["messages"]:
-            return None
-        return [f"/{parts[1]}/{parts[2]}"]
-    if path == "/bindings" and method == "POST" and isinstance(body, dict):
-        source = body.get("source")
-        key = body.get("binding_key", "")
-        target = body.get("destination_queue"), body.get("destination_exchange")
-        if not isinstance(source, str) or not isinstance(key, str) or not any(isinstance(x, str) for x in target):
-            return None
-        found = [_source(source, key)]
-        found.append(f"/queues/{quote(target[0], safe='')}" if isinstance(target[0], str)
-                     else f"/exchanges/{quote(target[1], safe='')}")
-        return found
-    if path.startswith("/bindings/") or (path == "/bindings" and method == "GET"):
-        fields = dict(p.partition("=")[::2] for p in path[len("/bindings/"):].split(";") if "=" in p)
-        if "src" not in fields or not ({"dstq", "dste"} & fields.keys()):
-            return None
-        found = [_source(unquote(fields["src"]), unquote(fields.get("key", "")))]
-        found.append(f"/queues/{fields['dstq']}" if "dstq" in fields else f"/exchanges/{fields['dste']}")
-        return found
-    return None
-
-
-def _source(exchange: str, key: str) -> str:
-    """A binding's source: the exchange with the binding's key (the messages the binding takes)."""
-    return f"/exchanges/{quote(exchange, safe='')}/{quote(key, safe='')}" if exchange else f"/queues/{quote(key, safe='')}"
-
-
 def request_refusal(check: Any, data: bytes) -> tuple[str, str] | None:
-    """(message id, why) when `check(addresses, request)` refuses the request in `data`, else None
-    (`addresses` is None for a request `nodes` cannot read: refused whenever permissions apply)."""
+    """(message id, why) when `check(needed, request)` refuses the request in `data`, else None
+    (`needed`: the (operation, address) pairs `authorization.management_checks` reads from it; None
+    for a request RabbitMQ would refuse as malformed: refused whenever permissions apply)."""
     try:
         m = decode_message(data)
     except Exception:  # noqa: BLE001 - the broker answers what it cannot read
@@ -137,8 +102,11 @@ def request_refusal(check: Any, data: bytes) -> tuple[str, str] | None:
     props = m.properties
     method = str(props.subject or "") if props is not None else ""
     path = str(props.to or "") if props is not None else ""
-    named = nodes(method, path, m.body)
-    why = check(named, f"management request {method} {path}")
+    try:
+        needed = management_checks(method, path, m.body if isinstance(m.body, dict) else None)
+    except PatternError:
+        needed = None
+    why = check(needed, f"management request {method} {path}")
     return None if why is None else (props.message_id if props is not None else None, why)
 
 

@@ -20,7 +20,7 @@ A receiver (the client's link receives: the proxy's link is a sender):
   |       | or keep a durable subscription there (a durable source)       |                               |
   | 5     | a queue another replica owns, the connection may be spliced   | Splice                        |
   | 6     | the filter does not compile                                   | Refuse invalid-field (its own condition) |
-  | 7     | the upstream is not connected                                 | Refuse connection:forced      |
+  | 7     | the upstream is not connected (reconnecting: AwaitUpstream)   | Refuse connection:forced      |
   | 8     | copy on a queue the upstream cannot browse                    | Refuse not-implemented        |
   | 9     | otherwise                                                     | Serve                         |
 
@@ -30,17 +30,17 @@ A sender (the client's link sends):
   |-------|---------------------------------------------------------------|-------------------------------|
   | 1     | the target is a transaction coordinator                       | Refuse not-implemented        |
   | 2     | a dynamic target, no dynamic nodes upstream or not connected  | Refuse not-implemented        |
-  | 3     | a null target, the upstream not connected                     | Refuse connection:forced      |
+  | 3     | a null target, the upstream not connected (or AwaitUpstream)  | Refuse connection:forced      |
   | 4     | a null target                                                 | Relay (each message checked: `may_send`) |
   | 5     | the user may not send there                                   | Refuse unauthorized-access    |
-  | 6     | the upstream is not connected                                 | Refuse connection:forced      |
+  | 6     | the upstream is not connected (reconnecting: AwaitUpstream)   | Refuse connection:forced      |
   | 7     | a queue another replica owns, the connection may be spliced   | Splice                        |
   | 8     | otherwise                                                     | Publish                       |
 
-Permissions are checked on the address the client used (before an address rule or a virtual
-address rewrites it: the operator's rewrite never widens what the client is granted, and a virtual
-address's filter is always ANDed in), once per attach; only the anonymous relay checks each message,
-by its `to`.
+Permissions are checked on the address the client used, once per attach; an address rule that
+rewrites it needs the address it reaches granted too (a rewrite never widens what the client may do),
+while a virtual address is the operator's narrowed view (its filter is always ANDed in) and its own
+grant is enough.  Only the anonymous relay checks each message, by its `to`.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ class Context:
     dialect: str = "jms"
     filter_limits: Any = None  # `config.Limits.filter_limits()`
     max_depth: int | None = None
+    reconnecting: bool = False  # the upstream is down and being reconnected: an attach waits for it
     replicas: bool = False  # `[replicas]`: a queue may be owned by another replica
     splicing: bool = False  # ... and this connection may be spliced to it (`replicas.splice`, its first link)
 
@@ -124,6 +125,12 @@ class Refuse:
     reason: str | None = None  # the refusal's metric label, when not its condition's
     operation: str | None = None  # a permission refused: the operation and the address the client used
     address: str | None = None
+
+
+@dataclass(frozen=True)
+class AwaitUpstream:
+    """The upstream is reconnecting: the attach waits for it (`resume.Resumption.await_attach`), at most
+    `upstream.answer_timeout`, then is planned again."""
 
 
 @dataclass(frozen=True)
@@ -177,11 +184,22 @@ def _refused(context: Context, user: str | None, operation: str, address: str | 
                                            operation=operation, address=address)
 
 
-def _not_connected(context: Context) -> Refuse:
+def _rewritten(context: Context, user: str | None, operation: str, address: str | None, route: Any) -> Refuse | None:
+    """An address rule that rewrites the client's address: the address it reaches must be granted too,
+    so a rewrite never widens what the client may do.  A virtual address is the operator's narrowed
+    view (its filter is always ANDed in): the client's grant on it is enough."""
+    if route is None or route.virtual or route.upstream == address:
+        return None
+    return _refused(context, user, operation, route.upstream)
+
+
+def _not_connected(context: Context) -> Refuse | AwaitUpstream:
+    if context.reconnecting:
+        return AwaitUpstream()
     return Refuse("amqp:connection:forced", f"upstream {context.upstream_name} is not connected; retry later")
 
 
-def plan_receiver(request: ReceiverRequest, context: Context) -> Refuse | LookUpKept | Splice | Serve:
+def plan_receiver(request: ReceiverRequest, context: Context) -> Refuse | AwaitUpstream | LookUpKept | Splice | Serve:
     traits = context.traits
     raw = request.filter
     if raw is not None and not isinstance(raw, dict):
@@ -206,6 +224,8 @@ def plan_receiver(request: ReceiverRequest, context: Context) -> Refuse | LookUp
     if not request.peer and not request.null:  # (a null source names a subscription of the user's own)
         refused = _refused(context, request.user, BROWSE if browse else CONSUME,
                            address if not request.dynamic or address else None)
+        if refused is None:
+            refused = _rewritten(context, request.user, BROWSE if browse else CONSUME, address, route)
         if refused is None and request.durable and decision.subscription and not request.dynamic:
             refused = _refused(context, request.user, DURABLE, address)
         if refused is not None:
@@ -232,7 +252,7 @@ def plan_receiver(request: ReceiverRequest, context: Context) -> Refuse | LookUp
     return Serve(route, routed, fs, wanted, decision, browse, owned, rule_type)
 
 
-def plan_sender(request: SenderRequest, context: Context) -> Refuse | Relay | DynamicTarget | Splice | Publish:
+def plan_sender(request: SenderRequest, context: Context) -> Refuse | AwaitUpstream | Relay | DynamicTarget | Splice | Publish:
     if request.coordinator:
         return Refuse("amqp:not-implemented", "transactions are not supported")
     address = request.address
@@ -247,11 +267,12 @@ def plan_sender(request: SenderRequest, context: Context) -> Refuse | Relay | Dy
         return DynamicTarget()
     if address is None:
         return Relay() if context.upstream_up else _not_connected(context)
+    route = context.route(address)
     if not request.peer:
-        refused = _refused(context, request.user, SEND, address)
+        refused = _refused(context, request.user, SEND, address) or _rewritten(context, request.user, SEND, address,
+                                                                                  route)
         if refused is not None:
             return refused
-    route = context.route(address)
     routed = route.upstream if route is not None else address
     rule_type = route.routing_type if route is not None else ""
     caps = sharing.upstream_capabilities(request.capabilities, rule_type)

@@ -75,6 +75,9 @@ class Receivers:
         if isinstance(decided, plan.Refuse):
             self.server._refuse_planned(link, conn, decided)
             return
+        if isinstance(decided, plan.AwaitUpstream):
+            self.server.resumption.await_attach(link, conn, self.attach)
+            return
         if isinstance(decided, plan.LookUpKept):
             # Qpid JMS's unsubscribe (a null source, the subscription's link name): the durable
             # subscription the proxy keeps under that name, if any.

@@ -229,6 +229,10 @@ class RemoteConsumer(_RemoteLink):
         if self.order is None:
             self.order = SettlementOrder()
 
+    def filter_counts(self) -> None:
+        """(The broker's own filter counts are not known: only the embedded broker reports them.)"""
+        return None
+
     def probe(self, answer: Callable[[int | None], None]) -> bool | None:
         """Ask how many messages the queue has ready: a drain without credit, which RabbitMQ 4
         answers with a flow carrying `available` (read from the frame trace, like an attach reply's

@@ -16,9 +16,7 @@ def live_outlets(server) -> list[tuple[str | None, Outlet]]:
     """(address, outlet) of every client link a feed serves, their filter counts up to date."""
     out = []
     for b in list(server.feeds.values()):
-        count = getattr(b.feed, "count_filters", None)
-        if count is not None:
-            count()
+        b.feed.count_filters()
         out.extend((b.spec.address, o) for o in b.feed.outlets)
     return out
 
@@ -26,8 +24,8 @@ def live_outlets(server) -> list[tuple[str | None, Outlet]]:
 def in_process_counts(binding: Any) -> tuple[int, int] | None:
     """(evaluations, matches) of the filters `binding` pushed down to an in-process upstream
     (the embedded broker evaluates them as the proxy's own), or None."""
-    counts = getattr(binding.consumer, "filter_counts", None)
-    return counts() if counts is not None and binding.spec.filters else None
+    consumer = binding.consumer
+    return consumer.filter_counts() if consumer is not None and binding.spec.filters else None
 
 
 def filter_stats(server, top: int) -> tuple[dict, list]:
@@ -49,9 +47,7 @@ def links_report(server, limit: int = introspect.LINKS_LIMIT) -> dict:
     truncated = False
     seen = set()
     for b in list(server.feeds.values()):
-        count = getattr(b.feed, "count_filters", None)
-        if count is not None:
-            count()
+        b.feed.count_filters()
         mode = b.key[0]
         feed = {"kind": {"fanout": "shared subscription", "named": "shared named subscription"}.get(
                     mode, "queue" if mode == "queue" and not b.feed.subscription else "own subscription"),
@@ -86,10 +82,10 @@ def _link_record(server, o: Outlet, b: Any, feed: dict, now: float) -> dict:
     conn = connection_state(link.connection) if link is not None else None
     fs = state_of(link).fs
     local = {id(e) for e in getattr(o.filter, "entries", ())}
-    pushed = "embedded broker" if getattr(b.consumer, "filter_counts", None) is not None else "upstream"
+    pushed = "embedded broker" if b.upstream.traits.in_process else "upstream"
     filters = [{"key": str(e.key), "kind": e.kind, "text": e.filter.description,
                 "evaluated": "here" if id(e) in local else pushed}
-               for e in getattr(fs, "entries", ())]
+               for e in (fs.entries if fs is not None else ())]
     evaluated, matched = o.evaluated, o.matched
     counts = in_process_counts(b)
     if counts is not None and not local and len(b.feed.outlets) <= 1:

@@ -23,7 +23,7 @@ from typing import Any
 from ..amqp import CodecError, decode_message, set_message_annotation
 from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..engine._cproton import lib
-from ..engine.endpoints import LOCAL_CLOSED, Terminus
+from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, Terminus
 from ..filters import ORIGIN_ANNOTATION
 from . import management, plan, sharing
 from .forwarding import RELEASED, Outcome
@@ -84,13 +84,14 @@ def open_inlet(server: Any, link: Any, conn: ClientConnection, address: str, cap
     attach is answered when the publisher is ready (`Inlet.on_publisher_ready`)."""
     inlet = Inlet(server, link, address, conn, server.metrics.address(address) if server.metrics is not None else None)
     inlet.dynamic = dynamic
+    inlet.caps, inlet.durable = caps, link.remote_target.durability
     link_state(link).inlet = inlet
     if server.max_message_size:
         link.set_max_message_size(server.max_message_size)  # advertised in the attach reply
     conn.links.add(link)
     conn.producers.add(link)
     server._route_link(link, inlet.on_transfer)
-    inlet.publisher = server.upstream.open_publisher(address, inlet, caps, durable=link.remote_target.durability)
+    inlet.reopen()
 
 
 def open_relay(server: Any, link: Any, conn: ClientConnection) -> None:
@@ -112,7 +113,7 @@ class Inlet:
     """A client sending link and its upstream publisher."""
 
     __slots__ = ("server", "link", "ptr", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters",
-                 "oversize", "origin", "dynamic")
+                 "oversize", "origin", "dynamic", "in_flight", "caps", "durable")
 
     def __init__(self, server: Any, link, address: str, conn: ClientConnection, counters: Any = None):
         self.server = server
@@ -127,13 +128,18 @@ class Inlet:
         self.unsettled = 0
         self.oversize: set = set()  # partial deliveries already over the size limit (pointers)
         self.dynamic: str | None = None  # the node made for a dynamic target (gone with the link)
+        self.in_flight: set = set()  # client deliveries sent upstream, not settled there yet (pointers)
+        self.caps: tuple = ()  # the upstream target's capabilities and durability (`reopen`)
+        self.durable: Any = None
         # the message-annotations section a message without any gets: the origin annotation alone
         self.origin = encode_section(MESSAGE_ANNOTATIONS, {ORIGIN_ANNOTATION: conn.id})
 
     # PublisherHandler
     def on_publisher_ready(self, publisher) -> None:
         self.ready = True
-        if not self.closed:
+        if not self.closed and self.link.local_state == LOCAL_ACTIVE:  # (resumed: answered long ago)
+            self.top_up()
+        elif not self.closed:
             link = self.link
             if self.dynamic is not None:  # the node made for it (gone with the link)
                 link.set_target(dataclasses.replace(link.remote_target, address=self.dynamic, dynamic=True))
@@ -150,17 +156,36 @@ class Inlet:
         if self.closed:
             return
         err = error or ErrorInfo("amqp:link:detach-forced", "upstream detached")
+        if (err.transient and self.ready and self.dynamic is None and not self.server.stopping
+                and self.server.replicas is None):
+            self._suspend()
+            return
         self.closed = True
         if not self.ready:
             self.link.set_target(Terminus(null=True))
             self.link.open()
-        loop = getattr(getattr(publisher, "upstream", None), "loop", None)
+        loop = self.server.upstream.loop
         if err.condition == "amqp:resource-deleted" and loop is not None:
             # (the broker removed the node, maybe by a management call of this client's, whose
             # answer the client must see first, as directly: see management.py, Order)
             management.after_calls(self.link.connection, lambda: self._detach(err), loop.call_later)
         else:
             self._detach(err)
+
+    def _suspend(self) -> None:
+        """The upstream connection went (`resume`): what was in flight is released (the client sends it
+        again: at least once), the link stays attached, and a publisher is opened again when the
+        upstream is back (`reopen`)."""
+        self.publisher = None
+        self.ready = False
+        in_flight, self.in_flight = self.in_flight, set()
+        self.unsettled = 0
+        for dlv in in_flight:
+            settle_with(dlv, RELEASED)
+        self.server.resumption.suspend_inlet(self)
+
+    def reopen(self) -> None:
+        self.publisher = self.server.upstream.open_publisher(self.address, self, self.caps, durable=self.durable)
 
     def _detach(self, err: ErrorInfo) -> None:
         if self.link.local_state != LOCAL_CLOSED:
@@ -189,8 +214,12 @@ class Inlet:
             self.publisher.send(data, lambda outcome, address=self.address: server.registry.poke(address))
         else:
             self.unsettled += 1
+            self.in_flight.add(dlv)
 
             def settled(outcome: Outcome, dlv=dlv, inlet=self) -> None:
+                if dlv not in inlet.in_flight:
+                    return  # (released already: its upstream connection went, `_suspend`)
+                inlet.in_flight.discard(dlv)
                 inlet.unsettled -= 1
                 if outcome.kind == "accepted":
                     server.registry.poke(inlet.address)

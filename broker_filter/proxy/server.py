@@ -52,6 +52,7 @@ from .records import ClientConnection, connection_state, link_state, links_of, s
 from .quotas import Quotas, Unfinished
 from .refusal import close_link, refuse_link
 from .rehoming import Rehoming
+from .resume import Resumption
 from .replicas import PROPERTY as REPLICA_PROPERTY
 from .routing import Routing, vhost_asked
 from .sender import RELAY_CAPABILITY
@@ -107,6 +108,7 @@ class ProxyServer(Handler):
         self.receivers = Receivers(self)  # the client's receiving links: attach, placement, outcomes, credit
         self.durable = DurableSubscriptions(self)  # JMS durable subscriptions the daemon keeps
         self.rehoming = Rehoming(self)  # queue links served through their queue's owner (`[replicas]`)
+        self.resumption = Resumption(self)  # links waiting for a lost upstream connection to come back
         self.feeds = self.registry.feeds  # (the same dict, for the reports)
         self.connections: dict[str, ClientConnection] = {}
         self.quotas = Quotas(config.limits)  # connections and links per user and source address
@@ -153,6 +155,7 @@ class ProxyServer(Handler):
         self._was_up = True
         self.upstream_up = True
         self.registry.forget_recyclers()
+        self.resumption.upstream_up()
 
     def on_upstream_down(self, upstream, error: ErrorInfo) -> None:
         self.upstream_up = False
@@ -164,7 +167,11 @@ class ProxyServer(Handler):
                     c.connection.close(Condition("amqp:connection:forced",
                                                  f"upstream {self.upstream.name} is not connected"))
         for b in list(self.registry.feeds.values()):
-            if b.via is None:  # a feed consuming through a queue's owner does not use this upstream
+            if b.via is not None:  # a feed consuming through a queue's owner does not use this upstream
+                continue
+            if self.resumption.resumable(b):
+                self.resumption.suspend_feed(b)
+            else:
                 self.registry.fail_feed(b, error)
 
     # ---------------------------------------------------------------- connections
@@ -224,6 +231,10 @@ class ProxyServer(Handler):
             # what this replica delivered on it and was not settled goes back (custody), not held
             # for a replica cut off
             conn.set_idle_timeout(self.replicas.heartbeat)
+        elif self.config.limits.idle_timeout:
+            # announced in the open frame: a client that sends nothing, not even a heartbeat, for
+            # this long has its connection closed, and its place freed
+            conn.set_idle_timeout(self.config.limits.idle_timeout)
         self.connections[cid] = state
         conn.open(container_id=self.instance, properties=_identity(self.upstream), offered_capabilities=_OFFERED)
 
@@ -360,21 +371,22 @@ class ProxyServer(Handler):
             return container
         return f"{container}@{conn.user or 'anonymous'}"
 
-    def _manage_check(self, conn: ClientConnection) -> Callable[[list | None, str], str | None]:
-        """What a `/management` request of `conn`'s needs: `manage` on every node it names (with no
-        settings, every request passes)."""
+    def _manage_check(self, conn: ClientConnection) -> Callable[[Any, str], str | None]:
+        """What a `/management` request of `conn`'s needs (`authorization.management_checks`: the
+        (operation, address) pairs it must be allowed; None for one RabbitMQ would refuse as
+        malformed); with no settings, every request passes."""
 
-        def check(addresses: list | None, request: str) -> str | None:
+        def check(needed: Any, request: str) -> str | None:
             if self.permissions is plan.OPEN:
                 return None
-            if addresses is None:
+            if needed is None:
                 why = f"{request}: not a request the daemon can check permissions for"
                 self.audit(conn, plan.MANAGE, None, why)
                 return why
-            for address in addresses:
-                why = self.permissions.refusal(conn.user, plan.MANAGE, address)
+            for operation, address in needed:
+                why = self.permissions.refusal(conn.user, operation, address)
                 if why is not None:
-                    self.audit(conn, plan.MANAGE, address, why)
+                    self.audit(conn, operation, address, why)
                     return why
             return None
 
@@ -432,6 +444,8 @@ class ProxyServer(Handler):
         limits = self.config.limits
         return plan.Context(traits=self.upstream.traits, upstream_name=self.upstream.name,
                             upstream_up=self.upstream_up, route=self._route, routing_type=self.upstream.routing_type,
+                            reconnecting=(not self.upstream_up and self._was_up and not self.stopping
+                                          and self.replicas is None),
                             permissions=self.permissions, dialect=self.dialect, filter_limits=limits.filter_limits(),
                             max_depth=limits.nesting_depth, replicas=self.replicas is not None,
                             splicing=self._splicing(conn))
@@ -486,6 +500,9 @@ class ProxyServer(Handler):
             decided = plan.plan_sender(request, dataclasses.replace(context, splicing=False))
         if isinstance(decided, plan.Refuse):
             self._refuse_planned(link, conn, decided)
+            return
+        if isinstance(decided, plan.AwaitUpstream):
+            self.resumption.await_attach(link, conn, self._attach_inlet)
             return
         if isinstance(decided, plan.Relay):
             sender.open_relay(self, link, conn)

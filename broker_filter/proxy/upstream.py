@@ -246,6 +246,16 @@ class Consumer(Protocol):
         undeliverable_here keeps it from this consumer); an upstream that cannot apply modified
         as asked (RabbitMQ 3.10 ends the session) degrades it to `released`."""
 
+    def probe(self, answer: Callable[[int | None], None]) -> bool | None:
+        """Ask how many messages the queue has ready (`search.QueueSearch.look`); None: never asked here."""
+
+    def settle_in_order(self) -> None:
+        """Every delivery is decided within the feed's window: settle in delivery order (merged dispositions)."""
+
+    def filter_counts(self) -> tuple[int, int] | None:
+        """(evaluations, matches) of the filters the upstream evaluates for this consumer, when it knows them
+        (the embedded broker), else None."""
+
     def close(self, closed: bool | None = None) -> None:
         """Detach.  Deliveries not yet settled go back to the source for other consumers.
         `closed`: True when the client closed its link (a durable subscription ends), False when it

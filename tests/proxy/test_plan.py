@@ -123,17 +123,21 @@ def test_a_refusal_names_the_operation_and_the_address():
     assert decided.description == "user bob may not consume alice.q"
 
 
-def test_permissions_are_checked_on_the_address_the_client_used():
-    """An address rule rewrites `alice.in` to `shared`: the grant on `alice.*` decides, and what is
-    served is the rewritten address."""
+def test_an_address_rule_never_widens_what_is_granted():
+    """An address rule rewrites `alice.in` to `shared`: served only if both are granted (alice may
+    consume `alice.*`, not `shared`); a rule to a granted address serves."""
     from broker_filter.config import AddressRule, Config
 
-    routing = Routing.from_config(dataclasses.replace(
-        Config(), address_rules=(AddressRule(pattern="alice.in", upstream="shared"),)))
-    ctx = context(permissions=Table(), route=routing.route)
-    served = plan.plan_receiver(receiver("alice.in", user="alice"), ctx)
-    assert isinstance(served, plan.Serve) and served.routed == "shared"
-    assert isinstance(plan.plan_receiver(receiver("shared", user="alice"), ctx), plan.Refuse)
+    def ctx(upstream: str):
+        routing = Routing.from_config(dataclasses.replace(
+            Config(), address_rules=(AddressRule(pattern="alice.in", upstream=upstream),)))
+        return context(permissions=Table(), route=routing.route)
+
+    refused = plan.plan_receiver(receiver("alice.in", user="alice"), ctx("shared"))
+    assert isinstance(refused, plan.Refuse) and refused.address == "shared"
+    assert isinstance(plan.plan_sender(sender("alice.in", user="alice"), ctx("shared")), plan.Refuse)
+    served = plan.plan_receiver(receiver("alice.in", user="alice"), ctx("alice.queue"))
+    assert isinstance(served, plan.Serve) and served.routed == "alice.queue"
 
 
 def test_the_relay_checks_each_message():
