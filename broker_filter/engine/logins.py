@@ -185,6 +185,7 @@ class LoginGate:
         self.failures_log = RateLimitedLog(log, policy.log_rate, loop.clock, loop.call_later, "login failures")
         self.logins_log = RateLimitedLog(log, policy.log_rate * 10, loop.clock, loop.call_later, "logins")
         self._sweep_at = 0.0
+        self._pump_at: float | None = None  # when a timer pumps again (queued checks of delayed addresses)
 
     # --------------------------------------------------------------------------------------------
     # the listener's side
@@ -284,13 +285,21 @@ class LoginGate:
         self._pump()
 
     def _pump(self) -> None:
+        now = self.loop.clock()
         while self.running < self.concurrency and self._queues:
+            later = None
             for host, queue in self._queues.items():  # round-robin over the addresses
                 address = self._addresses[host]
-                if address.running < self.per_address_running:
+                if address.not_before > now:  # failed meanwhile: its queued checks wait out the delay too
+                    later = address.not_before if later is None else min(later, address.not_before)
+                elif address.running < self.per_address_running:
                     break
             else:
-                return  # every waiting address runs as many checks as it may
+                # every waiting address runs as many checks as it may, or waits out its delay
+                if later is not None and (self._pump_at is None or later < self._pump_at):
+                    self._pump_at = later
+                    self.loop.call_later(later - now, self._pump_later)
+                return
             ticket = queue.popleft()
             if queue:
                 self._queues.move_to_end(host)
@@ -301,6 +310,10 @@ class LoginGate:
             address.running += 1
             ticket.state = "running"
             self._run(ticket)
+
+    def _pump_later(self) -> None:
+        self._pump_at = None
+        self._pump()
 
     def _run(self, ticket: Ticket) -> None:
         verify, loop = self.verify, self.loop
