@@ -158,14 +158,25 @@ class App:
         port = self.config.metrics.port
         if port and self.worker is not None:  # one exporter per worker: the configured port + its index
             port += self.worker
+        settings = self.config.metrics
         try:
             from .proxy.introspect import LinksEndpoint
 
-            self.metrics.links = LinksEndpoint(self.container.loop.call_soon_threadsafe, self._links_report)
-            self.exporter = serve_http(self.metrics, self.health, self.config.metrics.host, port)
+            self.metrics.links = LinksEndpoint(self.container.loop.call_soon_threadsafe,
+                                               lambda: self._links_report(settings.links_limit))
+            self.exporter = serve_http(self.metrics, self.health, settings.host, port, settings)
         except OSError as e:
-            raise StartError(f"metrics.listen: cannot listen on {self.config.metrics.host}:{port}: "
-                             f"{e.strerror or e}") from None
+            from .config import DEFAULT_METRICS_LISTEN
+
+            if settings.listen != DEFAULT_METRICS_LISTEN:
+                raise StartError(f"metrics.listen: cannot listen on {settings.host}:{port}: "
+                                 f"{e.strerror or e}") from None
+            # The default (loopback) address: another daemon on this host may hold it.  Serve without.
+            log.warning("metrics.listen: cannot listen on %s:%s (the default): %s; serving without the metrics "
+                        "and health endpoints (set metrics.listen to choose an address, or empty to say none)",
+                        settings.host, port, e.strerror or e)
+            self.metrics.links = None
+            return
         self.loop.call_later(1.0, self._publish_snapshot)
 
     def _install_reload(self) -> None:
@@ -201,14 +212,18 @@ class App:
             return [self.server]
         return [passthrough.default] + [t.server for t in list(passthrough._tenants.values())]
 
-    def _links_report(self) -> dict:
-        """`GET /links`: every server's links (made on the loop's thread)."""
+    def _links_report(self, limit: int | None = None) -> dict:
+        """`GET /links`: every server's links, at most `limit` (made on the loop's thread)."""
         from .proxy.introspect import LINKS_LIMIT
 
+        limit = LINKS_LIMIT if limit is None else min(limit, LINKS_LIMIT)
         links: list = []
         truncated = False
         for server in self._servers():
-            report = reports.links_report(server, LINKS_LIMIT - len(links))
+            if len(links) >= limit:
+                truncated = True
+                break
+            report = reports.links_report(server, limit - len(links))
             links += report["links"]
             truncated = truncated or report["truncated"]
         return {"instance": self.instance, "upstream": self.server.upstream.name,

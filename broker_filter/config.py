@@ -42,9 +42,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .authorization import ARTEMIS_PERMISSIONS, ANONYMOUS_USER, OPERATIONS, PatternError, Permissions, pattern_node
-from .security import PasswordHashError, normalize_subject, parse_password_hash, redact_text, redact_url
+from .security import (INTERMEDIATE_CIPHERS, INTERMEDIATE_GROUPS, TLS_VERSIONS, PasswordHashError, TlsSettingError,
+                       normalize_subject, parse_password_hash, redact_text, redact_url)
 
 ENV_PREFIX = "BROKER_FILTER_"
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 CONFIG_ENV = "BROKER_FILTER_CONFIG"
 # Variables the daemon once read and no longer does: set, they stop it with the reason rather than
 # being ignored.
@@ -124,6 +126,17 @@ class ListenerTLS:
     key_password: str = setting("", "password of an encrypted `key_file`", kind="str", secret=True)
     ca_file: str = setting("", "PEM CA certificates that client certificates must chain to", kind="str")
     verify_client: bool = setting(False, "require a client certificate signed by `ca_file`", kind="bool")
+    crl_file: str = setting(
+        "", "PEM certificate revocation list(s) of `ca_file`'s CAs: a revoked client certificate is refused "
+        "(with a CRL, every client certificate's issuer needs one in this file)", kind="str")
+    min_version: str = setting("TLSv1.2", "oldest TLS version accepted", kind="str", choices=tuple(TLS_VERSIONS))
+    ciphers: str = setting(
+        INTERMEDIATE_CIPHERS,
+        "TLS 1.2 cipher suites, in OpenSSL's cipher-list syntax (TLS 1.3 suites are OpenSSL's defaults); the "
+        "default is Mozilla's intermediate profile: ECDHE with AES-GCM or CHACHA20-POLY1305",
+        kind="str", shown_default="Mozilla intermediate (ECDHE+AESGCM, ECDHE+CHACHA20)")
+    groups: tuple[str, ...] = setting(
+        INTERMEDIATE_GROUPS, "key exchange groups (curves) offered, OpenSSL names", kind="list")
 
     @property
     def enabled(self) -> bool:
@@ -262,7 +275,10 @@ class Upstream:
         kind="list",
     )
     user: str = setting("", "SASL PLAIN user for URLs without one", kind="str")
-    password: str = setting("", "password of `user`", kind="str", secret=True)
+    password: str = setting(
+        "", "password of `user` (better from the environment, `BROKER_FILTER_UPSTREAM_PASSWORD`, or "
+        "`password_file`, than in a URL on the command line)", kind="str", secret=True)
+    password_file: str = setting("", "file holding `password` (its first line), instead of `password`", kind="str")
     credentials: str = setting(
         "configured",
         "`configured`: the proxy's own credentials (URL or user/password, else ANONYMOUS); "
@@ -435,8 +451,35 @@ class Limits:
 class Metrics:
     listen: str = setting(
         "",
-        "`HOST:PORT` of the HTTP exporter (`/metrics`, `/healthz`, `/readyz`, `/links`); empty: off",
+        "`HOST:PORT` of the HTTP exporter (`/metrics`, `/healthz`, `/readyz`, `/links`); `:PORT` binds loopback "
+        "(127.0.0.1); empty (the default): off, and the per-message path pays nothing for metrics",
         kind="hostport",
+    )
+    token: str = setting(
+        "",
+        "bearer token `/links` asks for (`Authorization: Bearer TOKEN`); only a request with it sees filter "
+        "texts.  Without one, `/links` answers on a loopback listener only, filter texts hidden",
+        kind="str", secret=True,
+    )
+    token_file: str = setting("", "file holding `token` (its first line), instead of `token`", kind="str")
+    links_interval: float = setting(
+        1.0, "seconds one `/links` report is served before the daemon's loop makes the next, whoever asks",
+        kind="float", minimum=0,
+    )
+    links_limit: int = setting(1000, "links in one `/links` report (then `truncated`)", kind="int", minimum=1)
+    http_threads: int = setting(
+        8, "requests the HTTP exporter answers at once (one thread each); more wait", kind="int", minimum=1,
+        maximum=256,
+    )
+    request_timeout: float = setting(
+        5.0, "seconds a client of the HTTP exporter has to send its request, and to take the answer; then the "
+        "connection is dropped", kind="float", minimum=0.1,
+    )
+    filter_text_in_labels: bool = setting(
+        False,
+        "show the start of each filter's text in `broker_filter_costliest_filter_info` (anyone who scrapes "
+        "sees it); false: its kind and hash only",
+        kind="bool",
     )
     costliest_filters: int = setting(
         10,
@@ -722,10 +765,12 @@ def _convert(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
             if not 0 <= value <= 65535:
                 raise ConfigError(key, f"must be a port number 0-65535, got {value}{origin}")
             return value
-        minimum = meta.get("minimum")
+        minimum, maximum = meta.get("minimum"), meta.get("maximum")
         if minimum is not None and value < minimum:
             word = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
             raise ConfigError(key, f"must be {word}, got {value}{origin}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(key, f"must be <= {maximum:g}, got {value}{origin}")
         return value
     if kind == "float":
         if isinstance(value, _Text):
@@ -774,6 +819,8 @@ def _convert(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
             raise ConfigError(key, f"must be a HOST:PORT string{got}")
         if not value.strip():
             return ""
+        if key == "metrics.listen" and value.strip().startswith(":"):
+            value = "127.0.0.1" + value.strip()  # (a bare port: the metrics listener binds loopback)
         try:
             host, port = split_hostport(value)
         except ValueError as e:
@@ -1018,8 +1065,13 @@ def _check(config: Config) -> None:
                           "certificate is refused")
     if listener.login.max_delay < listener.login.delay:
         raise ConfigError("listener.login.max_delay", "must be >= listener.login.delay")
-    for name in ("cert_file", "key_file", "ca_file"):
+    for name in ("cert_file", "key_file", "ca_file", "crl_file"):
         _check_file(f"listener.tls.{name}", getattr(tls, name))
+    if tls.crl_file and not tls.verify_client:
+        raise ConfigError("listener.tls.crl_file", "needs listener.tls.verify_client = true (it is checked against "
+                          "client certificates)")
+    if tls.enabled:
+        _check_tls(tls, "listener.tls")
     upstream = config.upstream
     if upstream.credentials == "pass-through" and "PLAIN" not in listener.sasl_mechanisms:
         raise ConfigError("upstream.credentials", "pass-through needs PLAIN in listener.sasl_mechanisms")
@@ -1060,6 +1112,7 @@ def _check(config: Config) -> None:
     if config.journal.enabled:
         _check_extra("journal.enabled", "journal", "pyarrow")
     _check_replicas(config)
+    _check_metrics(config.metrics)
     _check_security(config)
     for name, virtual in config.virtual_addresses.items():
         if not name:
@@ -1117,6 +1170,9 @@ def _check_replicas(config: Config) -> None:
 def _check_replicas_with(config: Config) -> None:
     """What replicas cannot be combined with."""
     replicas = config.replicas
+    if config.listener.tls.enabled:
+        raise ConfigError("replicas.peers", "the replicas reach each other's AMQP listener without TLS, and "
+                          "listener.tls turns it on: they could not connect")
     if not config.upstream.urls:
         raise ConfigError("replicas.peers", "replicas need an upstream broker (upstream.urls): the embedded "
                           "broker's queues live in one process")
@@ -1135,6 +1191,29 @@ def _check_replicas_with(config: Config) -> None:
                           "to each other with it)")
 
 
+def _check_tls(tls: Any, prefix: str) -> None:
+    """The TLS settings OpenSSL must accept (`ciphers`, `groups`), tried on a context of their own."""
+    import ssl
+
+    from .security import harden
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        harden(context, tls)
+    except TlsSettingError as e:
+        raise ConfigError(f"{prefix}.{e.key}", e.reason) from None
+    if tls.crl_file:
+        try:
+            context.load_verify_locations(tls.crl_file)
+        except (ssl.SSLError, OSError):
+            raise ConfigError(f"{prefix}.crl_file", f"{tls.crl_file} holds no PEM certificate revocation list") from None
+
+
+def _check_metrics(metrics: Metrics) -> None:
+    if metrics.token and not re.fullmatch(r"[\x21-\x7e]+", metrics.token):
+        raise ConfigError("metrics.token", "must be printable ASCII without spaces (it is sent in an HTTP header)")
+
+
 def _check_extra(key: str, extra: str, module: str) -> None:
     """The setting needs `module`, which the package's `[extra]` brings (found without importing it)."""
     if importlib.util.find_spec(module) is None:
@@ -1147,17 +1226,24 @@ def _check_file(key: str, path: str) -> None:
         raise ConfigError(key, f"file not found: {path}")
 
 
+_URL_HINT = "(in a user name or password, @ : / ? # and % are written percent-encoded: %40 %3A %2F %3F %23 %25)"
+
+
 def _check_url(key: str, url: str) -> None:
+    # The messages are ours, never the parser's: its text may quote a piece of the password.
     shown = redact_url(url)
     try:
         parts = urlsplit(url)
+    except ValueError:
+        raise ConfigError(key, f"is not a URL amqp[s]://[user:pass@]host[:port]: {shown} {_URL_HINT}") from None
+    try:
         port = parts.port
-    except ValueError as e:
-        raise ConfigError(key, f"invalid URL {shown}: {redact_url(str(e))}") from None
+    except ValueError:
+        raise ConfigError(key, f"port must be a number 1-65535: {shown} {_URL_HINT}") from None
     if parts.scheme not in ("amqp", "amqps"):
         raise ConfigError(key, f"must be an amqp:// or amqps:// URL, got {shown}")
     if not parts.hostname:
-        raise ConfigError(key, f"has no host: {shown}")
+        raise ConfigError(key, f"has no host: {shown} {_URL_HINT}")
     if port == 0:
         raise ConfigError(key, f"port must be 1-65535: {shown}")
 
@@ -1222,8 +1308,74 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] = os
     if args is not None:
         _apply_flags(raw, args, leaves)
     config = _build_section(Config, raw, "")
+    config = _read_secret_files(config)
     _check(config)
     return config
+
+
+def _read_secret_files(config: Config) -> Config:
+    """`metrics.token_file` and `upstream.password_file` read into `metrics.token`, `upstream.password`."""
+    metrics, upstream = config.metrics, config.upstream
+    if metrics.token_file:
+        token = _read_secret("metrics.token_file", metrics.token_file, "metrics.token", metrics.token)
+        config = dataclasses.replace(config, metrics=dataclasses.replace(metrics, token=token))
+    if upstream.password_file:
+        password = _read_secret("upstream.password_file", upstream.password_file, "upstream.password",
+                                upstream.password)
+        config = dataclasses.replace(config, upstream=dataclasses.replace(upstream, password=password))
+    return config
+
+
+def _read_secret(key: str, path: str, other: str, given: str) -> str:
+    """The first line of the file `path` (its line end dropped); never shown in a message."""
+    if given:
+        raise ConfigError(key, f"and {other} are both set: set one of them")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.readline(64 * 1024)
+    except FileNotFoundError:
+        raise ConfigError(key, f"file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(key, f"{path} is not UTF-8 text") from None
+    secret = text.rstrip("\r\n")
+    if not secret:
+        raise ConfigError(key, f"{path} is empty (the secret is its first line)")
+    return secret
+
+
+_SECRET_KEYS = ("listener.tls.key_password", "listener.users", "upstream.password", "replicas.password",
+                "metrics.token")
+
+
+def file_warnings(path: str | None) -> list[str]:
+    """Warnings about the configuration file itself: readable by others (group or world) while it holds
+    a secret (a password, a key's password, a token, password hashes, a URL with a password)."""
+    if not path:
+        return []
+    try:
+        mode = os.stat(path).st_mode
+        raw = read_file(path)
+    except (OSError, ConfigError):
+        return []
+    if not mode & 0o077:
+        return []
+    held = []
+    for key in _SECRET_KEYS:
+        node: Any = raw
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node:
+            held.append(key)
+    urls = raw.get("upstream", {}).get("urls") if isinstance(raw.get("upstream"), Mapping) else None
+    if isinstance(urls, list) and any(isinstance(u, str) and redact_url(u) != u for u in urls):
+        held.append("upstream.urls (a password)")
+    if not held:
+        return []
+    return [f"the configuration file {path} is readable by others (mode {mode & 0o777:o}) and holds secrets "
+            f"({', '.join(held)}): make it readable by its owner only (chmod 600), or move the secrets to "
+            "files of their own (upstream.password_file, metrics.token_file) or the environment"]
 
 
 def _apply_flags(raw: dict, args: argparse.Namespace, leaves: Mapping[str, Any]) -> None:
@@ -1332,6 +1484,8 @@ def load_for_cli(args: argparse.Namespace, environ: Mapping[str, str] = os.envir
     except ConfigError as e:
         print(f"broker-filter: config error: {e}", file=stderr or sys.stderr)
         raise SystemExit(ConfigError.exit_code) from None
+    for warning in file_warnings(getattr(args, "config", None) or environ.get(CONFIG_ENV)):
+        print(f"broker-filter: warning: {warning}", file=stderr or sys.stderr)
     if getattr(args, "print_config", False):
         print(json.dumps(config.to_dict(), indent=2))
         raise SystemExit(0)

@@ -615,8 +615,10 @@ class RemoteUpstream(Handler, UpstreamBase):
         address = endpoint.spec.address if isinstance(endpoint, RemoteConsumer) else endpoint.address
         reason = (f"upstream {self.name} did not answer the {what} of link {link} (address {address}) "
                   f"within {self.answer_timeout:g} s")
+        # (not transient: this link is what the broker left unanswered, so it is refused, not resumed;
+        # the other links of the connection are closed transiently by the reconnect, and resumed)
         endpoint._closed_by_upstream(ErrorInfo(
-            "amqp:link:detach-forced", f"{reason}; the daemon reconnects to it: attach again", transient=True))
+            "amqp:link:detach-forced", f"{reason}; the daemon reconnects to it: attach again", transient=False))
         self._reconnect_stuck(reason)
 
     def _arm_abandoned(self) -> None:

@@ -197,7 +197,7 @@ class Inlet:
         data = read(self, dlv)
         if data is None:
             return
-        if self.closed or self.publisher is None:
+        if self.closed or not self.ready:  # (its publisher went with the upstream connection: `_suspend`)
             settle_with(dlv, RELEASED)
             return
         try:

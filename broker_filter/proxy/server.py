@@ -41,11 +41,13 @@ from ..engine._cproton import lib
 from ..engine.container import Typed
 from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Condition, Connection, Delivery, Handler, Link, Session
 from ..engine.splice import splice_target
+from .. import logs
 from ..security import SaslClientExchange, identity_of
 from . import introspect, plan, sender
 from .durable import DurableSubscriptions
 from .feeds import FeedRegistry
 from .grants import Granted
+from .lifecycle import event_ids
 from .management import ManagementPair, is_management, refusal
 from .receiver import FILTER_CAPABILITIES, Receivers
 from .records import ClientConnection, connection_state, link_state, links_of, state_of
@@ -137,6 +139,13 @@ class ProxyServer(Handler):
                                                        functools.partial(self._typed_failed, link)))
 
     def _typed_failed(self, link) -> None:
+        """A delivery on a routed link raised (the per-message path runs outside the handlers' log
+        context): logged with the link's connection and name, then that link alone is closed."""
+        token = logs.enter(event_ids, link)
+        try:
+            log.exception("handling a delivery failed")
+        finally:
+            logs.leave(token)
         self._drop_link(link)
         close_link(link, "amqp:internal-error", "proxy failure on this link; see the proxy log")
 

@@ -12,12 +12,11 @@ import time
 import uuid
 
 import pytest
-from proton import Delivery, Message
+from proton import Message
 from proton.reactor import Selector
-from proton.utils import SendException
 
 from amqp_relay import Relay
-from clients import connect, link_name
+from clients import connect, link_name, send_at_least_once
 from launcher import Daemon
 
 pytestmark = pytest.mark.rabbitmq
@@ -100,19 +99,11 @@ def test_a_producer_stays_attached_across_a_cut(relayed):
         snd = c.create_sender(q, name=link_name())
         sent = 0
         before = connected_times(relayed)
-        released = 0
         for n in range(20):
             if n == 10:
                 relayed.relay.cut()
-            while True:  # an at-least-once producer sends a released message again
-                try:
-                    snd.send(Message(body=n, properties={"n": n}), timeout=20)
-                    sent += 1
-                    break
-                except SendException as e:
-                    assert e.state == Delivery.RELEASED, e.state
-                    released += 1
-                    time.sleep(0.05)  # (the daemon reconnects in the background: a short pause between tries)
+            send_at_least_once(snd, Message(body=n, properties={"n": n}))  # (again if released)
+            sent += 1
         wait_reconnected(relayed, before)
         rcv = c.create_receiver(q, name=link_name(), credit=40)
         got = receive_all(rcv, set(range(20)))
