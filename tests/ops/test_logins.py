@@ -462,3 +462,85 @@ def test_pass_through_refuses_clients_without_a_password(rabbitmq, pki):
     finally:
         d.stop()
     assert "Traceback" not in d.log()
+
+
+def _frame(code: int, fields: list, frame_type: int = 0) -> bytes:
+    from broker_filter.amqp import encode
+    from broker_filter.amqp import types as t
+
+    body = encode(t.Described(t.ulong(code), fields))
+    return (8 + len(body)).to_bytes(4, "big") + bytes((2, frame_type, 0, 0)) + body
+
+
+def test_pass_through_serves_nothing_pipelined_behind_a_refused_open():
+    """ANONYMOUS, then open, begin and a sender's attach in one write: the open is refused with
+    amqp:unauthorized-access, and neither the session nor the link reaches any server (the default
+    one, whose account is the proxy's, least of all)."""
+    from broker_filter.amqp import decode
+    from broker_filter.amqp import types as t
+    from broker_filter.proxy.passthrough import PassThrough
+    from broker_filter.security import AMQP_HEADER, SASL_HEADER
+
+    class Recording(Server):
+        def __init__(self):
+            super().__init__()
+            self.events = []
+
+        def on_session_open(self, session):
+            self.events.append("session")
+
+        def on_link_open(self, link):
+            self.events.append("link")
+            super().on_link_open(link)
+
+    default = Recording()
+    counted = []
+    container = EngineContainer("logins-test")
+    passthrough = PassThrough(default, lambda *a: (_ for _ in ()).throw(AssertionError("no tenant")),
+                              lambda upstream, listener: None, lambda d, fn: container.loop.call_later(d, fn),
+                              on_login_failure=counted.append)
+    listener = listener_config("listener.allow_anonymous=true", "upstream.urls=amqp://127.0.0.1:1",
+                               "upstream.credentials=pass-through")
+    listening = listen(container, listener, passthrough, passthrough=lambda user, password: False)
+    thread = threading.Thread(target=container.run, daemon=True)
+    thread.start()
+    try:
+        attach = ["pipelined", t.uint(0), False, None, None,
+                  t.Described(t.ulong(0x28), [None]), t.Described(t.ulong(0x29), ["/topic/pipelined"]),
+                  None, None, t.uint(0)]
+        stream = (SASL_HEADER + _frame(0x41, [t.symbol("ANONYMOUS"), b""], 1) + AMQP_HEADER
+                  + _frame(0x10, ["raw-client"]) + _frame(0x11, [None, t.uint(0), t.uint(100), t.uint(100)])
+                  + _frame(0x12, attach))
+        received = b""
+        with socket.create_connection(("127.0.0.1", listening.port), timeout=10) as sock:
+            sock.sendall(stream)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+                if b"amqp:unauthorized-access" in received:
+                    break
+        assert b"amqp:unauthorized-access" in received
+        start = received.index(AMQP_HEADER) + 8
+        performatives = []
+        while start < len(received):
+            size = int.from_bytes(received[start:start + 4], "big")
+            if size == 0 or start + size > len(received):
+                break
+            body = received[start + 4 * received[start + 4]:start + size]
+            if body:
+                performatives.append(int(decode(body, 0)[0].descriptor))
+            start += size
+        assert performatives[:1] == [0x10] and 0x18 in performatives, performatives  # open, close
+        assert 0x11 not in performatives and 0x12 not in performatives  # no begin, no attach answered
+        wait_until(lambda: counted == ["no-upstream-account"])
+        assert default.events == [] and default.identities == []
+    finally:
+        def stop():
+            listening.close()
+            container.stop()
+
+        container.loop.call_soon_threadsafe(stop)
+        thread.join(20)
