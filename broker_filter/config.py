@@ -282,7 +282,8 @@ class Upstream:
     credentials: str = setting(
         "configured",
         "`configured`: the proxy's own credentials (URL or user/password, else ANONYMOUS); "
-        "`pass-through`: each client's PLAIN credentials open its own upstream connection",
+        "`pass-through`: each client's PLAIN credentials open its own upstream connection (a client without a "
+        "password, ANONYMOUS or EXTERNAL, is refused with amqp:unauthorized-access)",
         kind="str",
         choices=("configured", "pass-through"),
     )
