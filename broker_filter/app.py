@@ -135,7 +135,8 @@ class App:
 
             self.passthrough = PassThrough(self.server, self._tenant_server,
                                            lambda upstream, listener: upstream.start(self.loop, listener),
-                                           self.loop.call_later, abort=self.container.abort)
+                                           self.loop.call_later, abort=self.container.abort,
+                                           on_login_failure=self.metrics.login_failed if self.metrics else None)
             handler = self.passthrough
             from .engine.container import UpstreamLogin  # one more connection of the loop
 
@@ -147,6 +148,8 @@ class App:
                                           max_connections=self.config.limits.connections,
                                           handshake_timeout=self.config.limits.handshake_timeout,
                                           on_refused=self._refused,
+                                          on_login_failure=self.metrics.login_failed if self.metrics else None,
+                                          known_users=tuple(self.config.security.roles),
                                           keep_first_input=SPLICE_INPUT if self.config.replicas.splice else 0)
         except OSError as e:
             raise StartError(f"listener: cannot listen on {host}:{self.config.listener.port}: "

@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 from .authorization import ARTEMIS_PERMISSIONS, ANONYMOUS_USER, OPERATIONS, PatternError, Permissions, pattern_node
 from .security import (INTERMEDIATE_CIPHERS, INTERMEDIATE_GROUPS, TLS_VERSIONS, PasswordHashError, TlsSettingError,
-                       parse_password_hash, redact_text, redact_url)
+                       normalize_subject, parse_password_hash, redact_text, redact_url)
 
 ENV_PREFIX = "BROKER_FILTER_"
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
@@ -144,6 +144,44 @@ class ListenerTLS:
 
 
 @dataclass(frozen=True)
+class ListenerLogin:
+    workers: int = setting(
+        2,
+        "threads that check PLAIN passwords (scrypt / PBKDF2 run there, never on the event loop)",
+        kind="int", minimum=1, maximum=64,
+    )
+    queue: int = setting(
+        32,
+        "password checks waiting for a thread, over every source address; a login beyond it is refused at "
+        "once (SASL sys-temp, counted as `queue-full`)",
+        kind="int", minimum=1,
+    )
+    per_address: int = setting(
+        8,
+        "logins of one source address waiting for their check (delayed or queued); one beyond it is refused "
+        "at once (SASL sys-temp, counted as `throttled`)",
+        kind="int", minimum=1,
+    )
+    delay: float = setting(
+        0.1,
+        "seconds a failed login delays the next check of its source address; doubled with each further "
+        "failure (other addresses are not delayed)",
+        kind="float", minimum=0,
+    )
+    max_delay: float = setting(5.0, "the longest such delay (seconds)", kind="float", minimum=0)
+    forget: float = setting(
+        60.0, "seconds without a failed login after which a source address's failures are forgotten",
+        kind="float", minimum=0.001,
+    )
+    log_rate: int = setting(
+        10,
+        "log lines a second about failed, refused and abandoned logins (successful ones: ten times that); "
+        "the number left out is logged with the next line",
+        kind="int", minimum=1,
+    )
+
+
+@dataclass(frozen=True)
 class Listener:
     host: str = setting("127.0.0.1", "interface the AMQP listener binds (`0.0.0.0` or `::` for all)", kind="str")
     port: int = setting(5672, "AMQP listener port (0: any free port)", kind="port")
@@ -165,6 +203,14 @@ class Listener:
         secret=True,
         shown_default="{}",
     )
+    certificate_users: Mapping[str, str] = setting(
+        lambda: MappingProxyType({}),
+        "EXTERNAL: client certificate -> user, `\"CN=app,O=Acme\" = \"alice\"` (a whole subject) or "
+        "`app = \"alice\"` (a common name); a certificate not listed is the user named by its CN when that "
+        "is a configured user (`users`, `security.roles` or a value here), else refused",
+        kind="table",
+        shown_default="{}",
+    )
     workers: int = setting(
         1,
         "worker processes serving this listener on one port (`SO_REUSEPORT`, Linux), each a daemon of its "
@@ -173,6 +219,7 @@ class Listener:
         minimum=1,
     )
     tls: ListenerTLS = section(ListenerTLS, "TLS on the client listener")
+    login: ListenerLogin = section(ListenerLogin, "PLAIN checks: throttle per source address, queue, threads")
 
     @property
     def is_loopback(self) -> bool:
@@ -235,7 +282,8 @@ class Upstream:
     credentials: str = setting(
         "configured",
         "`configured`: the proxy's own credentials (URL or user/password, else ANONYMOUS); "
-        "`pass-through`: each client's PLAIN credentials open its own upstream connection",
+        "`pass-through`: each client's PLAIN credentials open its own upstream connection (a client without a "
+        "password, ANONYMOUS or EXTERNAL, is refused with amqp:unauthorized-access)",
         kind="str",
         choices=("configured", "pass-through"),
     )
@@ -338,12 +386,12 @@ class Limits:
     links_per_connection: int = setting(256, "links one client connection may attach", kind="int", minimum=1)
     connections: int = setting(1024, "client connections accepted at once", kind="int", minimum=1)
     connections_per_user: int = setting(
-        256, "client connections one user (its login; ANONYMOUS clients are one user) may have at once; "
+        0, "client connections one user (its login; ANONYMOUS clients are one user) may have at once; "
         "beyond, refused with amqp:resource-limit-exceeded (0: no limit)", kind="int", minimum=0)
     connections_per_address: int = setting(
-        256, "client connections one source address may have at once (0: no limit)", kind="int", minimum=0)
+        0, "client connections one source address may have at once (0: no limit)", kind="int", minimum=0)
     links_per_user: int = setting(
-        4096, "links one user may have attached over all its connections (0: no limit)", kind="int", minimum=0)
+        0, "links one user may have attached over all its connections (0: no limit)", kind="int", minimum=0)
     unfinished_bytes: int = setting(
         64 * 1024 * 1024,
         "bytes of messages a client connection may have in transfer, not yet complete, over all its links; "
@@ -895,6 +943,25 @@ def _build_virtual(raw: Any, key: str) -> Mapping[str, VirtualAddress]:
     return MappingProxyType(out)
 
 
+def _build_certificate_users(raw: Any, key: str) -> Mapping[str, str]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key, "must be a table of `\"CN=name,O=org\" = \"user\"` or `name = \"user\"`")
+    out = {}
+    for name, user in raw.items():
+        here = f"{key}.{name}"
+        if not str(name).strip():
+            raise ConfigError(key, "a certificate subject or common name must not be empty")
+        if not isinstance(user, str) or not user:
+            raise ConfigError(here, "must be a user name (a non-empty string)")
+        if "=" in str(name):
+            try:
+                normalize_subject(str(name))
+            except ValueError as e:
+                raise ConfigError(here, f"is not a certificate subject: {e}") from None
+        out[str(name)] = user
+    return MappingProxyType(out)
+
+
 def _role_list(value: Any, key: str) -> tuple[str, ...]:
     """A list of role names, or Artemis's comma-separated string (`"admin, guest"`)."""
     if isinstance(value, str):
@@ -949,6 +1016,7 @@ def _build_security_settings(raw: Any, key: str) -> tuple[SecuritySetting, ...]:
 
 _TABLE_BUILDERS: dict[tuple[type, str], Callable[[Any, str], Any]] = {
     (Listener, "users"): _build_users,
+    (Listener, "certificate_users"): _build_certificate_users,
     (Config, "address_rules"): _build_rules,
     (Config, "virtual_addresses"): _build_virtual,
     (Security, "roles"): _build_roles,
@@ -991,6 +1059,13 @@ def _check(config: Config) -> None:
         raise ConfigError("listener.tls.ca_file", "is required with listener.tls.verify_client")
     if "EXTERNAL" in listener.sasl_mechanisms and not tls.verify_client:
         raise ConfigError("listener.sasl_mechanisms", "EXTERNAL needs listener.tls.verify_client = true")
+    external_users = listener.users or listener.certificate_users or config.security.roles
+    if "EXTERNAL" in listener.sasl_mechanisms and not external_users:
+        raise ConfigError("listener.certificate_users", "EXTERNAL maps a client certificate to a configured user: "
+                          "list them here (or name them in listener.users or security.roles); with none, every "
+                          "certificate is refused")
+    if listener.login.max_delay < listener.login.delay:
+        raise ConfigError("listener.login.max_delay", "must be >= listener.login.delay")
     for name in ("cert_file", "key_file", "ca_file", "crl_file"):
         _check_file(f"listener.tls.{name}", getattr(tls, name))
     if tls.crl_file and not tls.verify_client:
@@ -1007,7 +1082,7 @@ def _check(config: Config) -> None:
         listener.anonymous_allowed
         or ("PLAIN" in listener.sasl_mechanisms and (listener.users or upstream.credentials == "pass-through"
                                                      or (config.replicas.enabled and config.replicas.user)))
-        or "EXTERNAL" in listener.sasl_mechanisms
+        or ("EXTERNAL" in listener.sasl_mechanisms and external_users)
     )
     if not can_authenticate:
         if "ANONYMOUS" not in listener.sasl_mechanisms:

@@ -61,7 +61,19 @@ REFUSAL_REASONS = frozenset(
     }
 )
 CONNECTION_REFUSALS = frozenset({"limit", "unauthorized", "tls", "shutdown", "handshake-timeout",
-                                 "out-of-descriptors", "vhost"})
+                                 "out-of-descriptors", "vhost", "login-busy"})
+LOGIN_FAILURES = frozenset(
+    {
+        "wrong-credentials",  # PLAIN: wrong user name or password (or the upstream refused them: pass-through)
+        "unknown-certificate",  # EXTERNAL: a certificate that maps to no configured user
+        "mechanism",  # a SASL mechanism not offered
+        "malformed",  # a SASL exchange that breaks the protocol
+        "throttled",  # refused at once: too many logins of the source address wait (listener.login.per_address)
+        "queue-full",  # refused at once: the check queue is full (listener.login.queue)
+        "abandoned",  # the client hung up while its login was checked
+        "no-upstream-account",  # pass-through: a client without a password (ANONYMOUS, EXTERNAL) refused
+    }
+)
 
 
 def bounded(value: str, allowed: frozenset[str]) -> str:
@@ -179,6 +191,13 @@ class Metrics:
             "broker_filter_authentication_failures", "Failed SASL authentications, by mechanism", ["mechanism"],
             registry=r,
         )
+        self.login_failures = Counter(
+            "broker_filter_login_failures",
+            "Client logins that failed, were refused for now (throttled, queue-full) or abandoned mid-check, "
+            "by reason",
+            ["reason"],
+            registry=r,
+        )
         self.messages_received = Counter(
             "broker_filter_messages_received", "Messages received from upstream, by address", ["address"], registry=r
         )
@@ -285,6 +304,9 @@ class Metrics:
 
     def refuse_connection(self, reason: str) -> None:
         self.connections_refused.labels(bounded(reason, CONNECTION_REFUSALS)).inc()
+
+    def login_failed(self, reason: str) -> None:
+        self.login_failures.labels(bounded(reason, LOGIN_FAILURES)).inc()
 
     def authentication_failed(self, mechanism: str) -> None:
         known = frozenset({"ANONYMOUS", "PLAIN", "EXTERNAL"})

@@ -33,7 +33,8 @@ SCRYPT_P = 1
 PBKDF2_ITERATIONS = 600_000
 _SALT_BYTES = 16
 _KEY_BYTES = 32
-# scrypt needs 128 * r * n bytes; hashlib's default cap (32 MiB) is just too small for ln=15, r=8.
+# scrypt needs 128 * r * n bytes; hashlib's default cap (32 MiB) is just too small for ln=15, r=8
+# (a costlier stored hash raises the cap to what it needs: 2**ln * 1 KiB at r=8).
 _SCRYPT_MAXMEM = 64 * 1024 * 1024
 
 REDACTED = "***"
@@ -41,13 +42,16 @@ REDACTED = "***"
 
 @dataclass(frozen=True)
 class Identity:
-    """Who a client connection authenticated as."""
+    """Who a client connection authenticated as.  `user` is the configured user: PLAIN's user name as
+    verified (or as the upstream accepted it, pass-through), the user an EXTERNAL certificate maps to
+    (`CertificateUsers`; `subject` is the certificate's), `anonymous` for ANONYMOUS."""
 
     user: str | None
     mechanism: str  # PLAIN, ANONYMOUS, EXTERNAL, "" (no SASL)
     password: str | None = field(default=None, repr=False)  # pass-through only
     tls: bool = False  # TLS terminated by the daemon (proton's own acceptor does not report it)
     peer: str = ""  # "host:port" of the client
+    subject: str | None = None  # EXTERNAL: the client certificate's subject that `user` was mapped from
 
 
 ANONYMOUS = Identity("anonymous", "ANONYMOUS")
@@ -195,13 +199,18 @@ class PasswordHash:
                 n=1 << self.params["ln"],
                 r=self.params["r"],
                 p=self.params["p"],
-                maxmem=_SCRYPT_MAXMEM,
+                maxmem=max(_SCRYPT_MAXMEM, _scrypt_memory(self.params) + (1 << 20)),
                 dklen=len(self.digest),
             )
         return hashlib.pbkdf2_hmac("sha256", data, self.salt, self.params["i"], dklen=len(self.digest))
 
     def verify(self, password: str) -> bool:
         return hmac.compare_digest(self.compute(password), self.digest)
+
+
+def _scrypt_memory(params: Mapping[str, int]) -> int:
+    """Bytes scrypt needs (OpenSSL's count: 128 * r * (N + 2 + p))."""
+    return 128 * params["r"] * ((1 << params["ln"]) + 2 + params["p"])
 
 
 def _b64encode(data: bytes) -> str:
@@ -214,25 +223,41 @@ def _b64decode(text: str) -> bytes:
     return base64.b64decode(text + "=" * (-len(text) % 4))
 
 
-def hash_password(password: str, *, algorithm: str = "scrypt", salt: bytes | None = None) -> str:
-    """A new PHC-style hash of `password` with a random salt."""
-    salt = secrets.token_bytes(_SALT_BYTES) if salt is None else salt
-    if algorithm == "scrypt":
-        params = {"ln": SCRYPT_LOG2_N, "r": SCRYPT_R, "p": SCRYPT_P}
-        head = f"$scrypt$ln={SCRYPT_LOG2_N},r={SCRYPT_R},p={SCRYPT_P}"
-    elif algorithm == "pbkdf2-sha256":
-        params = {"i": PBKDF2_ITERATIONS}
-        head = f"$pbkdf2-sha256$i={PBKDF2_ITERATIONS}"
-    else:
-        raise ValueError(f"unknown password hash algorithm {algorithm!r} (scrypt or pbkdf2-sha256)")
-    digest = PasswordHash(algorithm, params, salt, b"\0" * _KEY_BYTES).compute(password)
-    return f"{head}${_b64encode(salt)}${_b64encode(digest)}"
-
-
 _LIMITS = {
     "scrypt": {"ln": (10, 22), "r": (1, 32), "p": (1, 16)},
     "pbkdf2-sha256": {"i": (10_000, 10_000_000)},
 }
+# The cost parameter of each algorithm (`hash-password --cost`): scrypt's log2 N, PBKDF2's iterations.
+COST_PARAMETER = {"scrypt": "ln", "pbkdf2-sha256": "i"}
+DEFAULT_COST = {"scrypt": SCRYPT_LOG2_N, "pbkdf2-sha256": PBKDF2_ITERATIONS}
+
+
+def check_cost(algorithm: str, cost: int) -> int:
+    """`cost` if it is within the range a stored hash of `algorithm` may have, else ValueError saying the range."""
+    if algorithm not in COST_PARAMETER:
+        raise ValueError(f"unknown password hash algorithm {algorithm!r} (scrypt or pbkdf2-sha256)")
+    name = COST_PARAMETER[algorithm]
+    low, high = _LIMITS[algorithm][name]
+    if not low <= cost <= high:
+        what = "log2 of N" if algorithm == "scrypt" else "iterations"
+        raise ValueError(f"{algorithm} cost ({what}) must be within {low}..{high}, not {cost}")
+    return cost
+
+
+def hash_password(password: str, *, algorithm: str = "scrypt", salt: bytes | None = None,
+                  cost: int | None = None) -> str:
+    """A new PHC-style hash of `password` with a random salt.  `cost`: scrypt's log2 N (default 15) or
+    PBKDF2's iterations (default 600,000); verification reads it from the stored hash."""
+    salt = secrets.token_bytes(_SALT_BYTES) if salt is None else salt
+    cost = check_cost(algorithm, DEFAULT_COST.get(algorithm, 0) if cost is None else cost)
+    if algorithm == "scrypt":
+        params = {"ln": cost, "r": SCRYPT_R, "p": SCRYPT_P}
+        head = f"$scrypt$ln={cost},r={SCRYPT_R},p={SCRYPT_P}"
+    else:
+        params = {"i": cost}
+        head = f"$pbkdf2-sha256$i={cost}"
+    digest = PasswordHash(algorithm, params, salt, b"\0" * _KEY_BYTES).compute(password)
+    return f"{head}${_b64encode(salt)}${_b64encode(digest)}"
 
 
 def parse_password_hash(text: str) -> PasswordHash:
@@ -269,8 +294,8 @@ def parse_password_hash(text: str) -> PasswordHash:
 class UserDatabase:
     """The PLAIN user database: user name -> password hash, verified in constant time.
 
-    Unknown users cost the same work as known ones (verification runs against a dummy hash), so timing
-    does not reveal which names exist.  Hashing is deliberately slow (tens of milliseconds); successful
+    Unknown users cost the same work as known ones (verification runs against a dummy hash of the
+    costliest stored hash's algorithm and cost), so timing does not reveal which names exist.  Hashing is deliberately slow (tens of milliseconds); successful
     verifications are remembered under a keyed digest of (user, password) so a client that reconnects
     often does not pay it each time.  The remembered digests are keyed by a per-process random key and
     never leave memory.
@@ -278,7 +303,7 @@ class UserDatabase:
 
     def __init__(self, users: Mapping[str, str] | None = None, *, cache_size: int = 1024):
         self._users = {name: parse_password_hash(h) for name, h in (users or {}).items()}
-        self._dummy = parse_password_hash(hash_password(secrets.token_hex(16)))
+        self._dummy = _dummy_like(self._users.values())
         self._key = secrets.token_bytes(32)
         self._verified: OrderedDict[bytes, None] = OrderedDict()
         self._cache_size = cache_size
@@ -294,9 +319,24 @@ class UserDatabase:
     def users(self) -> frozenset[str]:
         return frozenset(self._users)
 
+    def _token(self, user: str, password: str) -> bytes:
+        return hmac.new(self._key, f"{user}\0{password}".encode("utf-8", "surrogatepass"), "sha256").digest()
+
+    def remembered(self, user: str, password: str) -> bool:
+        """Whether (user, password) verified recently: a keyed digest, microseconds, no hashing (the
+        listener answers such logins at once, without queueing a check)."""
+        if user not in self._users or self._cache_size <= 0:
+            return False
+        token = self._token(user, password)
+        with self._lock:
+            if token in self._verified:
+                self._verified.move_to_end(token)
+                return True
+        return False
+
     def authenticate(self, user: str, password: str) -> bool:
         stored = self._users.get(user)
-        token = hmac.new(self._key, f"{user}\0{password}".encode("utf-8", "surrogatepass"), "sha256").digest()
+        token = self._token(user, password)
         if stored is not None:
             with self._lock:
                 if token in self._verified:
@@ -309,6 +349,22 @@ class UserDatabase:
                 while len(self._verified) > self._cache_size:
                     self._verified.popitem(last=False)
         return ok
+
+
+def _cost_rank(stored: PasswordHash) -> tuple:
+    if stored.algorithm == "scrypt":
+        return (1, (1 << stored.params["ln"]) * stored.params["r"] * stored.params["p"])
+    return (0, stored.params["i"])
+
+
+def _dummy_like(stored: Any) -> PasswordHash:
+    """A hash of a random password with the algorithm and cost of the costliest of `stored` (scrypt's
+    default without any): what an unknown user's password is checked against."""
+    costliest = max(stored, key=_cost_rank, default=None)
+    if costliest is None:
+        return parse_password_hash(hash_password(secrets.token_hex(16)))
+    return PasswordHash(costliest.algorithm, costliest.params, secrets.token_bytes(_SALT_BYTES),
+                        secrets.token_bytes(len(costliest.digest)))
 
 
 def redact_url(url: str) -> str:
@@ -355,6 +411,81 @@ def certificate_subject(cert: Any) -> str | None:
     return ",".join(parts) or None
 
 
+# OpenSSL's long attribute names (as `getpeercert()` gives them) -> the short ones of RFC 4514
+_SHORT_NAMES = {
+    "commonname": "CN", "organizationname": "O", "organizationalunitname": "OU", "countryname": "C",
+    "localityname": "L", "stateorprovincename": "ST", "streetaddress": "STREET", "domaincomponent": "DC",
+    "userid": "UID", "emailaddress": "emailAddress", "serialnumber": "serialNumber",
+}
+
+
+def _short(key: str) -> str:
+    key = key.strip()
+    short = _SHORT_NAMES.get(key.lower())
+    if short is not None:
+        return short
+    upper = key.upper()
+    return upper if upper in {v.upper() for v in _SHORT_NAMES.values()} and upper != "EMAILADDRESS" else key
+
+
+def _subject_pairs(cert: Any) -> list[tuple[str, str]]:
+    return [(_short(key), str(value)) for rdn in (cert or {}).get("subject", ()) for key, value in rdn]
+
+
+def normalize_subject(text: str) -> str:
+    """A subject as `CN=client-1,O=Acme` (short attribute names, no spaces around `,` and `=`), from
+    `CN=client-1, O=Acme`, `commonName=client-1,...` or OpenSSL's `/O=Acme/CN=client-1`.  Values with
+    an escaped `,` are not supported."""
+    text = text.strip()
+    items = text.strip("/").split("/") if text.startswith("/") else text.split(",")
+    pairs = []
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"{item.strip()!r} is not an attribute such as CN=name")
+        pairs.append(f"{_short(key)}={value.strip()}")
+    return ",".join(pairs)
+
+
+class CertificateUsers:
+    """SASL EXTERNAL: which configured user a verified client certificate is.
+
+    `mapping` (`[listener.certificate_users]`): a key with `=` is a whole subject (`CN=app,O=Acme`,
+    in the certificate's order or the reverse, RFC 4514's), a key without is a common name; the value
+    is the user name.  A certificate whose subject or CN is not a key is the user named by its CN
+    when that is a configured user (`users`, or a value of `mapping`).  Anything else maps to no
+    user, and its EXTERNAL login is refused."""
+
+    def __init__(self, mapping: Mapping[str, str] | None = None, users: Any = ()):
+        self._subjects: dict[str, str] = {}
+        self._names: dict[str, str] = {}
+        for key, user in (mapping or {}).items():
+            if "=" in key:
+                self._subjects[normalize_subject(key)] = user
+            else:
+                self._names[key.strip()] = user
+        self.users = frozenset(users) | frozenset((mapping or {}).values())
+
+    def __call__(self, cert: Any) -> tuple[str | None, str | None]:
+        """(the certificate's subject as `CN=...,O=...`, the user it maps to or None); (None, None)
+        without a certificate."""
+        pairs = _subject_pairs(cert)
+        if not pairs:
+            return None, None
+        subject = ",".join(f"{k}={v}" for k, v in pairs)
+        backwards = ",".join(f"{k}={v}" for k, v in reversed(pairs))
+        for form in (subject, backwards):
+            if form in self._subjects:
+                return subject, self._subjects[form]
+        common = [v for k, v in pairs if k == "CN"]
+        cn = common[-1] if common else None
+        if cn is not None and cn in self._names:
+            return subject, self._names[cn]
+        if cn is not None and cn in self.users:
+            return subject, cn
+        return subject, None
+
+
 # --------------------------------------------------------------------------------------------------
 # SASL server (sans-I/O)
 #
@@ -380,9 +511,14 @@ class SaslOutcome:
     user: str | None = None
     password: str | None = None  # the client's PLAIN password, for pass-through only; never logged
     reason: str = ""  # why it failed, for the log (never the password)
+    # what kind of failure, for the metric: wrong-credentials, unknown-certificate, mechanism, malformed,
+    # queue-full, throttled
+    category: str = ""
+    subject: str | None = None  # EXTERNAL: the certificate subject `user` was mapped from
 
     def __repr__(self) -> str:
-        return f"SaslOutcome(ok={self.ok}, mechanism={self.mechanism!r}, user={self.user!r}, reason={self.reason!r})"
+        return (f"SaslOutcome(ok={self.ok}, mechanism={self.mechanism!r}, user={self.user!r}, "
+                f"reason={self.reason!r}, category={self.category!r})")
 
 
 class _SaslExchange:
@@ -410,6 +546,9 @@ class SaslServer(_SaslExchange):
     `verify(user, password)` checks PLAIN credentials: True / False, or None to decide later (e.g.
     pass-through, which first opens an upstream connection with them) and call `resolve(ok)`.
     `allow_skip`: a client that sends the plain AMQP header without SASL is let in as anonymous.
+    EXTERNAL is offered when the client presented a certificate (`external_subject`) or an identity
+    for it is given; `external_identity` is the user it maps to (None: it maps to no user, and an
+    EXTERNAL login is refused).
     """
 
     def __init__(
@@ -420,11 +559,13 @@ class SaslServer(_SaslExchange):
         allow_skip: bool = False,
         external_identity: str | None = None,
         keep_password: bool = False,
+        external_subject: str | None = None,
     ):
-        self.mechanisms = tuple(m for m in mechanisms if m != "EXTERNAL" or external_identity)
+        self.mechanisms = tuple(m for m in mechanisms if m != "EXTERNAL" or external_identity or external_subject)
         self._verify = verify
         self._allow_skip = allow_skip
         self._external = external_identity
+        self._subject = external_subject
         self._keep_password = keep_password
         self._buffer = bytearray()
         self._out = bytearray()
@@ -437,6 +578,11 @@ class SaslServer(_SaslExchange):
     def pending(self) -> bool:
         """Waiting for `resolve()`."""
         return self._state == "pending"
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken (what a client sent behind its sasl-init while it waits)."""
+        return len(self._buffer)
 
     def data_to_send(self) -> bytes:
         out = bytes(self._out)
@@ -452,10 +598,11 @@ class SaslServer(_SaslExchange):
         try:
             self._advance()
         except (ValueError, IndexError, TypeError, struct_error) as e:
-            self._fail(f"malformed SASL frame: {type(e).__name__}", SASL_SYS_PERM)
+            self._fail("malformed SASL frame", SASL_SYS_PERM, category="malformed")
 
-    def resolve(self, ok: bool, reason: str = "") -> None:
-        """Finish a PLAIN exchange whose `verify` answered None."""
+    def resolve(self, ok: bool, reason: str = "", *, temporary: bool = False, category: str = "") -> None:
+        """Finish a PLAIN exchange whose `verify` answered None.  `temporary`: refused for now (the
+        checks are busy), SASL's sys-temp outcome instead of auth."""
         if self._state != "pending" or self._pending is None:
             raise RuntimeError("no SASL verification pending")
         pending = self._pending
@@ -463,7 +610,8 @@ class SaslServer(_SaslExchange):
         if ok:
             self._succeed(pending)
         else:
-            self._fail(reason or "authentication failed", SASL_AUTH, pending.mechanism, pending.user)
+            self._fail(reason or "authentication failed", SASL_SYS_TEMP if temporary else SASL_AUTH,
+                       pending.mechanism, pending.user, category=category or "wrong-credentials")
         if self.done:
             self._advance_leftover()
 
@@ -501,7 +649,7 @@ class SaslServer(_SaslExchange):
     def _reject_header(self) -> None:
         # Spec: answer a header we do not speak with the one we do, then close.
         self._out += SASL_HEADER
-        self.outcome = SaslOutcome(False, "", reason="client did not start SASL")
+        self.outcome = SaslOutcome(False, "", reason="client did not start SASL", category="malformed")
         self._state = "failed"
 
     def _take_frame(self) -> bytes | None:
@@ -518,24 +666,29 @@ class SaslServer(_SaslExchange):
         fields += [None] * (3 - len(fields))
         mechanism, response = str(fields[0] or ""), fields[1]
         if mechanism not in self.mechanisms:
-            self._fail(f"mechanism {mechanism[:40]!r} not offered", SASL_AUTH, mechanism)
+            self._fail(f"mechanism {mechanism[:40]!r} not offered", SASL_AUTH, mechanism, category="mechanism")
             return
         if mechanism == "ANONYMOUS":
             self._succeed(SaslOutcome(True, mechanism, "anonymous"))
         elif mechanism == "EXTERNAL":
-            self._succeed(SaslOutcome(True, mechanism, self._external))
+            if self._external is None:
+                self._fail(f"the client certificate {self._subject} maps to no configured user", SASL_AUTH,
+                           mechanism, category="unknown-certificate", subject=self._subject)
+                return
+            self._succeed(SaslOutcome(True, mechanism, self._external, subject=self._subject))
         else:  # PLAIN: [authzid] NUL authcid NUL passwd (RFC 4616)
             parts = bytes(response or b"").split(b"\0")
             if len(parts) != 3:
-                self._fail("malformed PLAIN response", SASL_AUTH, mechanism)
+                self._fail("malformed PLAIN response", SASL_AUTH, mechanism, category="malformed")
                 return
             try:
                 authzid, user, password = (p.decode("utf-8") for p in parts)
             except UnicodeDecodeError:
-                self._fail("PLAIN response is not UTF-8", SASL_AUTH, mechanism)
+                self._fail("PLAIN response is not UTF-8", SASL_AUTH, mechanism, category="malformed")
                 return
             if authzid and authzid != user:
-                self._fail("authorization identity differs from the user", SASL_AUTH, mechanism, user)
+                self._fail("authorization identity differs from the user", SASL_AUTH, mechanism, user,
+                           category="malformed")
                 return
             verdict = self._verify(user, password) if self._verify is not None else False
             kept = password if self._keep_password else None
@@ -545,16 +698,17 @@ class SaslServer(_SaslExchange):
             elif verdict:
                 self._succeed(SaslOutcome(True, mechanism, user, kept))
             else:
-                self._fail("wrong user name or password", SASL_AUTH, mechanism, user)
+                self._fail("wrong user name or password", SASL_AUTH, mechanism, user, category="wrong-credentials")
 
     def _succeed(self, outcome: SaslOutcome) -> None:
         self._out += _sasl_frame(0x44, [_ubyte(SASL_OK)])
         self.outcome = outcome
         self._state = "done"
 
-    def _fail(self, reason: str, code: int, mechanism: str = "", user: str | None = None) -> None:
+    def _fail(self, reason: str, code: int, mechanism: str = "", user: str | None = None, *,
+              category: str = "", subject: str | None = None) -> None:
         self._out += _sasl_frame(0x44, [_ubyte(code)])
-        self.outcome = SaslOutcome(False, mechanism, user, reason=reason)
+        self.outcome = SaslOutcome(False, mechanism, user, reason=reason, category=category, subject=subject)
         self._state = "failed"
 
 

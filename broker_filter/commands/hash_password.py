@@ -17,12 +17,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--algorithm", choices=("scrypt", "pbkdf2-sha256"), default="scrypt", help="hash function (default scrypt)"
     )
+    p.add_argument(
+        "--cost", type=int, default=None, metavar="N",
+        help="work factor: scrypt's log2 of N (default 15, 10..22: each step doubles the time and memory) or "
+        "PBKDF2's iterations (default 600000, 10000..10000000); the daemon reads it from the stored hash",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..security import hash_password
+    from ..security import check_cost, hash_password
 
+    if args.cost is not None:
+        try:
+            check_cost(args.algorithm, args.cost)
+        except ValueError as e:
+            print(f"broker-filter: --cost: {e}", file=sys.stderr)
+            return 2
     if sys.stdin.isatty():
         password = getpass.getpass("password: ")
         if getpass.getpass("again: ") != password:
@@ -33,5 +44,5 @@ def run(args: argparse.Namespace) -> int:
     if not password:
         print("broker-filter: empty password refused", file=sys.stderr)
         return 2
-    print(hash_password(password, algorithm=args.algorithm))
+    print(hash_password(password, algorithm=args.algorithm, cost=args.cost))
     return 0

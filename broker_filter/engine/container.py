@@ -28,8 +28,9 @@ from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
 from ..amqp import types as t
-from ..security import UserDatabase, server_ssl_context
+from ..security import CertificateUsers, UserDatabase, server_ssl_context
 from .endpoints import Condition, Connection, Handler, Link, SaslClient
+from .logins import LoginPolicy
 from .loop import EventLoop, Limits
 from .streams import ServerSasl, Verify
 
@@ -214,13 +215,15 @@ def _symbol_keys(properties: dict | None) -> dict | None:
 
 
 class EngineListening:
-    """`listener.Listening` for the engine: `port`, `stop_accepting()`, `close()`."""
+    """`listener.Listening` for the engine: `port`, `stop_accepting()`, `close()`; `logins` the
+    listener's login gate."""
 
     front_end = True
 
     def __init__(self, listener: Any):
         self._listener = listener
         self.port = listener.port
+        self.logins = listener.logins
 
     def stop_accepting(self) -> None:
         self._listener.close()
@@ -231,20 +234,29 @@ class EngineListening:
 
 def listen(container: EngineContainer, listener: Any, handler: Any, *, passthrough: Verify | None = None,
            max_connections: int = 0, handshake_timeout: float = 10.0,
-           on_refused: Callable[[str, str], None] | None = None, keep_first_input: int = 0) -> EngineListening:
-    """`listener.listen` on the engine: `[listener]` SASL (PLAIN users, pass-through, EXTERNAL, the
-    anonymous policy) and TLS, client connections dispatched to the engine `handler`; a connection
-    that has not opened AMQP `handshake_timeout` seconds after accept is closed and counted."""
+           on_refused: Callable[[str, str], None] | None = None, keep_first_input: int = 0,
+           on_login_failure: Callable[[str], None] | None = None, known_users: Any = ()) -> EngineListening:
+    """`listener.listen` on the engine: `[listener]` SASL (PLAIN users, pass-through, EXTERNAL with
+    `listener.certificate_users`, the anonymous policy), `[listener.login]` (the PLAIN checks' throttle
+    and queue) and TLS, client connections dispatched to the engine `handler`; a connection that has
+    not opened AMQP `handshake_timeout` seconds after accept is closed and counted.
+    `on_login_failure(reason)` counts failed, refused and abandoned logins.  `known_users`: users
+    configured elsewhere (`[security.roles]`) whom an EXTERNAL certificate's CN may name too."""
     verify: Verify | None = passthrough
+    remembered = None
     if verify is None and listener.users:
-        verify = UserDatabase(listener.users).authenticate
+        users = UserDatabase(listener.users)
+        verify, remembered = users.authenticate, users.remembered
+    certificates = CertificateUsers(getattr(listener, "certificate_users", None) or {},
+                                    set(listener.users) | set(known_users))
     sasl = ServerSasl(tuple(listener.effective_mechanisms), verify=verify, allow_skip=listener.anonymous_allowed,
-                      keep_password=passthrough is not None)
+                      keep_password=passthrough is not None, remembered=remembered,
+                      certificate_users=certificates, logins=LoginPolicy.of(getattr(listener, "login", None)))
     tls = server_ssl_context(listener.tls) if listener.tls.enabled else None
 
     engine_listener = container.loop.listen(listener.host, listener.port, handler, sasl=sasl, tls=tls,
                                             limits=Limits(max_connections=max_connections,
                                                           handshake_timeout=handshake_timeout,
                                                           keep_first_input=keep_first_input),
-                                            on_refused=on_refused)
+                                            on_refused=on_refused, on_login_failure=on_login_failure)
     return EngineListening(engine_listener)

@@ -15,7 +15,9 @@ Limits refuse instead of dying: a listener's `max_connections` closes a connecti
 counts it; a connection that has not opened AMQP within `handshake_timeout` is closed and counted;
 input a transport has not taken yet is bounded by `max_input` (the socket is not read until it
 drains); epoll has no descriptor ceiling (the process's RLIMIT_NOFILE is the only one, and
-running out of descriptors pauses accepting instead of failing).
+running out of descriptors pauses accepting instead of failing).  A PLAIN login is checked off the
+loop, through the listener's `logins.LoginGate` (a delay per source address after failures, a bounded
+queue, a small pool of threads; a client that hangs up mid-check takes its check out of the queue).
 
     loop = EventLoop()
     listener = loop.listen("127.0.0.1", 0, handler, sasl=ServerSasl(("PLAIN",), verify=users.authenticate))
@@ -25,17 +27,14 @@ running out of descriptors pauses accepting instead of failing).
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import errno
-import inspect
 import logging
 import os
 import selectors
 import socket
 import ssl
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -43,6 +42,7 @@ from ..security import Identity, SaslClientExchange
 from ._cproton import ffi
 from .endpoints import REMOTE_UNINIT, Condition, Connection, Engine, Handler, SaslClient, Timer
 from .linknames import LinkNames
+from .logins import REFUSED_FOR_NOW, LoginGate, LoginPolicy
 from .streams import ServerSasl, TlsError, TlsStream
 
 log = logging.getLogger("broker_filter.engine")
@@ -71,10 +71,12 @@ class Limits:
 
 
 class Listener:
-    """A listening socket of the loop: `port`, `active` connections, `refused` counts by reason."""
+    """A listening socket of the loop: `port`, `active` connections, `refused` counts by reason,
+    `logins` the gate its PLAIN checks pass (`logins.LoginGate`: throttle, bounded queue, pool)."""
 
     def __init__(self, loop: EventLoop, sock: socket.socket, handler: Handler, *, sasl: ServerSasl | None,
-                 tls: ssl.SSLContext | None, limits: Limits, on_refused: Callable[[str, str], None] | None):
+                 tls: ssl.SSLContext | None, limits: Limits, on_refused: Callable[[str, str], None] | None,
+                 on_login_failure: Callable[[str], None] | None = None):
         self.loop = loop
         self.sock = sock
         self.port = sock.getsockname()[1]
@@ -87,6 +89,11 @@ class Listener:
         self.accepted = 0
         self.refused: collections.Counter[str] = collections.Counter()
         self._paused = False
+        self.logins: LoginGate | None = None
+        if sasl is not None:
+            self.logins = LoginGate(sasl.verify, loop, LoginPolicy.of(sasl.logins), remembered=sasl.remembered,
+                                    on_failure=on_login_failure)
+            loop.gates.append(self.logins)
 
     def refuse(self, reason: str, mechanism: str = "") -> None:
         """Count a refused connection (`on_refused(reason, SASL mechanism)` hears of it)."""
@@ -160,7 +167,7 @@ class _Channel:
     """A socket and the connection it carries: TLS, the server's SASL stage, buffering, limits."""
 
     __slots__ = ("loop", "sock", "conn", "tls", "sasl", "credentials", "sasl_config", "listener", "inbuf",
-                 "out", "mask", "connecting", "closed", "head_closed", "reading", "verifying", "peer",
+                 "out", "mask", "connecting", "closed", "head_closed", "reading", "verifying", "ticket", "peer",
                  "max_input", "handshake_timer", "close_when_flushed", "names", "replay", "hold_until", "__weakref__")
 
     def __init__(self, loop: EventLoop, sock: socket.socket, conn: Connection | None, *, tls: TlsStream | None,
@@ -183,6 +190,7 @@ class _Channel:
         self.head_closed = False
         self.reading = True
         self.verifying = False
+        self.ticket: Any = None  # the PLAIN check under way (`logins.Ticket`)
         self.peer = peer
         self.max_input = max_input
         self.handshake_timer: Timer | None = None
@@ -268,7 +276,7 @@ class _Channel:
             self._send_raw(self.tls.take())
             if self.sasl_config is not None and self.sasl is None and self.tls.handshaken \
                     and self.conn.identity is None:
-                self._start_sasl(self.tls.peer_subject)
+                self._start_sasl(self.tls.peer_certificate)
             if data:
                 if self.sasl is not None:
                     self._sasl_receive(data)
@@ -348,12 +356,17 @@ class _Channel:
     # --------------------------------------------------------------------------------------------
     # the server's SASL stage
 
-    def _start_sasl(self, external: str | None) -> None:
+    def _start_sasl(self, certificate: Any) -> None:
         assert self.sasl_config is not None
-        self.sasl, self.credentials = self.sasl_config.exchange(external)
+        self.sasl, self.credentials = self.sasl_config.exchange(certificate)
 
     def _sasl_receive(self, data: bytes) -> None:
-        self.sasl.receive(data)
+        sasl = self.sasl
+        sasl.receive(data)
+        if sasl.pending and sasl.buffered >= self.max_input and self.reading:
+            # its login check waits (perhaps throttled): no more of its input until it is decided
+            self.reading = False
+            self._watch()
         self._sasl_advance()
 
     def _sasl_advance(self) -> None:
@@ -361,18 +374,26 @@ class _Channel:
         out = sasl.data_to_send()
         if out:
             self._send_plain(out)
+        listener = self.listener
         if sasl.pending:
             if not self.verifying:
                 self.verifying = True
                 user, password = self.credentials.pop()
-                self.loop._verify(self.sasl_config.verify, user, password, self._sasl_resolved)
+                ticket = listener.logins.submit(self.peer.rpartition(":")[0], user, password, self._sasl_resolved,
+                                                peer=self.peer)
+                if self.verifying:  # (not decided at once)
+                    self.ticket = ticket
             return
         if sasl.failed:
             outcome = sasl.outcome
-            log.info("client authentication refused", extra={"fields": {
-                "peer": self.peer, "mechanism": outcome.mechanism, "user": outcome.user, "reason": outcome.reason}})
-            if self.listener is not None:
-                self.listener.refuse("unauthorized", outcome.mechanism)
+            if listener is not None:
+                if outcome.category in REFUSED_FOR_NOW:  # counted and logged by the gate
+                    listener.refuse("login-busy", outcome.mechanism)
+                else:
+                    listener.logins.refused(outcome.category, {
+                        "peer": self.peer, "mechanism": outcome.mechanism, "user": _shown(outcome.user),
+                        "reason": outcome.reason, **({"subject": outcome.subject} if outcome.subject else {})})
+                    listener.refuse("unauthorized", outcome.mechanism)
             self.sasl = None
             self.close_when_flushed = True
             self.reading = False
@@ -384,16 +405,30 @@ class _Channel:
             outcome = sasl.outcome
             self.sasl = None
             self.conn.identity = Identity(outcome.user, outcome.mechanism, outcome.password,
-                                          self.tls is not None, self.peer)
+                                          self.tls is not None, self.peer, outcome.subject)
+            if listener is not None:
+                listener.logins.logged_in({"peer": self.peer, "mechanism": outcome.mechanism or "none",
+                                           "user": _shown(outcome.user),
+                                           **({"subject": outcome.subject} if outcome.subject else {})})
             if sasl.leftover:
                 self._feed(sasl.leftover, len(sasl.leftover))
             self.loop.dirty.add(self.conn)
 
-    def _sasl_resolved(self, ok: bool) -> None:
+    def _sasl_resolved(self, result: str) -> None:
         self.verifying = False
+        self.ticket = None
         if self.closed or self.sasl is None:
             return
-        self.sasl.resolve(ok, "" if ok else "wrong user name or password")
+        if not self.reading:
+            self.reading = True  # (paused while the check waited: `_sasl_receive`)
+            self._watch()
+        if result == "ok":
+            self.sasl.resolve(True)
+        elif result in REFUSED_FOR_NOW:
+            self.sasl.resolve(False, "too many logins wait for their check; try again later", temporary=True,
+                              category=result)
+        else:
+            self.sasl.resolve(False, "wrong user name or password", category="wrong-credentials")
         self._sasl_advance()
 
     # --------------------------------------------------------------------------------------------
@@ -518,6 +553,9 @@ class _Channel:
         if self.listener is not None:
             self.listener.refuse("handshake-timeout")
         log.info("closing a connection that did not open AMQP in time", extra={"fields": {"peer": self.peer}})
+        if self.ticket is not None:  # its login check waits still: not the client's doing
+            ticket, self.ticket = self.ticket, None
+            ticket.cancel(abandoned=False)
         self.fail(Condition("amqp:resource-limit-exceeded", "no AMQP open within the handshake time-out"))
 
     def _lost(self, error: OSError) -> None:
@@ -560,6 +598,9 @@ class _Channel:
             return
         self._leave_loop()
         self.sock.close()
+        if self.ticket is not None:  # hung up while its login is checked: abandoned
+            ticket, self.ticket = self.ticket, None
+            ticket.cancel(abandoned=not self.loop.closing)  # (not when the daemon stops)
         if self.listener is not None:
             self.listener.active -= 1
         if self.conn.ptr is not None:
@@ -584,7 +625,8 @@ class EventLoop(Engine):
         os.set_blocking(self._wake_write, False)
         self.selector.register(self._wake_read, EVENT_READ, self._on_wake)
         self._stopping = False
-        self._executor: ThreadPoolExecutor | None = None
+        self.gates: list[LoginGate] = []  # the listeners' login gates (their threads end with the loop)
+        self.closing = False  # `close()` under way
         self.thread: threading.Thread | None = None
         self.after_turn: Callable[[], None] | None = None  # runs once the turn's events are handled (`add_after_turn`)
         self.reuse_port = False  # listeners share their port with other processes' (SO_REUSEPORT)
@@ -632,14 +674,17 @@ class EventLoop(Engine):
 
     def listen(self, host: str, port: int, handler: Handler, *, sasl: ServerSasl | None = None,
                tls: ssl.SSLContext | None = None, limits: Limits = Limits(),
-               on_refused: Callable[[str, str], None] | None = None, reuse_port: bool = False) -> Listener:
+               on_refused: Callable[[str, str], None] | None = None, reuse_port: bool = False,
+               on_login_failure: Callable[[str], None] | None = None) -> Listener:
         """Serve AMQP on host:port (0: any free port).  `sasl` None: clients speak AMQP without
-        SASL; `tls`: an `ssl.SSLContext` for the server side."""
+        SASL; `tls`: an `ssl.SSLContext` for the server side.  `on_login_failure(reason)` counts
+        failed, refused and abandoned logins (`logins.LoginGate`)."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.create_server((host, port), family=family, backlog=4096,
                                     reuse_port=reuse_port or self.reuse_port)
         sock.setblocking(False)
-        listener = Listener(self, sock, handler, sasl=sasl, tls=tls, limits=limits, on_refused=on_refused)
+        listener = Listener(self, sock, handler, sasl=sasl, tls=tls, limits=limits, on_refused=on_refused,
+                            on_login_failure=on_login_failure)
         self.selector.register(sock, EVENT_READ, listener.on_ready)
         self.listeners.add(listener)
         return listener
@@ -697,33 +742,6 @@ class EventLoop(Engine):
         if result not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             channel.fail(Condition("amqp:connection:forced", f"cannot connect to {host}:{port}: {os.strerror(result)}"))
         return conn
-
-    def _verify(self, verify: Any, user: str, password: str, done: Callable[[bool], None]) -> None:
-        """Run a PLAIN check off the loop (password hashes are slow on purpose)."""
-        if verify is None:
-            done(False)
-            return
-        if getattr(verify, "on_loop", False):  # asynchronous on this loop: verify(user, password, done)
-            verify(user, password, lambda ok: self.call_soon_threadsafe(done, bool(ok)))
-            return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="broker-filter-sasl")
-
-        def check() -> bool:
-            result = verify(user, password)
-            if inspect.isawaitable(result):
-                result = asyncio.run(_awaited(result))
-            return bool(result)
-
-        def finished(future: Any) -> None:
-            try:
-                ok = future.result()
-            except Exception:  # noqa: BLE001 - a failing check refuses the client, the loop goes on
-                log.exception("checking a client's credentials failed")
-                ok = False
-            self.call_soon_threadsafe(done, ok)
-
-        self._executor.submit(check).add_done_callback(finished)
 
     # --------------------------------------------------------------------------------------------
     # running
@@ -786,6 +804,7 @@ class EventLoop(Engine):
     def close(self) -> None:
         """Close every listener and socket, then free proton's memory (on the loop's thread, after
         `run()` returned)."""
+        self.closing = True
         for listener in list(self.listeners):
             listener.close()
         for channel in list(self.channels):
@@ -802,13 +821,15 @@ class EventLoop(Engine):
         # descriptor (not to one the number was reused for)
         wake_write, self._wake_write = self._wake_write, -1
         os.close(wake_write)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+        for gate in self.gates:
+            gate.close()
 
 
 def _nothing() -> None:
     pass
 
 
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
+def _shown(user: str | None) -> str | None:
+    """A client's user name as logged: at most 100 characters (a SASL frame may carry 64 KiB)."""
+    return user if user is None or len(user) <= 100 else user[:100] + "..."
+

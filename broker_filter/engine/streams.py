@@ -81,6 +81,14 @@ class TlsStream:
         return self._out.read()
 
     @property
+    def peer_certificate(self) -> dict | None:
+        """The verified client certificate (`ssl.SSLSocket.getpeercert()` form), for SASL EXTERNAL."""
+        try:
+            return self._ssl.getpeercert() or None
+        except ValueError:
+            return None
+
+    @property
     def peer_subject(self) -> str | None:
         """The client certificate's subject ("CN=...,O=..."), for SASL EXTERNAL."""
         try:
@@ -115,22 +123,36 @@ Verify = Callable[[str, str], "bool | Awaitable[bool]"]
 @dataclass(frozen=True)
 class ServerSasl:
     """The listener's SASL offer.  `verify(user, password) -> bool` checks PLAIN (it runs on a worker
-    thread: a password hash may take 100 ms); `allow_skip` lets a client that sends the plain AMQP
-    header in as anonymous; `keep_password` keeps a PLAIN password in the identity (pass-through)."""
+    thread of the listener's `logins.LoginGate`, behind its per-address throttle and bounded queue: a
+    password hash may take 100 ms); `remembered(user, password) -> bool` answers at once for
+    credentials verified recently; `allow_skip` lets a client that sends the plain AMQP header in as
+    anonymous; `keep_password` keeps a PLAIN password in the identity (pass-through).
+    `certificate_users(cert) -> (subject, user or None)` maps an EXTERNAL client's certificate to a
+    user (`security.CertificateUsers`; None: the subject itself is the user name).  `logins`: the
+    gate's settings (`logins.LoginPolicy`; None: its defaults)."""
 
     mechanisms: tuple[str, ...] = ("ANONYMOUS",)
     verify: Verify | None = field(default=None, compare=False)
     allow_skip: bool = False
     keep_password: bool = False
+    remembered: Callable[[str, str], bool] | None = field(default=None, compare=False)
+    certificate_users: Callable[[Any], tuple[str | None, str | None]] | None = field(default=None, compare=False)
+    logins: Any = None
 
-    def exchange(self, external_identity: str | None) -> tuple[SaslServer, list[tuple[str, str]]]:
-        """A fresh server exchange and the list where PLAIN credentials wait to be verified."""
+    def exchange(self, certificate: Any) -> tuple[SaslServer, list[tuple[str, str]]]:
+        """A fresh server exchange (`certificate`: the client's verified one, or None) and the list
+        where PLAIN credentials wait to be verified."""
         credentials: list[tuple[str, str]] = []
+        if self.certificate_users is not None:
+            subject, user = self.certificate_users(certificate)
+        else:
+            subject = user = certificate_subject(certificate)
         server = SaslServer(
             self.mechanisms,
             lambda user, password: credentials.append((user, password)),  # decided off the loop
             allow_skip=self.allow_skip,
-            external_identity=external_identity,
+            external_identity=user,
+            external_subject=subject,
             keep_password=self.keep_password,
         )
         return server, credentials

@@ -14,8 +14,13 @@ stop `idle` seconds after its last client connection ended.
 A tenant is one identity in one vhost: a client whose open frame names a vhost (`vhost:NAME`, as
 RabbitMQ's clients send it) is served by an upstream connection that opens that vhost, with its own
 credentials, so RabbitMQ decides (a vhost that does not exist, or that the user may not use, closes
-the client's connection with RabbitMQ's own error); a client that names none gets the upstream URL's.  Clients without a password (ANONYMOUS
-on a loopback listener) are served by the default server, which uses the configured credentials.
+the client's connection with RabbitMQ's own error); a client that names none gets the upstream URL's.
+
+A client that gave no password (ANONYMOUS, EXTERNAL with a certificate, or no SASL at all) has no
+credentials of its own to open an upstream connection with, and is never served with the daemon's
+own account (`upstream.user`, the URL's login): its connection is answered with an open and a close
+with `amqp:unauthorized-access` saying why, logged and counted (`no-upstream-account`).  The
+default server, with the configured credentials, serves only the daemon's own needs (`/readyz`).
 
 So the broker's own permissions apply to everything a client does through the proxy; the proxy
 grants nobody more than the broker would.  Clients with the same credentials share one upstream
@@ -111,8 +116,10 @@ class PassThrough(Handler):
         idle: float = 30.0,
         connect_timeout: float = 10.0,
         abort: Callable[[Any, str, str], bool] | None = None,
+        on_login_failure: Callable[[str], None] | None = None,
     ):
         self.default = default
+        self._on_login_failure = on_login_failure
         self._make_server = make_server
         self._start_upstream = start_upstream
         self._call_later = call_later
@@ -126,11 +133,15 @@ class PassThrough(Handler):
         self._quiesced = False
         self._closing: list = []  # upstreams stopped by `stop`, until their close is answered
         self._by_connection: dict[Connection, _Tenant] = {}  # a client connection -> its tenant
+        self._refused: set[Connection] = set()  # closed for want of a password: their events go nowhere
 
     # every event of a client connection
 
     def _route(self, method: str, subject: Any, *rest: Any) -> None:
-        tenant = self._by_connection.get(_connection_of(subject))
+        connection = _connection_of(subject)
+        tenant = self._by_connection.get(connection)
+        if tenant is None and connection in self._refused:
+            return  # (a session or link pipelined behind the refused open: nobody serves it)
         if tenant is None:
             getattr(self.default, method)(subject, *rest)
         elif not tenant.up:
@@ -166,8 +177,11 @@ class PassThrough(Handler):
 
     def on_connection_open(self, connection: Connection) -> None:
         identity = identity_of(connection)
-        if identity.password is None or self._stopped:
+        if self._stopped:
             self.default.on_connection_open(connection)
+            return
+        if identity.password is None:
+            self._refuse_passwordless(connection, identity)
             return
         vhost = vhost_asked(connection.remote_hostname)
         if vhost == getattr(getattr(self.default, "upstream", None), "vhost", None):
@@ -188,6 +202,9 @@ class PassThrough(Handler):
             tenant.waiting.append(("on_connection_open", connection, ()))
 
     def on_disconnected(self, connection: Connection, error: Any) -> None:
+        if connection in self._refused:
+            self._refused.discard(connection)
+            return
         tenant = self._by_connection.pop(connection, None)
         if tenant is None:
             self.default.on_disconnected(connection, error)
@@ -199,6 +216,20 @@ class PassThrough(Handler):
         tenant.connections.discard(connection)
         if not tenant.connections and tenant.idle_timer is None and self._tenants.get(tenant.key) is tenant:
             tenant.idle_timer = self._call_later(self._idle, lambda: self._idle_out(tenant))
+
+    def _refuse_passwordless(self, connection: Connection, identity: Any) -> None:
+        how = f"SASL {identity.mechanism}" if identity.mechanism else "no SASL"
+        description = (f"upstream.credentials = pass-through: a client that logged in with {how} gave no password "
+                       "to open its own upstream connection with, and is not served with the proxy's own "
+                       "account; log in with PLAIN")
+        log.warning("pass-through: a client without a password refused", extra={"fields": {
+            "peer": identity.peer, "mechanism": identity.mechanism or "none", "user": identity.user}})
+        if self._on_login_failure is not None:
+            self._on_login_failure("no-upstream-account")
+        self._refused.add(connection)
+        if connection.local_state == LOCAL_UNINIT:
+            connection.open()
+        connection.close(Condition("amqp:unauthorized-access", description))
 
     # tenants
 

@@ -33,3 +33,15 @@ def test_printed_hash_verifies_and_loads(tmp_path):
 def test_empty_password_is_refused():
     result = hash_cli(password="")
     assert result.returncode == 2 and "empty password" in result.stderr and not result.stdout
+
+
+def test_the_cost_is_an_option_and_bad_costs_say_the_range():
+    result = hash_cli("--algorithm", "pbkdf2-sha256", "--cost", "20000", password="pw")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("$pbkdf2-sha256$i=20000$")
+    assert UserDatabase({"carol": result.stdout.strip()}).authenticate("carol", "pw")
+    result = hash_cli("--cost", "12", password="pw")
+    assert result.returncode == 0 and result.stdout.startswith("$scrypt$ln=12,r=8,p=1$")
+    result = hash_cli("--cost", "40", password="pw")
+    assert result.returncode == 2 and not result.stdout
+    assert "--cost: scrypt cost (log2 of N) must be within 10..22, not 40" in result.stderr

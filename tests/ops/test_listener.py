@@ -206,11 +206,13 @@ def test_external_with_a_client_certificate(running, pki):
     r = running(listener_config(
         *tls_settings(pki), f"listener.tls.ca_file={pki / 'ca.pem'}", "listener.tls.verify_client=true",
         "listener.sasl_mechanisms=EXTERNAL,PLAIN", "listener.allow_anonymous=false",
+        'listener.certificate_users={"client-1" = "app"}',
     ))
     url = f"amqps://127.0.0.1:{r.port}"
     assert whoami(url, ssl_domain=client_domain(pki, cert=True), allowed_mechs="EXTERNAL") == (
-        "commonName=client-1/EXTERNAL/tls=True"
+        "app/EXTERNAL/tls=True"
     )
+    assert r.server.identities[-1].subject == "CN=client-1"
     with pytest.raises(Exception):  # no client certificate: the TLS handshake fails
         BlockingConnection(url, timeout=20, ssl_domain=client_domain(pki), allowed_mechs="EXTERNAL")
 

@@ -349,3 +349,86 @@ def test_proton_client_refused_anonymous_when_only_plain_is_offered():
         BlockingConnection(f"amqp://127.0.0.1:{server.port}", timeout=20, allowed_mechs="ANONYMOUS")
     server.join()
     assert "amqp:unauthorized-access" in str(info.value)
+
+
+# -------------------------------------------------------------------------------------------------
+# Hash cost, remembered logins, EXTERNAL's certificate -> user mapping, refusals for now
+
+
+def test_the_hash_cost_is_a_parameter_read_back_from_the_stored_hash():
+    from broker_filter.security import check_cost
+
+    cheap = hash_password("pw", cost=12)
+    assert cheap.startswith("$scrypt$ln=12,r=8,p=1$") and parse_password_hash(cheap).verify("pw")
+    costly = hash_password("pw", cost=16)  # 64 MiB of scrypt memory: past hashlib's default cap
+    assert parse_password_hash(costly).verify("pw") and not parse_password_hash(costly).verify("pW")
+    assert hash_password("pw", algorithm="pbkdf2-sha256", cost=20_000).startswith("$pbkdf2-sha256$i=20000$")
+    with pytest.raises(ValueError, match=r"scrypt cost \(log2 of N\) must be within 10\.\.22, not 9"):
+        check_cost("scrypt", 9)
+    with pytest.raises(ValueError, match="iterations"):
+        hash_password("pw", algorithm="pbkdf2-sha256", cost=5)
+
+
+def test_unknown_users_cost_what_the_costliest_stored_hash_costs(monkeypatch):
+    from broker_filter.security import PasswordHash
+
+    db = UserDatabase({"alice": ALICE, "bob": hash_password("b", algorithm="pbkdf2-sha256", cost=10_000)})
+    computed = []
+    compute = PasswordHash.compute
+    monkeypatch.setattr(PasswordHash, "compute", lambda self, pw: computed.append(dict(self.params)) or compute(self, pw))
+    assert not db.authenticate("mallory", "x")
+    assert computed == [{"i": 600_000}]
+
+
+def test_remembered_credentials_answer_without_hashing():
+    db = UserDatabase({"alice": ALICE})
+    assert not db.remembered("alice", "wonderland")
+    assert db.authenticate("alice", "wonderland")
+    assert db.remembered("alice", "wonderland")
+    assert not db.remembered("alice", "Wonderland") and not db.remembered("mallory", "wonderland")
+    assert not UserDatabase({"alice": ALICE}, cache_size=0).remembered("alice", "wonderland")
+
+
+CERT = {"subject": ((("countryName", "DE"),), (("organizationName", "Acme"),), (("commonName", "billing-app"),))}
+
+
+def test_certificate_users_by_subject_common_name_or_configured_user():
+    from broker_filter.security import CertificateUsers, normalize_subject
+
+    assert normalize_subject("C=DE, O=Acme, CN=billing-app") == "C=DE,O=Acme,CN=billing-app"
+    assert normalize_subject("/C=DE/O=Acme/CN=billing-app") == "C=DE,O=Acme,CN=billing-app"
+    assert normalize_subject("commonName = x") == "CN=x"
+    with pytest.raises(ValueError, match="not an attribute"):
+        normalize_subject("CN=x,garbage")
+    subject = "C=DE,O=Acme,CN=billing-app"
+    assert CertificateUsers({"C=DE, O=Acme, CN=billing-app": "billing"})(CERT) == (subject, "billing")
+    assert CertificateUsers({"CN=billing-app,O=Acme,C=DE": "billing"})(CERT) == (subject, "billing")  # RFC 4514
+    assert CertificateUsers({"billing-app": "billing"})(CERT) == (subject, "billing")
+    assert CertificateUsers({}, users={"billing-app"})(CERT) == (subject, "billing-app")
+    assert CertificateUsers({"other": "billing-app"})(CERT) == (subject, "billing-app")  # a configured user
+    assert CertificateUsers({"CN=billing-app": "billing"})(CERT) == (subject, None)  # not the whole subject
+    assert CertificateUsers({}, users={"alice"})(CERT) == (subject, None)
+    assert CertificateUsers({}, users={"alice"})(None) == (None, None)
+
+
+def test_external_refused_when_the_certificate_maps_to_no_user():
+    sasl = SaslServer(("EXTERNAL",), external_identity=None, external_subject="CN=stranger")
+    sasl.receive(SASL_HEADER)
+    assert list(frames(sasl.data_to_send()[8:])[0].value[0]) == ["EXTERNAL"]  # offered: a certificate came
+    sasl.receive(frame(0x41, [t.symbol("EXTERNAL"), b""]))
+    assert sasl.failed and sasl.outcome.category == "unknown-certificate"
+    assert sasl.outcome.reason == "the client certificate CN=stranger maps to no configured user"
+    assert frames(sasl.data_to_send())[0].value[0] == 1
+    mapped = SaslServer(("EXTERNAL",), external_identity="billing", external_subject="CN=billing-app")
+    mapped.receive(SASL_HEADER + frame(0x41, [t.symbol("EXTERNAL"), b""]))
+    assert mapped.done and (mapped.outcome.user, mapped.outcome.subject) == ("billing", "CN=billing-app")
+    assert SaslServer(("EXTERNAL", "PLAIN")).mechanisms == ("PLAIN",)  # no certificate: not offered
+
+
+def test_a_login_refused_for_now_is_sys_temp():
+    sasl = SaslServer(("PLAIN",), lambda u, p: None)
+    sasl.receive(SASL_HEADER + plain_init("bob", "x"))
+    sasl.data_to_send()
+    sasl.resolve(False, "too many logins wait", temporary=True, category="queue-full")
+    assert sasl.failed and sasl.outcome.category == "queue-full"
+    assert frames(sasl.data_to_send())[0].value[0] == 4  # sys-temp
