@@ -218,6 +218,12 @@ class App:
         if reloaded.ignored:
             log.warning("configuration reload: %s changed and need a restart to apply", ", ".join(reloaded.ignored))
         self.config = reloaded.config
+        users = getattr(self.acceptor, "users", None)
+        if users is not None:  # (a listener started without PLAIN users takes users only at a restart)
+            users.replace(listener_users(self.config))
+        elif self.config.listener.users:
+            log.warning("configuration reload: listener.users are taken at the next restart (the listener was "
+                        "started without PLAIN users)")
         detached = sum(server.reconfigure(self.config) for server in self._servers())
         log.info("configuration reloaded: %d security settings, %d users with roles; %d link(s) no longer "
                  "permitted detached", len(self.config.security.settings), len(self.config.security.roles), detached)

@@ -309,6 +309,15 @@ class UserDatabase:
         self._cache_size = cache_size
         self._lock = threading.Lock()
 
+    def replace(self, users: Mapping[str, str]) -> None:
+        """The users and hashes of a reloaded configuration (SIGHUP): every remembered login is
+        forgotten, so a removed user or a changed password takes effect at the next login."""
+        parsed = {name: parse_password_hash(h) for name, h in users.items()}
+        with self._lock:
+            self._users = parsed
+            self._dummy = _dummy_like(parsed.values())
+            self._verified.clear()
+
     def __contains__(self, user: str) -> bool:
         return user in self._users
 

@@ -220,10 +220,11 @@ class EngineListening:
 
     front_end = True
 
-    def __init__(self, listener: Any):
+    def __init__(self, listener: Any, users: Any = None):
         self._listener = listener
         self.port = listener.port
         self.logins = listener.logins
+        self.users = users  # the PLAIN user database (`security.UserDatabase`), None without one
 
     def stop_accepting(self) -> None:
         self._listener.close()
@@ -244,6 +245,7 @@ def listen(container: EngineContainer, listener: Any, handler: Any, *, passthrou
     configured elsewhere (`[security.roles]`) whom an EXTERNAL certificate's CN may name too."""
     verify: Verify | None = passthrough
     remembered = None
+    users = None
     if verify is None and listener.users:
         users = UserDatabase(listener.users)
         verify, remembered = users.authenticate, users.remembered
@@ -259,4 +261,4 @@ def listen(container: EngineContainer, listener: Any, handler: Any, *, passthrou
                                                           handshake_timeout=handshake_timeout,
                                                           keep_first_input=keep_first_input),
                                             on_refused=on_refused, on_login_failure=on_login_failure)
-    return EngineListening(engine_listener)
+    return EngineListening(engine_listener, users)

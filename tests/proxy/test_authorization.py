@@ -121,8 +121,10 @@ def test_sighup_reload_detaches_and_grants_without_dropping_connections(daemon):
     try:
         rcv = bob.create_receiver("shared.news", name=link_name(), credit=10)
         assert "unauthorized" in refused(lambda: bob.create_receiver("alice.private", name=link_name(), credit=10))
-        # the file changes: bob loses `team` and becomes alice's reader
-        daemon.config_path.write_text(config().replace('bob = ["team"]', 'bob = ["alice"]'))
+        # the file changes: bob loses `team` and becomes alice's reader, and carol is a new user
+        carol = hash_password("carol's", algorithm="pbkdf2-sha256")
+        daemon.config_path.write_text(config().replace('bob = ["team"]', 'bob = ["alice"]').replace(
+            "[security.roles]", f'carol = "{carol}"\n\n[security.roles]'))
         daemon.proc.send_signal(signal.SIGHUP)
         daemon.wait_for("configuration reloaded", 20)
         with pytest.raises(LinkDetached) as info:  # (raised by the client as the detach arrives)
@@ -130,6 +132,7 @@ def test_sighup_reload_detaches_and_grants_without_dropping_connections(daemon):
         assert "unauthorized-access" in str(info.value) and "shared.news" in str(info.value)
         again = bob.create_receiver("alice.private", name=link_name(), credit=10)  # same connection: now granted
         assert again.link.state & again.link.REMOTE_ACTIVE
+        connect(daemon.url, user="carol", password="carol's", allowed_mechs="PLAIN").close()  # logs in
         # an error in the file keeps the settings running
         daemon.config_path.write_text(config() + "\n[[security.settings]]\nconsume = 3\n")
         daemon.proc.send_signal(signal.SIGHUP)
