@@ -20,6 +20,10 @@ class Traits:
         3.10's classic queue fails the channel on it).
     over_delivers: sends a consumer more than its credit (RabbitMQ 3.x, rabbitmq-server#2597).
     serves_management: serves the `/management` link pair (RabbitMQ 4, not through another daemon).
+    closes_on_unparsable: drops the whole connection (every client's links on it) on a message its
+        parser or section rules cannot take, such as an `amqp-value` list or float array (RabbitMQ 3.x's
+        AMQP 1.0 plugin; RabbitMQ 4 ends only the sender's session): the daemon refuses those
+        messages itself (broker_filter/proxy/admission.py).
     """
 
     chained: bool = False
@@ -30,6 +34,7 @@ class Traits:
     counts_queue: bool = False
     over_delivers: bool = False
     serves_management: bool = False
+    closes_on_unparsable: bool = False
 
 
 def major(version: str | None) -> int:
@@ -46,4 +51,5 @@ def traits_of(product: str | None, version: str | None, chained: bool = False) -
     four = rabbit and major(version) >= 4
     return Traits(chained=chained, binds_exchange_keys=rabbit, modified_ok=not rabbit or four,
                   recycles_sessions=four, dead_letters_undeliverable=four, counts_queue=four,
-                  over_delivers=rabbit and not four, serves_management=four and not chained)
+                  over_delivers=rabbit and not four, serves_management=four and not chained,
+                  closes_on_unparsable=rabbit and not four)

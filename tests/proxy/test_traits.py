@@ -8,7 +8,7 @@ import pytest
 
 from broker_filter.proxy.traits import Traits, major, traits_of
 
-R3 = Traits(binds_exchange_keys=True, modified_ok=False, over_delivers=True)
+R3 = Traits(binds_exchange_keys=True, modified_ok=False, over_delivers=True, closes_on_unparsable=True)
 R4 = Traits(binds_exchange_keys=True, recycles_sessions=True, dead_letters_undeliverable=True, counts_queue=True,
             serves_management=True)
 OTHER = Traits()
