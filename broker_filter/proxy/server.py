@@ -45,7 +45,7 @@ from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..filters import ORIGIN_ANNOTATION, FilterError, FilterSet, compile_filter_set
 from ..security import SaslClientExchange
 from .forwarding import RELEASED, Feed, FeedStats, Outcome, Outlet, filter_identity
-from . import fanout, introspect, management, sharing, topology
+from . import admission, fanout, introspect, management, sharing, topology
 from .refusal import close_link, refuse_link
 from .routing import Routing, vhost_asked
 from .replicas import PROPERTY as REPLICA_PROPERTY
@@ -592,6 +592,9 @@ class Relay:
             data = set_message_annotation(data, ORIGIN_ANNOTATION, self.conn.id, self.origin)
         except CodecError as e:
             return self._refuse(dlv, "amqp:decode-error", f"message not decodable: {e}")
+        refused = admission.refused(server.upstream, data)  # what would break the shared upstream connection
+        if refused is not None:
+            return self._refuse(dlv, *refused)
         if presettled:
             lib.pn_delivery_settle(dlv)
             self.target(to).send(data, None)
@@ -836,7 +839,7 @@ class ProxyServer(Handler):
     # ---------------------------------------------------------------- upstream listener
     def on_upstream_up(self, upstream) -> None:
         if self.metrics is not None and self._was_up:
-            self.metrics.upstream_reconnects.inc()
+            self.metrics.upstream_reconnected(getattr(upstream, "lost_cause", None))
         if not self._was_up:
             self.upstream.loop.call_later(1.0, self._tick)
         self._was_up = True
@@ -1756,6 +1759,11 @@ class ProxyServer(Handler):
             data = set_message_annotation(data, ORIGIN_ANNOTATION, inlet.conn.id, inlet.origin)
         except CodecError as e:
             settle_with(dlv, Outcome("rejected", error=("amqp:decode-error", f"message not decodable: {e}")))
+            inlet.top_up()
+            return
+        refused = admission.refused(self.upstream, data)  # what would break the shared upstream connection
+        if refused is not None:
+            settle_with(dlv, Outcome("rejected", error=refused))
             inlet.top_up()
             return
         if inlet.counters is not None:
