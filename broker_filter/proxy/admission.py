@@ -41,7 +41,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from ..amqp.encoding import CodecError, skip
+from ..amqp.encoding import _FIXED, CodecError, skip
 from ..amqp.sections import (AMQP_SEQUENCE, AMQP_VALUE, APPLICATION_PROPERTIES, DATA, DELIVERY_ANNOTATIONS,
                              FOOTER, HEADER, MESSAGE_ANNOTATIONS, PROPERTIES, _descriptor)
 
@@ -66,7 +66,6 @@ _TYPE_NAMES = {0x40: "null", 0x41: "boolean", 0x42: "boolean", 0x43: "uint", 0x4
                0x74: "decimal32", 0x82: "double", 0x83: "timestamp", 0x84: "decimal64", 0x94: "decimal128",
                0x98: "uuid", 0xA0: "binary", 0xB0: "binary", 0xC0: "list", 0xD0: "list", 0xC1: "map",
                0xD1: "map", 0xE0: "array"}
-_MAP_CODES = frozenset({0xC1, 0xD1})
 _u32 = struct.Struct(">I").unpack_from
 _u32u32 = struct.Struct(">II").unpack_from
 
@@ -97,16 +96,122 @@ def refused(upstream: Any, data: bytes) -> tuple[str, str] | None:
     traits = getattr(upstream, "traits", None)
     if traits is None or not traits.closes_on_unparsable:
         return None
+    try:
+        if _rabbitmq3(data) is None:  # (the usual case: no description to make)
+            return None
+    except (CodecError, IndexError, struct.error):
+        pass
     product = " ".join(str(p) for p in (getattr(upstream, "product", None), getattr(upstream, "version", None)) if p)
     return refusal(traits, data, f"upstream {getattr(upstream, 'name', '?')} ({product or 'RabbitMQ 3'})")
 
 
+_SIZE8 = frozenset({0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0})  # constructors with a one-byte size
+_SIZE32 = frozenset({0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0})
+_COMPOUND = frozenset({0xC0, 0xC1, 0xD0, 0xD1})
+# By type code: the width of a fixed-width value, -1 / -4 for a one- / four-byte size, -9 unknown.
+_WIDTH = [-9] * 256
+for _c, _w in _FIXED.items():
+    _WIDTH[_c] = _w
+for _c in _SIZE8:
+    _WIDTH[_c] = -1
+for _c in _SIZE32:
+    _WIDTH[_c] = -4
+
+
 def _rabbitmq3(data: bytes) -> str | None:
-    """What in `data` RabbitMQ 3.x cannot take (rules 1-4 of the module docstring), or None."""
+    """What in `data` RabbitMQ 3.x cannot take (rules 1-4 of the module docstring), or None.
+
+    It runs for every message, so the usual message is cleared by a lean walk over its section headers
+    (small descriptors, values with a size) and two C-speed looks at the bytes up to the end of the
+    last section that is not data: no byte that may start an array, and no zero byte but the sections'
+    own descriptors (each starts with one), so no described value.  Anything else is walked with care
+    (`_careful`)."""
+    n = len(data)
+    pos = 0
+    place = -1
+    starts = span = spanned = 0
+    shaped = False  # a section's shape asks for a look (a list's count, a section that is not a map)
+    while pos < n:
+        if data[pos] or data[pos + 1] != 0x53:
+            return _careful(data)  # a symbolic descriptor
+        code = data[pos + 2]
+        c = data[pos + 3]
+        if c in _SIZE8:
+            end = pos + 5 + data[pos + 4]
+        elif c in _SIZE32:
+            end = pos + 8 + _u32(data, pos + 4)[0]
+        else:
+            return _careful(data)  # a value without a size (null, list0, a number)
+        at = _PLACE.get(code, 9)
+        if at < place or (at == place and at != _BODY) or place == 5 or at == 9:
+            return _careful(data)  # out of order, or a section 3.x has no place for
+        place = at
+        starts += 1
+        if code != DATA:
+            span, spanned = end, starts
+            if code == PROPERTIES or code == HEADER:
+                if c != 0xC0 or data[pos + 5] > _FIELDS[code]:
+                    shaped = True
+            elif code == AMQP_VALUE:
+                if c == 0xC0 or c == 0xD0:
+                    shaped = True
+            elif c != 0xC1 and c != 0xD1:
+                shaped = True  # annotations, application-properties or footer not a map; an amqp-sequence
+        pos = end
+    if pos != n:
+        raise CodecError("truncated section", pos)
+    if not span:
+        return None
+    if shaped:
+        return _careful(data)
+    find = data.find
+    if data.count(b"\x00", 0, span) == spanned and find(b"\xe0", 0, span) < 0 and find(b"\xf0", 0, span) < 0:
+        return None
+    # Zero bytes or 0xE0 / 0xF0 in values (numbers, timestamps, uuids, sizes): the sections' items are
+    # walked for a described value or an array, every section being a list or a map with a size here
+    # (but an amqp-value's); a value that is itself a list or map is looked into for arrays only.
+    pos = 0
+    width = _WIDTH
+    while pos < span:
+        code, c = data[pos + 2], data[pos + 3]
+        if c in _SIZE8:
+            end, p = pos + 5 + data[pos + 4], pos + 6
+        else:
+            end, p = pos + 8 + _u32(data, pos + 4)[0], pos + 12
+        if code == DATA:
+            pos = end
+            continue
+        arrays = find(b"\xe0", pos + 3, end) >= 0 or find(b"\xf0", pos + 3, end) >= 0
+        if code == AMQP_VALUE:
+            if arrays or ((c == 0xC1 or c == 0xD1) and find(b"\x00", p, end) >= 0 and find(b"content", p, end) >= 0):
+                return _careful(data)  # an array in it; or a map: its `content` entry
+            pos = end
+            continue
+        if arrays or find(b"\x00", p, end) >= 0:
+            for _ in range(data[pos + 5] if c in _SIZE8 else _u32(data, pos + 8)[0]):
+                if p >= end:
+                    break
+                c = data[p]
+                w = width[c]
+                if w >= 0:
+                    p += 1 + w
+                    continue
+                if c == 0x00 or c == 0xE0 or c == 0xF0 or w == -9:
+                    return _careful(data)
+                q = p + 2 + data[p + 1] if w == -1 else p + 5 + _u32(data, p + 1)[0]
+                if arrays and c in _COMPOUND and (find(b"\xe0", p, q) >= 0 or find(b"\xf0", p, q) >= 0):
+                    return _careful(data)
+                p = q
+        pos = end
+    return None
+
+
+def _careful(data: bytes) -> str | None:
+    """`_rabbitmq3`, every section looked into."""
     place = -1
     pos = 0
     n = len(data)
-    find = data.find
+    last = 0
     while pos < n:
         if data[pos] == 0x00 and data[pos + 1] == 0x53:
             code, vpos = data[pos + 2], pos + 3
@@ -122,18 +227,25 @@ def _rabbitmq3(data: bytes) -> str | None:
             return "a section after the footer"
         place, last = at, code
         if code != DATA:
-            try:
-                if find(b"\xe0", vpos, end) >= 0 or find(b"\xf0", vpos, end) >= 0:
-                    _arrays(data, vpos, end)
-                if code == AMQP_VALUE:
-                    _value(data, vpos, end)
-                else:
-                    described = find(b"\x00", vpos, end) >= 0
-                    if described or code in _FIELDS or data[vpos] not in _MAP_CODES:
-                        _items(data, vpos, code, described)
-            except _Refused as e:
-                return str(e)
+            what = _section(data, code, vpos, end)
+            if what is not None:
+                return what
         pos = end
+    return None
+
+
+def _section(data: bytes, code: int, vpos: int, end: int) -> str | None:
+    """Rules 2-4 for the section `code` (not data) whose value is from vpos to end."""
+    find = data.find
+    try:
+        if find(b"\xe0", vpos, end) >= 0 or find(b"\xf0", vpos, end) >= 0:
+            _arrays(data, vpos, end)
+        if code == AMQP_VALUE:
+            _value(data, vpos, end)
+        else:
+            _items(data, vpos, code, find(b"\x00", vpos, end) >= 0)
+    except _Refused as e:
+        return str(e)
     return None
 
 
@@ -171,10 +283,23 @@ def _items(data: bytes, vpos: int, code: int, described: bool) -> None:
         raise _Refused(f"a {name} section of {count} fields (at most {limit})")
     if not described:
         return
+    width = _WIDTH
+    end = skip(data, vpos)
     for _ in range(count):
-        if data[p] == 0x00:
+        if p >= end:
+            break  # (fewer items than counted: RabbitMQ 3.x takes the ones there are)
+        c = data[p]
+        if c == 0x00:
             raise _Refused(f"a described value in {name}")
-        p = skip(data, p)
+        w = width[c]
+        if w >= 0:
+            p += 1 + w
+        elif w == -1:
+            p += 2 + data[p + 1]
+        elif w == -4:
+            p += 5 + _u32(data, p + 1)[0]
+        else:
+            p = skip(data, p)
 
 
 def _value(data: bytes, vpos: int, end: int) -> None:
