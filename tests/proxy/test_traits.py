@@ -24,6 +24,8 @@ OTHER = Traits()
     ("RabbitMQ", "garbage", False, R3),
     # a broker-filter under RabbitMQ's name (its /management pair is not relayed twice)
     ("RabbitMQ", "4.0.5", True, dataclasses.replace(R4, chained=True, serves_management=False)),
+    # a broker-filter in front of RabbitMQ 3.x: what would drop its upstream connection is refused here too
+    ("RabbitMQ", "3.10.8", True, dataclasses.replace(R3, chained=True)),
     ("broker-filter", "0.1", False, dataclasses.replace(OTHER, chained=True)),
     ("apache-activemq-artemis", "2.31.0", False, OTHER),
     (None, None, False, OTHER),
