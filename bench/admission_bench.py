@@ -44,6 +44,10 @@ SHAPES = {
                                                    t.symbol("application/json"), None, t.timestamp(1_700_000_000_000)])
         + sec(0x74, {"n": t.int32(7), "price": 12.5, "kind": "order", "qty": t.long(1000)})
         + sec(0x75, bytes(range(256)) * 4),
+    "a proton client's (header, properties with creation-time, app-properties int/long/double/string)":
+        sec(0x70, []) + sec(0x73, ["ID:bench-1", None, "/queue/x", None, None, None, None, None, None,
+                                   t.timestamp(1_700_000_000_000)])
+        + sec(0x74, {"n": t.long(1), "big": t.long(2**40), "price": 12.5, "kind": "order"}) + sec(0x77, b"x" * 100),
     "amqp-value string body, properties": sec(0x73, ["id-1", None, "/queue/orders"]) + sec(0x77, "hello " * 20),
     "amqp-value map body (10 entries)": sec(0x73, ["id-1"]) + sec(0x77, {f"k{i}": t.int32(i) for i in range(10)}),
 }

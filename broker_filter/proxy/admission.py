@@ -110,6 +110,8 @@ def refused(upstream: Any, data: bytes) -> tuple[str, str] | None:
 _SIZE8 = frozenset({0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0})  # constructors with a one-byte size
 _SIZE32 = frozenset({0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0})
 _COMPOUND = frozenset({0xC0, 0xC1, 0xD0, 0xD1})
+_SIZE8_ITEM = _SIZE8 - {0xE0}  # (an array is looked at with care)
+_SIZE32_ITEM = _SIZE32 - {0xF0}
 # By type code: the width of a fixed-width value, -1 / -4 for a one- / four-byte size, -9 unknown.
 _WIDTH = [-9] * 256
 for _c, _w in _FIXED.items():
@@ -118,6 +120,7 @@ for _c in _SIZE8:
     _WIDTH[_c] = -1
 for _c in _SIZE32:
     _WIDTH[_c] = -4
+_STEP = [1 + _w if _w >= 0 else 0 for _w in _WIDTH]  # by type code: a fixed-width value's whole size
 
 
 def _rabbitmq3(data: bytes) -> str | None:
@@ -138,12 +141,15 @@ def _rabbitmq3(data: bytes) -> str | None:
             return _careful(data)  # a symbolic descriptor
         code = data[pos + 2]
         c = data[pos + 3]
-        if c in _SIZE8:
+        w = _WIDTH[c]
+        if w >= 0:
+            end = pos + 4 + w  # list0, null, a number
+        elif w == -1:
             end = pos + 5 + data[pos + 4]
-        elif c in _SIZE32:
+        elif w == -4:
             end = pos + 8 + _u32(data, pos + 4)[0]
         else:
-            return _careful(data)  # a value without a size (null, list0, a number)
+            return _careful(data)  # described, or not a type code
         at = _PLACE.get(code, 9)
         if at < place or (at == place and at != _BODY) or place == 5 or at == 9:
             return _careful(data)  # out of order, or a section 3.x has no place for
@@ -152,7 +158,11 @@ def _rabbitmq3(data: bytes) -> str | None:
         if code != DATA:
             span, spanned = end, starts
             if code == PROPERTIES or code == HEADER:
-                if c != 0xC0 or data[pos + 5] > _FIELDS[code]:
+                if c == 0xC0:
+                    shaped = shaped or data[pos + 5] > _FIELDS[code]
+                elif c == 0xD0:
+                    shaped = shaped or _u32(data, pos + 8)[0] > _FIELDS[code]
+                elif c != 0x45:
                     shaped = True
             elif code == AMQP_VALUE:
                 if c == 0xC0 or c == 0xD0:
@@ -174,12 +184,16 @@ def _rabbitmq3(data: bytes) -> str | None:
     # (but an amqp-value's); a value that is itself a list or map is looked into for arrays only.
     pos = 0
     width = _WIDTH
+    step = _STEP
     while pos < span:
         code, c = data[pos + 2], data[pos + 3]
         if c in _SIZE8:
             end, p = pos + 5 + data[pos + 4], pos + 6
-        else:
+        elif c in _SIZE32:
             end, p = pos + 8 + _u32(data, pos + 4)[0], pos + 12
+        else:
+            pos += 4 + width[c]  # list0, null, a number: no items, no array
+            continue
         if code == DATA:
             pos = end
             continue
@@ -189,21 +203,25 @@ def _rabbitmq3(data: bytes) -> str | None:
                 return _careful(data)  # an array in it; or a map: its `content` entry
             pos = end
             continue
-        if arrays or find(b"\x00", p, end) >= 0:
-            for _ in range(data[pos + 5] if c in _SIZE8 else _u32(data, pos + 8)[0]):
-                if p >= end:
-                    break
-                c = data[p]
-                w = width[c]
-                if w >= 0:
-                    p += 1 + w
-                    continue
-                if c == 0x00 or c == 0xE0 or c == 0xF0 or w == -9:
-                    return _careful(data)
-                q = p + 2 + data[p + 1] if w == -1 else p + 5 + _u32(data, p + 1)[0]
-                if arrays and c in _COMPOUND and (find(b"\xe0", p, q) >= 0 or find(b"\xf0", p, q) >= 0):
-                    return _careful(data)
-                p = q
+        if arrays:
+            stop = end
+        else:  # past the last zero byte, no value can be described
+            stop = data.rfind(b"\x00", p, end) + 1
+        while p < stop:
+            c = data[p]
+            w = step[c]
+            if w:
+                p += w
+                continue
+            if c in _SIZE8_ITEM:
+                q = p + 2 + data[p + 1]
+            elif c in _SIZE32_ITEM:
+                q = p + 5 + _u32(data, p + 1)[0]
+            else:
+                return _careful(data)  # described, an array, or not a type code
+            if arrays and c in _COMPOUND and (find(b"\xe0", p, q) >= 0 or find(b"\xf0", p, q) >= 0):
+                return _careful(data)
+            p = q
         pos = end
     return None
 
