@@ -40,6 +40,7 @@ rule.  Upstreams without the trait cost one attribute test.
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any
 
@@ -110,6 +111,7 @@ def refused(upstream: Any, data: bytes) -> tuple[str, str] | None:
 _SIZE8 = frozenset({0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0})  # constructors with a one-byte size
 _SIZE32 = frozenset({0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0})
 _COMPOUND = frozenset({0xC0, 0xC1, 0xD0, 0xD1})
+_STRUCTURED = _COMPOUND | {0xE0, 0xF0}  # an amqp-value body of another type holds nothing 3.x fails on
 _SIZE8_ITEM = _SIZE8 - {0xE0}  # (an array is looked at with care)
 _SIZE32_ITEM = _SIZE32 - {0xF0}
 # By type code: the width of a fixed-width value, -1 / -4 for a one- / four-byte size, -9 unknown.
@@ -120,7 +122,17 @@ for _c in _SIZE8:
     _WIDTH[_c] = -1
 for _c in _SIZE32:
     _WIDTH[_c] = -4
-_STEP = [1 + _w if _w >= 0 else 0 for _w in _WIDTH]  # by type code: a fixed-width value's whole size
+_STEP = [1 + _w if _w >= 0 else 0 for _w in _WIDTH]
+# A run of values none of which is described or an array: fixed-width values, and values with a size
+# below 256 (a list or map among them skipped whole: `_ITEMS` is tried only where no byte may start an
+# array).  Every value's encoding is told by its first byte (and size), so the match is the walk.
+_SIZED = b"(?:" + b"|".join(re.escape(bytes([k])) + b".{%d}" % k for k in range(256)) + b")"
+_ITEMS = re.compile(
+    b"(?:" + b"|".join(
+        [b"[" + b"".join(re.escape(bytes([c])) for c in sorted(_c for _c, _w in _FIXED.items() if _w == w))
+         + b"]" + (b".{%d}" % w if w else b"") for w in sorted(set(_FIXED.values()))]
+        + [b"[\xa0\xa1\xa3\xc0\xc1]" + _SIZED, b"[\xb0\xb1\xb3\xd0\xd1]\x00\x00\x00" + _SIZED]) + b")*",
+    re.DOTALL)  # by type code: a fixed-width value's whole size
 
 
 def _rabbitmq3(data: bytes) -> str | None:
@@ -155,7 +167,9 @@ def _rabbitmq3(data: bytes) -> str | None:
             return _careful(data)  # out of order, or a section 3.x has no place for
         place = at
         starts += 1
-        if code != DATA:
+        if code == AMQP_VALUE and c not in _STRUCTURED:
+            pass  # a scalar body (binary, a string, a number): nothing in it 3.x could fail on
+        elif code != DATA:
             span, spanned = end, starts
             if code == PROPERTIES or code == HEADER:
                 if c == 0xC0:
@@ -177,7 +191,8 @@ def _rabbitmq3(data: bytes) -> str | None:
     if shaped:
         return _careful(data)
     find = data.find
-    if data.count(b"\x00", 0, span) == spanned and find(b"\xe0", 0, span) < 0 and find(b"\xf0", 0, span) < 0:
+    arrays_in = find(b"\xe0", 0, span) >= 0 or find(b"\xf0", 0, span) >= 0
+    if not arrays_in and data.count(b"\x00", 0, span) == spanned:
         return None
     # Zero bytes or 0xE0 / 0xF0 in values (numbers, timestamps, uuids, sizes): the sections' items are
     # walked for a described value or an array, every section being a list or a map with a size here
@@ -194,10 +209,10 @@ def _rabbitmq3(data: bytes) -> str | None:
         else:
             pos += 4 + width[c]  # list0, null, a number: no items, no array
             continue
-        if code == DATA:
-            pos = end
+        if code == DATA or (code == AMQP_VALUE and c not in _STRUCTURED):
+            pos = end  # (a scalar amqp-value with a size: a string or binary)
             continue
-        arrays = find(b"\xe0", pos + 3, end) >= 0 or find(b"\xf0", pos + 3, end) >= 0
+        arrays = arrays_in and (find(b"\xe0", pos + 3, end) >= 0 or find(b"\xf0", pos + 3, end) >= 0)
         if code == AMQP_VALUE:
             if arrays or ((c == 0xC1 or c == 0xD1) and find(b"\x00", p, end) >= 0 and find(b"content", p, end) >= 0):
                 return _careful(data)  # an array in it; or a map: its `content` entry
@@ -205,6 +220,9 @@ def _rabbitmq3(data: bytes) -> str | None:
             continue
         if arrays:
             stop = end
+        elif find(b"\x00", p, end) < 0 or _ITEMS.fullmatch(data, p, end) is not None:
+            pos = end  # no described item (the usual case, read at C speed)
+            continue
         else:  # past the last zero byte, no value can be described
             stop = data.rfind(b"\x00", p, end) + 1
         while p < stop:
