@@ -8,7 +8,8 @@ reads the daemon's user + system CPU time from /proc before and after; rounds al
 checkouts and the medians are compared.  The messages are shaped as a JMS client's: properties with a
 message-id, `to` and a creation-time, application properties with an int, a long, a double and a
 string, a 100-byte data body (their numbers put zero bytes in the sections, so the check's item walk
-runs too).  The machine may be shared: compare the ratio of one run.
+runs too; `--plain`: a string id, one string application property and a string body instead).  The
+machine may be shared: compare the ratio of one run.
 
     python bench/publish_cost_bench.py [--messages 20000] [--rounds 3] [--against /work/main]
 """
@@ -38,7 +39,7 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _publish(url: str, address: str, n: int) -> None:
+def _publish(url: str, address: str, n: int, plain: bool = False) -> None:
     from proton import Message
     from proton.handlers import MessagingHandler
     from proton.reactor import Container
@@ -54,9 +55,13 @@ def _publish(url: str, address: str, n: int) -> None:
 
         def on_sendable(self, event):
             while event.sender.credit and self.sent < n:
-                m = Message(id=f"ID:bench-{self.sent}", address=address, creation_time=time.time(),
-                            properties={"n": self.sent, "big": 2**40 + self.sent, "price": 12.5, "kind": "order"},
-                            body=b"x" * 100)
+                if plain:
+                    m = Message(id=f"ID:bench-{self.sent}", address=address, properties={"kind": "order"},
+                                body="x" * 100)
+                else:
+                    m = Message(id=f"ID:bench-{self.sent}", address=address, creation_time=time.time(),
+                                properties={"n": self.sent, "big": 2**40 + self.sent, "price": 12.5,
+                                            "kind": "order"}, body=b"x" * 100)
                 event.sender.send(m)
                 self.sent += 1
 
@@ -68,13 +73,13 @@ def _publish(url: str, address: str, n: int) -> None:
     Container(Sender()).run()
 
 
-def one_round(root: Path, n: int) -> float:
+def one_round(root: Path, n: int, plain: bool = False) -> float:
     proc, port, log = start_daemon("engine", "127.0.0.1:5672", root=root)
     try:
         address = f"/queue/bench-publish-{uuid.uuid4().hex[:8]}"
         _publish(f"amqp://127.0.0.1:{port}", address, 200)  # warm up (and declare the queue)
         before = _cpu(proc.pid)
-        _publish(f"amqp://127.0.0.1:{port}", address, n)
+        _publish(f"amqp://127.0.0.1:{port}", address, n, plain)
         used = _cpu(proc.pid) - before
     finally:
         proc.terminate()
@@ -89,6 +94,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--against", type=Path, default=None)
+    ap.add_argument("--plain", action="store_true", help="messages of strings only (no numbers in the sections)")
     args = ap.parse_args()
     targets = {"this checkout": ROOT}
     if args.against is not None:
@@ -96,7 +102,7 @@ def main() -> None:
     runs: dict[str, list[float]] = {name: [] for name in targets}
     for r in range(args.rounds):
         for name, root in targets.items():
-            runs[name].append(one_round(root, args.messages))
+            runs[name].append(one_round(root, args.messages, args.plain))
             print(f"round {r + 1}: {name}: {runs[name][-1]:.1f} µs CPU per message", flush=True)
     for name, values in runs.items():
         print(f"{name}: median {statistics.median(values):.1f} µs CPU per published message "
