@@ -70,7 +70,6 @@ _TYPE_NAMES = {0x40: "null", 0x41: "boolean", 0x42: "boolean", 0x43: "uint", 0x4
                0x98: "uuid", 0xA0: "binary", 0xB0: "binary", 0xC0: "list", 0xD0: "list", 0xC1: "map",
                0xD1: "map", 0xE0: "array"}
 _u32 = struct.Struct(">I").unpack_from
-_u32u32 = struct.Struct(">II").unpack_from
 
 
 class _Refused(Exception):
@@ -139,9 +138,10 @@ def _rabbitmq3(data: bytes) -> str | None:
     """What in `data` RabbitMQ 3.x cannot take (rules 1-4 of the module docstring), or None.
 
     It runs for every message, so the usual message is cleared by a lean walk over its section headers
-    (small descriptors, values with a size) and two C-speed looks at the bytes up to the end of the
-    last section that is not data: no byte that may start an array, and no zero byte but the sections'
-    own descriptors (each starts with one), so no described value.  Anything else is walked with care
+    (small descriptors, values with a size) and C-speed looks at the bytes up to the end of the last
+    section that is not data: no byte that may start an array, and no zero byte but the sections' own
+    descriptors (each starts with one), so no described value; where numbers put zero bytes in a
+    section, its items are matched by `_ITEMS`, a walk at C speed.  Anything else is walked with care
     (`_careful`)."""
     n = len(data)
     pos = 0
