@@ -1,7 +1,10 @@
 # broker-filter: the filtering AMQP 1.0 proxy.  Build from the repository root:
 #   docker build -t broker-filter .
 # Configuration: /etc/broker-filter/broker-filter.toml (mount your own), overridden by BROKER_FILTER_*
-# environment variables.  Ports: 5672 (AMQP), 9464 (/metrics, /healthz, /readyz).
+# environment variables.  Ports: 5672 (AMQP), 9464 (/metrics, /healthz, /readyz, /links).
+# The metrics listener binds 0.0.0.0 here (the daemon's default is loopback) so that Prometheus and the
+# health check reach it: publish the port only where scrapers are, and set BROKER_FILTER_METRICS_TOKEN
+# (or metrics.token_file) for /links, which is refused on this listener without one.
 
 # The same two scripts build and install the package in tests/ops/test_install.py.
 # EXTRAS: optional features to include, e.g. `docker build --build-arg EXTRAS=journal .`

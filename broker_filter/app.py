@@ -21,6 +21,7 @@ from .filters.parser import prepare as prepare_selectors
 from .proxy.loop import EngineLoop
 from .workers import worker_index
 from .proxy.remote import RemoteUpstream
+from .proxy import reports
 from .proxy.server import ProxyServer
 
 log = logging.getLogger("broker_filter.app")
@@ -64,8 +65,9 @@ class StartError(Exception):
 
 
 class App:
-    def __init__(self, config: Any, *, instance: str | None = None):
+    def __init__(self, config: Any, *, instance: str | None = None, args: Any = None):
         self.config = config
+        self.args = args  # the command line the configuration was read with (read again on SIGHUP)
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}"
         secure = any(u.startswith("amqps:") for u in config.upstream.urls)
         self.container = EngineContainer(
@@ -138,6 +140,11 @@ class App:
             self.replicas.start(self.loop)
         log.info("listening on %s:%s, upstream %s, instance %s", host, self.port, self.upstream.name,
                  self.instance)
+        from .authorization import open_warning
+
+        warning = open_warning(self.config)
+        if warning is not None:
+            log.warning("%s", warning)
         if self.config.metrics.enabled:
             self._start_metrics()
 
@@ -148,15 +155,52 @@ class App:
         port = self.config.metrics.port
         if port and self.worker is not None:  # one exporter per worker: the configured port + its index
             port += self.worker
+        settings = self.config.metrics
         try:
             from .proxy.introspect import LinksEndpoint
 
-            self.metrics.links = LinksEndpoint(self.container.loop.call_soon_threadsafe, self._links_report)
-            self.exporter = serve_http(self.metrics, self.health, self.config.metrics.host, port)
+            self.metrics.links = LinksEndpoint(self.container.loop.call_soon_threadsafe,
+                                               lambda: self._links_report(settings.links_limit))
+            self.exporter = serve_http(self.metrics, self.health, settings.host, port, settings)
         except OSError as e:
-            raise StartError(f"metrics.listen: cannot listen on {self.config.metrics.host}:{port}: "
-                             f"{e.strerror or e}") from None
+            from .config import DEFAULT_METRICS_LISTEN
+
+            if settings.listen != DEFAULT_METRICS_LISTEN:
+                raise StartError(f"metrics.listen: cannot listen on {settings.host}:{port}: "
+                                 f"{e.strerror or e}") from None
+            # The default (loopback) address: another daemon on this host may hold it.  Serve without.
+            log.warning("metrics.listen: cannot listen on %s:%s (the default): %s; serving without the metrics "
+                        "and health endpoints (set metrics.listen to choose an address, or empty to say none)",
+                        settings.host, port, e.strerror or e)
+            self.metrics.links = None
+            return
         self.loop.call_later(1.0, self._publish_snapshot)
+
+    def _install_reload(self) -> None:
+        """SIGHUP reads the configuration again: its users, roles and security settings (`reload`)."""
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGHUP, lambda signum, frame: self.container.loop.call_soon_threadsafe(self.reload))
+
+    def reload(self) -> None:
+        """On the loop's thread: take the file's `[security]` roles and settings (`config.reload_security`);
+        links no longer permitted are detached, connections stay.  An error keeps the old settings."""
+        import os
+
+        from .config import reload_security
+
+        reloaded = reload_security(self.config, self.args, os.environ)
+        if reloaded.config is None:
+            log.error("configuration reload refused, the running settings stay: %s", reloaded.error)
+            return
+        if reloaded.ignored:
+            log.warning("configuration reload: %s changed and need a restart to apply", ", ".join(reloaded.ignored))
+        self.config = reloaded.config
+        detached = sum(server.reconfigure(self.config) for server in self._servers())
+        log.info("configuration reloaded: %d security settings, %d users with roles; %d link(s) no longer "
+                 "permitted detached", len(self.config.security.settings), len(self.config.security.roles), detached)
 
     def _servers(self) -> list:
         """The proxy servers of this daemon (with pass-through logins: the default and each tenant's)."""
@@ -165,14 +209,18 @@ class App:
             return [self.server]
         return [passthrough.default] + [t.server for t in list(passthrough._tenants.values())]
 
-    def _links_report(self) -> dict:
-        """`GET /links`: every server's links (made on the loop's thread)."""
+    def _links_report(self, limit: int | None = None) -> dict:
+        """`GET /links`: every server's links, at most `limit` (made on the loop's thread)."""
         from .proxy.introspect import LINKS_LIMIT
 
+        limit = LINKS_LIMIT if limit is None else min(limit, LINKS_LIMIT)
         links: list = []
         truncated = False
         for server in self._servers():
-            report = server.links_report(LINKS_LIMIT - len(links))
+            if len(links) >= limit:
+                truncated = True
+                break
+            report = reports.links_report(server, limit - len(links))
             links += report["links"]
             truncated = truncated or report["truncated"]
         return {"instance": self.instance, "upstream": self.server.upstream.name,
@@ -183,7 +231,7 @@ class App:
         totals: dict = {}
         costliest: list = []
         for server in self._servers():
-            t, c = server.filter_stats(top)
+            t, c = reports.filter_stats(server, top)
             for key, values in t.items():
                 have = totals.get(key)
                 totals[key] = values if have is None else tuple(a + b for a, b in zip(have, values))
@@ -194,7 +242,7 @@ class App:
         from .metrics import Snapshot
 
         passthrough = getattr(self, "passthrough", None)
-        snap = passthrough.snapshot() if passthrough is not None else self.server.snapshot()
+        snap = passthrough.snapshot() if passthrough is not None else reports.snapshot(self.server)
         held: dict[str, int] = {}
         stalled: dict[str, bool] = {}
         moving: dict[str, int] = {}
@@ -241,6 +289,7 @@ class App:
         )
         self.shutdown = shutdown
         shutdown.install()
+        self._install_reload()
         prepare_selectors(self.server.dialect)  # (before the collector's freeze: the tables live as long)
         _settle_garbage_collector()
         status = 0
@@ -299,7 +348,7 @@ class App:
         self.acceptor.stop_accepting()
         if self.replicas is not None:
             self.replicas.stopping = True  # owns nothing now (its links detach; the others take over)
-        self.server.quiesce()
+        self.server.registry.quiesce()
         if getattr(self, "passthrough", None) is not None:
             self.passthrough.quiesce()  # every pass-through tenant's server too
 
@@ -313,13 +362,13 @@ class App:
     def _in_flight(self) -> int:
         """Deliveries sent to clients and not settled, client publishes not yet settled upstream,
         and moves to a queue's tail not yet confirmed (their originals are accepted once they are)."""
-        n = self.server.moves_in_flight()
+        n = self.server.registry.moves_in_flight()
         if getattr(self, "passthrough", None) is not None:
             n += self.passthrough.moves_in_flight()
         for conn in list(self.registry.connections):
             for session in list(conn.sessions):
                 for link in list(session.links):
-                    state = link.context  # the proxy's record of the link (server._ClientLink)
+                    state = link.context  # the proxy's record of the link (records.ClientLink)
                     if state is None:
                         continue
                     if state.outlet is not None:

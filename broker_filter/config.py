@@ -9,12 +9,16 @@ and command-line flags (`--listen`, `--upstream`, `--metrics`, `--log-format`, `
 pass, so a bad value anywhere raises `ConfigError(key, reason)` naming the dotted key, before the
 daemon opens a socket.  Unknown keys are errors too (typos must not be silently ignored).
 
-Table-valued settings (`listener.users`, `address_rules`, `virtual_addresses`) come from the file or
-`--set` only.  Environment variables and flags carry text and are parsed by the setting's kind: lists
-are comma-separated, booleans are true/false/yes/no/1/0, tri-states also accept `auto`.
+Table-valued settings (`listener.users`, `address_rules`, `virtual_addresses`, `security.roles`,
+`security.settings`) come from the file or `--set` only.  Environment variables and flags carry text
+and are parsed by the setting's kind: lists are comma-separated, booleans are true/false/yes/no/1/0,
+tri-states also accept `auto`.
 
 Secrets (passwords, key passwords, credentials inside URLs) never appear in `repr`, in error
 messages or in `Config.to_dict()`.
+
+`reload_security` is the daemon's SIGHUP: it reads the same sources again and returns the new users,
+roles and security settings, or the error (the running ones then stay).
 
 `python -m broker_filter.config` prints the Markdown reference table that README.md carries.
 """
@@ -37,9 +41,12 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-from .security import PasswordHashError, parse_password_hash, redact_text, redact_url
+from .authorization import ARTEMIS_PERMISSIONS, ANONYMOUS_USER, OPERATIONS, PatternError, Permissions, pattern_node
+from .security import (INTERMEDIATE_CIPHERS, INTERMEDIATE_GROUPS, TLS_VERSIONS, PasswordHashError, TlsSettingError,
+                       parse_password_hash, redact_text, redact_url)
 
 ENV_PREFIX = "BROKER_FILTER_"
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 CONFIG_ENV = "BROKER_FILTER_CONFIG"
 # Variables the daemon once read and no longer does: set, they stop it with the reason rather than
 # being ignored.
@@ -119,6 +126,17 @@ class ListenerTLS:
     key_password: str = setting("", "password of an encrypted `key_file`", kind="str", secret=True)
     ca_file: str = setting("", "PEM CA certificates that client certificates must chain to", kind="str")
     verify_client: bool = setting(False, "require a client certificate signed by `ca_file`", kind="bool")
+    crl_file: str = setting(
+        "", "PEM certificate revocation list(s) of `ca_file`'s CAs: a revoked client certificate is refused "
+        "(with a CRL, every client certificate's issuer needs one in this file)", kind="str")
+    min_version: str = setting("TLSv1.2", "oldest TLS version accepted", kind="str", choices=tuple(TLS_VERSIONS))
+    ciphers: str = setting(
+        INTERMEDIATE_CIPHERS,
+        "TLS 1.2 cipher suites, in OpenSSL's cipher-list syntax (TLS 1.3 suites are OpenSSL's defaults); the "
+        "default is Mozilla's intermediate profile: ECDHE with AES-GCM or CHACHA20-POLY1305",
+        kind="str", shown_default="Mozilla intermediate (ECDHE+AESGCM, ECDHE+CHACHA20)")
+    groups: tuple[str, ...] = setting(
+        INTERMEDIATE_GROUPS, "key exchange groups (curves) offered, OpenSSL names", kind="list")
 
     @property
     def enabled(self) -> bool:
@@ -210,7 +228,10 @@ class Upstream:
         kind="list",
     )
     user: str = setting("", "SASL PLAIN user for URLs without one", kind="str")
-    password: str = setting("", "password of `user`", kind="str", secret=True)
+    password: str = setting(
+        "", "password of `user` (better from the environment, `BROKER_FILTER_UPSTREAM_PASSWORD`, or "
+        "`password_file`, than in a URL on the command line)", kind="str", secret=True)
+    password_file: str = setting("", "file holding `password` (its first line), instead of `password`", kind="str")
     credentials: str = setting(
         "configured",
         "`configured`: the proxy's own credentials (URL or user/password, else ANONYMOUS); "
@@ -316,6 +337,23 @@ class Limits:
     )
     links_per_connection: int = setting(256, "links one client connection may attach", kind="int", minimum=1)
     connections: int = setting(1024, "client connections accepted at once", kind="int", minimum=1)
+    connections_per_user: int = setting(
+        256, "client connections one user (its login; ANONYMOUS clients are one user) may have at once; "
+        "beyond, refused with amqp:resource-limit-exceeded (0: no limit)", kind="int", minimum=0)
+    connections_per_address: int = setting(
+        256, "client connections one source address may have at once (0: no limit)", kind="int", minimum=0)
+    links_per_user: int = setting(
+        4096, "links one user may have attached over all its connections (0: no limit)", kind="int", minimum=0)
+    unfinished_bytes: int = setting(
+        64 * 1024 * 1024,
+        "bytes of messages a client connection may have in transfer, not yet complete, over all its links; "
+        "beyond, what arrives is dropped and the message refused with amqp:resource-limit-exceeded when "
+        "complete (0: no limit)", kind="int", minimum=0)
+    idle_timeout: float = setting(
+        60.0,
+        "seconds a client connection may stay silent (not even a heartbeat) before the daemon closes it; its "
+        "open frame announces half of it as its idle time-out, so clients heartbeat in time (0: none)",
+        kind="float", minimum=0)
     handshake_timeout: float = setting(
         10.0,
         "seconds a client connection has from accept to its AMQP open (TLS and SASL included); then it is "
@@ -366,8 +404,35 @@ class Limits:
 class Metrics:
     listen: str = setting(
         "",
-        "`HOST:PORT` of the HTTP exporter (`/metrics`, `/healthz`, `/readyz`, `/links`); empty: off",
+        "`HOST:PORT` of the HTTP exporter (`/metrics`, `/healthz`, `/readyz`, `/links`); `:PORT` binds loopback "
+        "(127.0.0.1); empty (the default): off, and the per-message path pays nothing for metrics",
         kind="hostport",
+    )
+    token: str = setting(
+        "",
+        "bearer token `/links` asks for (`Authorization: Bearer TOKEN`); only a request with it sees filter "
+        "texts.  Without one, `/links` answers on a loopback listener only, filter texts hidden",
+        kind="str", secret=True,
+    )
+    token_file: str = setting("", "file holding `token` (its first line), instead of `token`", kind="str")
+    links_interval: float = setting(
+        1.0, "seconds one `/links` report is served before the daemon's loop makes the next, whoever asks",
+        kind="float", minimum=0,
+    )
+    links_limit: int = setting(1000, "links in one `/links` report (then `truncated`)", kind="int", minimum=1)
+    http_threads: int = setting(
+        8, "requests the HTTP exporter answers at once (one thread each); more wait", kind="int", minimum=1,
+        maximum=256,
+    )
+    request_timeout: float = setting(
+        5.0, "seconds a client of the HTTP exporter has to send its request, and to take the answer; then the "
+        "connection is dropped", kind="float", minimum=0.1,
+    )
+    filter_text_in_labels: bool = setting(
+        False,
+        "show the start of each filter's text in `broker_filter_costliest_filter_info` (anyone who scrapes "
+        "sees it); false: its kind and hash only",
+        kind="bool",
     )
     costliest_filters: int = setting(
         10,
@@ -423,6 +488,11 @@ class Embedded:
     max_bytes: int = setting(
         256 * 1024 * 1024, "bytes one address may hold (0: unlimited)", kind="int", minimum=0
     )
+    max_total_bytes: int = setting(
+        256 * 1024 * 1024,
+        "bytes of messages every address together may hold; a publish beyond is refused with "
+        "amqp:resource-limit-exceeded (0: unlimited)",
+        kind="int", minimum=0)
     dead_letter_address: str = setting("", "where rejected messages go; empty: dropped", kind="str")
 
 
@@ -471,6 +541,43 @@ class Replicas:
 
 
 @dataclass(frozen=True)
+class SecuritySetting:
+    """A `[[security.settings]]` table, in Artemis's vocabulary: `match` (an address pattern, AMQ
+    wildcards) and the roles granted each operation.  `index` is its position in the file (named in
+    refusals).  `broker_filter.authorization` decides with them."""
+
+    index: int
+    match: str
+    send: tuple[str, ...] = ()
+    consume: tuple[str, ...] = ()
+    browse: tuple[str, ...] = ()
+    manage: tuple[str, ...] = ()
+    durable: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Security:
+    roles: Mapping[str, tuple[str, ...]] = setting(
+        lambda: MappingProxyType({}),
+        "`[security.roles]`: `user = [\"role\", ...]` (`anonymous` is the ANONYMOUS login); reloaded on SIGHUP",
+        kind="table",
+        shown_default="{}",
+    )
+    settings: tuple[SecuritySetting, ...] = setting(
+        (),
+        "`[[security.settings]]` tables: `match` (AMQ wildcards, RabbitMQ v1/v2 addresses) and the roles per "
+        "permission `send`, `consume`, `browse`, `manage`, `durable`; the most specific match decides, what is "
+        "not granted is refused; none: everything is allowed (docs/security.md); reloaded on SIGHUP",
+        kind="table",
+        shown_default="[]",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.settings)
+
+
+@dataclass(frozen=True)
 class Config:
     listener: Listener = section(Listener, "the AMQP listener clients connect to")
     upstream: Upstream = section(Upstream, "where messages come from and go to")
@@ -495,6 +602,7 @@ class Config:
     embedded: Embedded = section(Embedded, "the embedded in-memory broker (no upstream URLs)")
     journal: Journal = section(Journal, "message journal for the Spark pipeline")
     replicas: Replicas = section(Replicas, "replicas in front of one broker: one owner per queue")
+    security: Security = section(Security, "who may do what on which address (Artemis's security-settings)")
 
     def to_dict(self) -> dict[str, Any]:
         """The effective configuration as plain data, secrets replaced by `***` (for `--print-config`)."""
@@ -610,10 +718,12 @@ def _convert(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
             if not 0 <= value <= 65535:
                 raise ConfigError(key, f"must be a port number 0-65535, got {value}{origin}")
             return value
-        minimum = meta.get("minimum")
+        minimum, maximum = meta.get("minimum"), meta.get("maximum")
         if minimum is not None and value < minimum:
             word = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
             raise ConfigError(key, f"must be {word}, got {value}{origin}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(key, f"must be <= {maximum:g}, got {value}{origin}")
         return value
     if kind == "float":
         if isinstance(value, _Text):
@@ -662,6 +772,8 @@ def _convert(key: str, value: Any, meta: Mapping[str, Any]) -> Any:
             raise ConfigError(key, f"must be a HOST:PORT string{got}")
         if not value.strip():
             return ""
+        if key == "metrics.listen" and value.strip().startswith(":"):
+            value = "127.0.0.1" + value.strip()  # (a bare port: the metrics listener binds loopback)
         try:
             host, port = split_hostport(value)
         except ValueError as e:
@@ -783,11 +895,86 @@ def _build_virtual(raw: Any, key: str) -> Mapping[str, VirtualAddress]:
     return MappingProxyType(out)
 
 
+def _role_list(value: Any, key: str) -> tuple[str, ...]:
+    """A list of role names, or Artemis's comma-separated string (`"admin, guest"`)."""
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or not all(isinstance(role, str) for role in value):
+        raise ConfigError(key, f"must be a list of role names, got {_describe(value)}")
+    for role in value:
+        if not role.strip():
+            raise ConfigError(key, "role names must not be empty")
+    return tuple(dict.fromkeys(value))
+
+
+def _build_roles(raw: Any, key: str) -> Mapping[str, tuple[str, ...]]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key, "must be a table of `user = [\"role\", ...]`")
+    roles = {}
+    for user, value in raw.items():
+        if not user:
+            raise ConfigError(key, "user names must not be empty")
+        roles[str(user)] = _role_list(value, f"{key}.{user}")
+    return MappingProxyType(roles)
+
+
+def _build_security_settings(raw: Any, key: str) -> tuple[SecuritySetting, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(key, "must be an array of tables ([[security.settings]])")
+    allowed = ("match",) + OPERATIONS
+    out = []
+    for i, item in enumerate(raw):
+        here = f"{key}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(here, f"must be a table with `match` and role lists ({', '.join(OPERATIONS)})")
+        for name in item:
+            if name in ARTEMIS_PERMISSIONS:
+                raise ConfigError(f"{here}.{name}", f"Artemis's permission is not one of the daemon's: "
+                                                    f"{ARTEMIS_PERMISSIONS[name]}")
+            if name not in allowed:
+                close = difflib.get_close_matches(str(name), list(allowed), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(f"{here}.{name}", f"unknown setting ({hint}{', '.join(allowed)})")
+        match = item.get("match")
+        if not isinstance(match, str) or not match:
+            raise ConfigError(f"{here}.match", "must be a non-empty address pattern such as `orders.#`")
+        try:
+            pattern_node(match, "embedded")
+        except PatternError as e:
+            raise ConfigError(f"{here}.match", f"{match!r}: {e}") from None
+        grants = {op: _role_list(item[op], f"{here}.{op}") for op in OPERATIONS if op in item}
+        out.append(SecuritySetting(i, match, **grants))
+    return tuple(out)
+
+
 _TABLE_BUILDERS: dict[tuple[type, str], Callable[[Any, str], Any]] = {
     (Listener, "users"): _build_users,
     (Config, "address_rules"): _build_rules,
     (Config, "virtual_addresses"): _build_virtual,
+    (Security, "roles"): _build_roles,
+    (Security, "settings"): _build_security_settings,
 }
+
+
+def _check_security(config: Config) -> None:
+    """The settings compile in every address model the daemon may decide them in: the embedded
+    broker's, or in front of an upstream both RabbitMQ's and the AMQ-style one (the upstream's kind is
+    known only once connected).  Two matches naming the same addresses are refused."""
+    security = config.security
+    if not security.settings:
+        return
+    if ANONYMOUS_USER in config.listener.users:
+        raise ConfigError(f"listener.users.{ANONYMOUS_USER}", f"`{ANONYMOUS_USER}` is the ANONYMOUS login's name "
+                          "in security.roles: give this PLAIN user another name")
+    kinds = ("embedded",) if config.upstream.embedded else ("other", "rabbitmq")
+    for kind in kinds:
+        try:
+            Permissions.from_config(config, kind)
+        except PatternError as e:
+            index = e.index if e.index is not None else 0
+            where = " in front of RabbitMQ" if kind == "rabbitmq" else ""
+            raise ConfigError(f"security.settings[{index}].match",
+                              f"{security.settings[index].match!r}{where}: {e}") from None
 
 
 def _check(config: Config) -> None:
@@ -804,8 +991,13 @@ def _check(config: Config) -> None:
         raise ConfigError("listener.tls.ca_file", "is required with listener.tls.verify_client")
     if "EXTERNAL" in listener.sasl_mechanisms and not tls.verify_client:
         raise ConfigError("listener.sasl_mechanisms", "EXTERNAL needs listener.tls.verify_client = true")
-    for name in ("cert_file", "key_file", "ca_file"):
+    for name in ("cert_file", "key_file", "ca_file", "crl_file"):
         _check_file(f"listener.tls.{name}", getattr(tls, name))
+    if tls.crl_file and not tls.verify_client:
+        raise ConfigError("listener.tls.crl_file", "needs listener.tls.verify_client = true (it is checked against "
+                          "client certificates)")
+    if tls.enabled:
+        _check_tls(tls, "listener.tls")
     upstream = config.upstream
     if upstream.credentials == "pass-through" and "PLAIN" not in listener.sasl_mechanisms:
         raise ConfigError("upstream.credentials", "pass-through needs PLAIN in listener.sasl_mechanisms")
@@ -846,6 +1038,8 @@ def _check(config: Config) -> None:
     if config.journal.enabled:
         _check_extra("journal.enabled", "journal", "pyarrow")
     _check_replicas(config)
+    _check_metrics(config.metrics)
+    _check_security(config)
     for name, virtual in config.virtual_addresses.items():
         if not name:
             raise ConfigError("virtual_addresses", "names must not be empty")
@@ -902,6 +1096,9 @@ def _check_replicas(config: Config) -> None:
 def _check_replicas_with(config: Config) -> None:
     """What replicas cannot be combined with."""
     replicas = config.replicas
+    if config.listener.tls.enabled:
+        raise ConfigError("replicas.peers", "the replicas reach each other's AMQP listener without TLS, and "
+                          "listener.tls turns it on: they could not connect")
     if not config.upstream.urls:
         raise ConfigError("replicas.peers", "replicas need an upstream broker (upstream.urls): the embedded "
                           "broker's queues live in one process")
@@ -911,6 +1108,36 @@ def _check_replicas_with(config: Config) -> None:
         raise ConfigError("replicas.peers", "replicas cannot be combined with listener.workers > 1")
     if replicas.password and not replicas.user:
         raise ConfigError("replicas.user", "is required with replicas.password")
+    if not replicas.user and not config.listener.is_loopback:
+        raise ConfigError("replicas.user", f"is required when the listener is beyond loopback "
+                          f"({config.listener.host}): replicas are recognised by their login, and without one any "
+                          "client that reaches the listener could pass for a replica")
+    if replicas.user and replicas.user not in config.listener.users:
+        raise ConfigError("replicas.user", f"{replicas.user!r} must be one of listener.users (the replicas log in "
+                          "to each other with it)")
+
+
+def _check_tls(tls: Any, prefix: str) -> None:
+    """The TLS settings OpenSSL must accept (`ciphers`, `groups`), tried on a context of their own."""
+    import ssl
+
+    from .security import harden
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        harden(context, tls)
+    except TlsSettingError as e:
+        raise ConfigError(f"{prefix}.{e.key}", e.reason) from None
+    if tls.crl_file:
+        try:
+            context.load_verify_locations(tls.crl_file)
+        except (ssl.SSLError, OSError):
+            raise ConfigError(f"{prefix}.crl_file", f"{tls.crl_file} holds no PEM certificate revocation list") from None
+
+
+def _check_metrics(metrics: Metrics) -> None:
+    if metrics.token and not re.fullmatch(r"[\x21-\x7e]+", metrics.token):
+        raise ConfigError("metrics.token", "must be printable ASCII without spaces (it is sent in an HTTP header)")
 
 
 def _check_extra(key: str, extra: str, module: str) -> None:
@@ -925,17 +1152,24 @@ def _check_file(key: str, path: str) -> None:
         raise ConfigError(key, f"file not found: {path}")
 
 
+_URL_HINT = "(in a user name or password, @ : / ? # and % are written percent-encoded: %40 %3A %2F %3F %23 %25)"
+
+
 def _check_url(key: str, url: str) -> None:
+    # The messages are ours, never the parser's: its text may quote a piece of the password.
     shown = redact_url(url)
     try:
         parts = urlsplit(url)
+    except ValueError:
+        raise ConfigError(key, f"is not a URL amqp[s]://[user:pass@]host[:port]: {shown} {_URL_HINT}") from None
+    try:
         port = parts.port
-    except ValueError as e:
-        raise ConfigError(key, f"invalid URL {shown}: {redact_url(str(e))}") from None
+    except ValueError:
+        raise ConfigError(key, f"port must be a number 1-65535: {shown} {_URL_HINT}") from None
     if parts.scheme not in ("amqp", "amqps"):
         raise ConfigError(key, f"must be an amqp:// or amqps:// URL, got {shown}")
     if not parts.hostname:
-        raise ConfigError(key, f"has no host: {shown}")
+        raise ConfigError(key, f"has no host: {shown} {_URL_HINT}")
     if port == 0:
         raise ConfigError(key, f"port must be 1-65535: {shown}")
 
@@ -1000,8 +1234,74 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] = os
     if args is not None:
         _apply_flags(raw, args, leaves)
     config = _build_section(Config, raw, "")
+    config = _read_secret_files(config)
     _check(config)
     return config
+
+
+def _read_secret_files(config: Config) -> Config:
+    """`metrics.token_file` and `upstream.password_file` read into `metrics.token`, `upstream.password`."""
+    metrics, upstream = config.metrics, config.upstream
+    if metrics.token_file:
+        token = _read_secret("metrics.token_file", metrics.token_file, "metrics.token", metrics.token)
+        config = dataclasses.replace(config, metrics=dataclasses.replace(metrics, token=token))
+    if upstream.password_file:
+        password = _read_secret("upstream.password_file", upstream.password_file, "upstream.password",
+                                upstream.password)
+        config = dataclasses.replace(config, upstream=dataclasses.replace(upstream, password=password))
+    return config
+
+
+def _read_secret(key: str, path: str, other: str, given: str) -> str:
+    """The first line of the file `path` (its line end dropped); never shown in a message."""
+    if given:
+        raise ConfigError(key, f"and {other} are both set: set one of them")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.readline(64 * 1024)
+    except FileNotFoundError:
+        raise ConfigError(key, f"file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(key, f"{path} is not UTF-8 text") from None
+    secret = text.rstrip("\r\n")
+    if not secret:
+        raise ConfigError(key, f"{path} is empty (the secret is its first line)")
+    return secret
+
+
+_SECRET_KEYS = ("listener.tls.key_password", "listener.users", "upstream.password", "replicas.password",
+                "metrics.token")
+
+
+def file_warnings(path: str | None) -> list[str]:
+    """Warnings about the configuration file itself: readable by others (group or world) while it holds
+    a secret (a password, a key's password, a token, password hashes, a URL with a password)."""
+    if not path:
+        return []
+    try:
+        mode = os.stat(path).st_mode
+        raw = read_file(path)
+    except (OSError, ConfigError):
+        return []
+    if not mode & 0o077:
+        return []
+    held = []
+    for key in _SECRET_KEYS:
+        node: Any = raw
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node:
+            held.append(key)
+    urls = raw.get("upstream", {}).get("urls") if isinstance(raw.get("upstream"), Mapping) else None
+    if isinstance(urls, list) and any(isinstance(u, str) and redact_url(u) != u for u in urls):
+        held.append("upstream.urls (a password)")
+    if not held:
+        return []
+    return [f"the configuration file {path} is readable by others (mode {mode & 0o777:o}) and holds secrets "
+            f"({', '.join(held)}): make it readable by its owner only (chmod 600), or move the secrets to "
+            "files of their own (upstream.password_file, metrics.token_file) or the environment"]
 
 
 def _apply_flags(raw: dict, args: argparse.Namespace, leaves: Mapping[str, Any]) -> None:
@@ -1038,6 +1338,45 @@ def _apply_flags(raw: dict, args: argparse.Namespace, leaves: Mapping[str, Any])
         _set(raw, key, parsed)
 
 
+@dataclass(frozen=True)
+class Reloaded:
+    """What `reload_security` read: `config` is the running configuration with the file's users, roles
+    and settings (None when the file has an error: then `error` says why and the old ones stay);
+    `ignored` lists the other keys whose value changed, which need a restart."""
+
+    config: Config | None
+    error: ConfigError | None = None
+    ignored: tuple[str, ...] = ()
+
+
+_RELOADED = ("listener.users", "security.roles", "security.settings")
+
+
+def _value(config: Config, key: str) -> Any:
+    value: Any = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def reload_security(current: Config, args: argparse.Namespace | None = None,
+                    environ: Mapping[str, str] = os.environ) -> Reloaded:
+    """On SIGHUP: read the configuration again (the same file, environment and flags as at start) and
+    take its `listener.users`, `security.roles` and `security.settings`; everything else stays as it
+    runs.  A configuration error returns `Reloaded(None, error)`: the daemon keeps the old settings and
+    logs the error (it names the key)."""
+    try:
+        fresh = load(args, environ)
+        merged = dataclasses.replace(
+            current, listener=dataclasses.replace(current.listener, users=fresh.listener.users),
+            security=fresh.security)
+        _check(merged)
+    except ConfigError as e:
+        return Reloaded(None, e)
+    ignored = tuple(key for key, _ in _leaves() if key not in _RELOADED and _value(fresh, key) != _value(current, key))
+    return Reloaded(merged, None, ignored)
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The configuration flags of `broker-filter serve`."""
     group = parser.add_argument_group("configuration (flags override BROKER_FILTER_* variables override the file)")
@@ -1071,6 +1410,8 @@ def load_for_cli(args: argparse.Namespace, environ: Mapping[str, str] = os.envir
     except ConfigError as e:
         print(f"broker-filter: config error: {e}", file=stderr or sys.stderr)
         raise SystemExit(ConfigError.exit_code) from None
+    for warning in file_warnings(getattr(args, "config", None) or environ.get(CONFIG_ENV)):
+        print(f"broker-filter: warning: {warning}", file=stderr or sys.stderr)
     if getattr(args, "print_config", False):
         print(json.dumps(config.to_dict(), indent=2))
         raise SystemExit(0)

@@ -21,20 +21,25 @@ reachable.
 
 from __future__ import annotations
 
-import logging
+import hashlib
+import hmac
+import io
+import ipaddress
 import json
+import logging
+import selectors
 import socket
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import ThreadingWSGIServer
 
 log = logging.getLogger("broker_filter.metrics")
 
@@ -42,6 +47,7 @@ OTHER = "other"
 OUTCOMES = frozenset({"accepted", "rejected", "released", "modified"})
 LINK_KINDS = frozenset({"consumer", "producer", "upstream-consumer", "upstream-producer"})
 
+AUTHORIZATION_OPERATIONS = frozenset({"consume", "browse", "send", "manage", "durable"})
 REFUSAL_REASONS = frozenset(
     {
         "invalid-filter",  # selector or filter-set that does not compile (amqp:invalid-field)
@@ -208,6 +214,10 @@ class Metrics:
         self.attach_refused = Counter(
             "broker_filter_attach_refused", "Link attaches refused, by reason", ["reason"], registry=r
         )
+        self.authorization_refusals = Counter(
+            "broker_filter_authorization_refusals", "Operations refused by the security settings, by operation "
+            "(consume, browse, send, manage, durable)", ["operation"], registry=r
+        )
         self.splices = Counter(
             "broker_filter_splices", "Client connections spliced to the replica owning their first link's queue "
             "(replicas.splice)", registry=r
@@ -215,6 +225,14 @@ class Metrics:
         self.upstream_reconnects = Counter(
             "broker_filter_upstream_reconnects", "Upstream connections re-established after a loss, by the "
             "loss's cause (broker-closed, socket, heartbeat, unanswered)", ["cause"], registry=r
+        )
+        self.links_resumed = Counter(
+            "broker_filter_links_resumed", "Client links served again, still attached, after their upstream "
+            "connection was lost and re-established (queues and senders)", registry=r
+        )
+        self.links_detached_by_reconnect = Counter(
+            "broker_filter_links_detached_by_reconnect", "Client links detached because their upstream connection "
+            "was lost and they cannot be resumed (subscriptions, dynamic nodes, browsers)", registry=r
         )
         self.shared_subscribers = Gauge(
             "broker_filter_shared_subscribers",
@@ -243,6 +261,7 @@ class Metrics:
         self._snapshot = Snapshot()
         r.register(_SnapshotCollector(self))
         self.links: Callable[[], dict | None] | None = None  # `GET /links` (set by the daemon)
+        self.filter_text_in_labels = False  # `metrics.filter_text_in_labels` (set by `serve_http`)
 
     # -- events (called on the daemon's thread) ----------------------------------------------------
 
@@ -266,6 +285,9 @@ class Metrics:
 
     def upstream_reconnected(self, cause: str | None) -> None:
         self.upstream_reconnects.labels(bounded(cause or "", RECONNECT_CAUSES)).inc()
+
+    def authorization_refused(self, operation: str) -> None:
+        self.authorization_refusals.labels(bounded(operation, AUTHORIZATION_OPERATIONS)).inc()
 
     def refuse_connection(self, reason: str) -> None:
         self.connections_refused.labels(bounded(reason, CONNECTION_REFUSALS)).inc()
@@ -348,10 +370,14 @@ class _SnapshotCollector:
         yield from families
         costliest = GaugeMetricFamily("broker_filter_costliest_filter_info",
                                       "1 for each of the links' filters that took the most evaluation time "
-                                      "(metrics.costliest_filters of them), rank 1 the costliest; the filter's "
-                                      "text cut to 60 characters and a hash of the whole",
+                                      "(metrics.costliest_filters of them), rank 1 the costliest; a hash of the "
+                                      "filter's text (with metrics.filter_text_in_labels: the text cut to 60 "
+                                      "characters, then the hash)",
                                       labels=["rank", "address", "kind", "filter"])
+        shown = self._metrics.filter_text_in_labels
         for rank, (address, kind, text) in enumerate(snap.costliest, 1):
+            if not shown:  # the hash alone (`short_text`'s last word): a selector's literals stay in the daemon
+                text = "#" + text.rpartition("#")[2]
             costliest.add_metric([str(rank), labels(address), kind, text], 1)
         yield costliest
         yield GaugeMetricFamily(
@@ -440,6 +466,97 @@ class Health:
 
 
 # --------------------------------------------------------------------------------------------------
+# GET /links
+
+
+class LinksAccess:
+    """Who may read `/links`, and what they see.
+
+    A token configured (`metrics.token`): a request must carry it (`Authorization: Bearer TOKEN`,
+    else 401) and sees everything.  No token: on a loopback listener anyone who can reach it is
+    answered with each filter's kind and a hash of its text in place of the text (literals in a
+    selector, such as account numbers, stay in the daemon); on any other listener `/links` is
+    refused (403) -- the listener may be reachable from far away.
+
+    The report is made on the daemon's loop (`source`, which waits for it) at most once per
+    `interval` seconds, however many clients ask: the others get the report made last (its JSON
+    rendered once per form), and wait for the one being made rather than asking the loop again.  Its
+    records are cut to `limit` (`truncated` says so)."""
+
+    def __init__(self, source: Callable[[], dict | None], *, token: str = "", loopback: bool = True,
+                 interval: float = 1.0, limit: int = 1000, clock: Callable[[], float] = time.monotonic):
+        self._source = source
+        self._token = token.encode()
+        self._loopback = loopback
+        self._interval = interval
+        self._limit = limit
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._made_at: float | None = None
+        self._report: dict | None = None
+        self._bodies: dict[bool, bytes] = {}
+        self.made = 0  # reports the loop was asked for
+
+    def authorize(self, header: str | None) -> tuple[str, list, bytes] | bool:
+        """True: the request may see filter texts; False: it may see the rest; else the refusal
+        (status, headers, body)."""
+        if self._token:
+            scheme, _, given = (header or "").strip().partition(" ")
+            if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token):
+                return True
+            return ("401 Unauthorized", [*_TEXT, ("WWW-Authenticate", 'Bearer realm="broker-filter"')],
+                    b"/links needs the bearer token of metrics.token (Authorization: Bearer TOKEN)\n")
+        if not self._loopback:
+            return ("403 Forbidden", _TEXT,
+                    b"/links is refused on a metrics listener that is not loopback unless metrics.token is set "
+                    b"(requests must then carry it)\n")
+        return False
+
+    def body(self, texts: bool) -> bytes | None:
+        """The JSON of the current report (with filter texts, or with their hashes); None when the
+        daemon's loop did not answer in time."""
+        with self._lock:
+            now = self._clock()
+            if self._made_at is None or now - self._made_at >= self._interval:
+                self.made += 1
+                report = self._source()
+                self._report = _bounded(report, self._limit) if report is not None else None
+                self._made_at = self._clock()
+                self._bodies = {}
+            if self._report is None:
+                return None
+            body = self._bodies.get(texts)
+            if body is None:
+                shown = self._report if texts else _without_texts(self._report)
+                body = self._bodies[texts] = json.dumps(shown, default=str).encode()
+            return body
+
+
+def _bounded(report: dict, limit: int) -> dict:
+    links = report.get("links") or []
+    if len(links) <= limit:
+        return report
+    return {**report, "links": links[:limit], "truncated": True}
+
+
+def filter_hash(text: str) -> str:
+    """What `/links` shows of a filter's text without the token: a hash that tells filters apart."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+def _without_texts(report: dict) -> dict:
+    links = []
+    for record in report.get("links") or []:
+        filters = record.get("filters")
+        if filters:
+            record = {**record, "filters": [
+                {k: v for k, v in f.items() if k != "text"} | {"hash": filter_hash(str(f.get("text", "")))}
+                for f in filters]}
+        links.append(record)
+    return {**report, "links": links, "filter_texts": "hidden (they need metrics.token)"}
+
+
+# --------------------------------------------------------------------------------------------------
 # HTTP exporter
 
 
@@ -447,12 +564,16 @@ _TEXT = [("Content-Type", "text/plain; charset=utf-8")]
 PROBES = {"/healthz": "alive", "/livez": "alive", "/readyz": "ready"}
 
 
-def make_app(registry: CollectorRegistry, health: Health, links: Callable[[], dict | None] | None = None) -> Callable:
+def make_app(registry: CollectorRegistry, health: Health, links: LinksAccess | Callable[[], dict | None] | None = None
+             ) -> Callable:
     """The exporter as a WSGI application: `/metrics` is prometheus_client's own `make_wsgi_app`
     (content negotiation, gzip, `name[]` filters), `/healthz` (`/livez`) and `/readyz` answer 200 or
-    503 with the reason; `/links` (when `links` is given) the daemon's client links as JSON (503 when
-    the daemon's loop does not answer in time); HEAD answers like GET without a body; nothing is cached."""
+    503 with the reason; `/links` (when `links` is given) the daemon's client links as JSON, as
+    `LinksAccess` allows (503 when the daemon's loop does not answer in time); HEAD answers like GET
+    without a body; nothing is cached by clients."""
     metrics_app = make_wsgi_app(registry)
+    if links is not None and not isinstance(links, LinksAccess):
+        links = LinksAccess(links)
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path, head = environ.get("PATH_INFO", ""), environ["REQUEST_METHOD"] == "HEAD"
@@ -464,13 +585,19 @@ def make_app(registry: CollectorRegistry, health: Health, links: Callable[[], di
             if path == "/metrics":
                 body = metrics_app({**environ, "REQUEST_METHOD": "GET"} if head else environ, respond)
             elif path == "/links" and links is not None:
-                report = links()
-                if report is None:
-                    respond("503 Service Unavailable", _TEXT)
-                    body = [b"the daemon did not answer in time\n"]
+                allowed = links.authorize(environ.get("HTTP_AUTHORIZATION"))
+                if isinstance(allowed, tuple):
+                    status, headers, text = allowed
+                    respond(status, headers)
+                    body = [text]
                 else:
-                    respond("200 OK", [("Content-Type", "application/json")])
-                    body = [json.dumps(report, default=str).encode()]
+                    report = links.body(texts=allowed)
+                    if report is None:
+                        respond("503 Service Unavailable", _TEXT)
+                        body = [b"the daemon did not answer in time\n"]
+                    else:
+                        respond("200 OK", [("Content-Type", "application/json")])
+                        body = [report]
             elif path in PROBES:
                 ok, reason = getattr(health, PROBES[path])()
                 respond("200 OK" if ok else "503 Service Unavailable", _TEXT)
@@ -487,50 +614,250 @@ def make_app(registry: CollectorRegistry, health: Health, links: Callable[[], di
     return app
 
 
-class _QuietHandler(WSGIRequestHandler):
+class _Handler(WSGIRequestHandler):
+    """One request whose head the exporter has read already (`request`: the socket and the head);
+    the answer is written with the request's deadline."""
+
+    def setup(self) -> None:
+        sock, head, deadline = self.request
+        self.connection = sock
+        self.rfile = io.BytesIO(head)
+        self.wfile = _DeadlineWriter(sock, deadline)
+
+    def finish(self) -> None:
+        self.rfile.close()
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
         log.debug("http %s - %s", self.address_string(), format % args)
 
 
-class _ExporterServer(ThreadingWSGIServer):
-    allow_reuse_address = True
+class _DeadlineWriter(io.RawIOBase):
+    """Writes to a socket, all of it before `deadline` (monotonic) or not at all: a client that does
+    not take its answer is dropped then."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self._sock = sock
+        self._deadline = deadline
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the client did not take its answer in time")
+        self._sock.settimeout(remaining)
+        self._sock.sendall(data)
+        return len(data)
 
 
-class _ExporterServer6(_ExporterServer):
-    address_family = socket.AF_INET6
+# A request's head (request line and headers) is at most this long; more is refused (431).
+MAX_HEAD = 16 * 1024
+# Connections whose request is still coming in; past this, the oldest one is dropped.
+MAX_PENDING = 256
+# Complete requests waiting for a thread, per thread; past this, a request is answered 503 at once.
+QUEUE_PER_THREAD = 4
+
+
+class _Pending:
+    __slots__ = ("sock", "peer", "head", "deadline")
+
+    def __init__(self, sock: socket.socket, peer: Any, deadline: float):
+        self.sock = sock
+        self.peer = peer
+        self.head = bytearray()
+        self.deadline = deadline
 
 
 class Exporter:
-    """The HTTP exporter running on its own thread; `close()` stops it (idempotent)."""
+    """The HTTP exporter.  One thread (`broker-filter-metrics`) accepts connections and reads their
+    requests, all of them, without blocking; a complete request goes to one of `threads` threads
+    (`broker-filter-http`), which answers it.  A request must arrive whole within `request_timeout`
+    seconds, and its answer must be taken within as many more; else the connection is dropped.  So
+    the threads are bounded whatever clients do (half-sent requests hold a socket, not a thread), and
+    so is the wait for one: past `threads * QUEUE_PER_THREAD` requests queued, 503 at once.
+    `close()` stops it (idempotent)."""
 
-    def __init__(self, server: ThreadingWSGIServer):
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="broker-filter-metrics", daemon=True
-        )
-        self._thread.start()
+    def __init__(self, app: Callable, host: str, port: int, *, threads: int = 8, request_timeout: float = 5.0):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, port))
+            self._sock.listen(128)
+        except OSError:
+            self._sock.close()
+            raise
+        self._sock.setblocking(False)
+        self._app = app
+        self._timeout = request_timeout
+        self._threads = threads
+        self._queue_limit = threads * (1 + QUEUE_PER_THREAD)
+        self._busy = 0  # requests handed to the pool and not finished
+        self._busy_lock = threading.Lock()
+        address = self._sock.getsockname()
+        self.base_environ = {"SERVER_NAME": host, "GATEWAY_INTERFACE": "CGI/1.1", "SERVER_PORT": str(address[1]),
+                             "REMOTE_HOST": "", "CONTENT_LENGTH": "", "SCRIPT_NAME": ""}
+        self._address = address
+        self._pending: dict[int, _Pending] = {}  # fd -> connection whose request is coming in
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._sock, selectors.EVENT_READ, None)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="broker-filter-http")
         self._closed = False
+        self.dropped = 0  # connections dropped: request too slow, too long, or too many at once
+        self._thread = threading.Thread(target=self._run, name="broker-filter-metrics", daemon=True)
+        self._thread.start()
+
+    def get_app(self) -> Callable:  # (what WSGIRequestHandler asks its server for)
+        return self._app
 
     @property
     def host(self) -> str:
-        return self._server.server_address[0]
+        return self._address[0]
 
     @property
     def port(self) -> int:
-        return self._server.server_address[1]
+        return self._address[1]
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    # -- the accepting thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._closed:
+            now = time.monotonic()
+            wait = min((p.deadline for p in self._pending.values()), default=now + 1.0) - now
+            try:
+                events = self._selector.select(max(0.0, min(wait, 1.0)))
+            except OSError:
+                if self._closed:
+                    return
+                raise
+            for key, _ in events:
+                if key.fileobj is self._sock:
+                    self._accept()
+                elif key.fileobj is self._wake_r:
+                    return
+                else:
+                    self._read(key.data)
+            now = time.monotonic()
+            for pending in [p for p in self._pending.values() if p.deadline <= now]:
+                self._drop(pending)
+
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                sock, peer = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # e.g. out of descriptors: try again on the next event
+                log.warning("metrics listener: accept failed: %s", e.strerror or e)
+                return
+            sock.setblocking(False)
+            if len(self._pending) >= MAX_PENDING:
+                self._drop(min(self._pending.values(), key=lambda p: p.deadline))
+            pending = _Pending(sock, peer, time.monotonic() + self._timeout)
+            self._pending[sock.fileno()] = pending
+            self._selector.register(sock, selectors.EVENT_READ, pending)
+
+    def _read(self, pending: _Pending) -> None:
+        try:
+            data = pending.sock.recv(MAX_HEAD + 1 - len(pending.head))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(pending)
+            return
+        pending.head += data
+        end = pending.head.find(b"\r\n\r\n")
+        if end < 0:
+            end = pending.head.find(b"\n\n")
+        if end < 0:
+            if len(pending.head) > MAX_HEAD:
+                self._answer_now(pending, "431 Request Header Fields Too Large", b"request head too long\n")
+            return
+        self._forget(pending)
+        with self._busy_lock:
+            full = self._busy >= self._queue_limit
+            if not full:
+                self._busy += 1
+        if full:
+            self._answer_now(pending, "503 Service Unavailable", b"too many requests at once\n", forgotten=True)
+            return
+        try:
+            self._pool.submit(self._serve, pending.sock, bytes(pending.head), pending.peer,
+                              time.monotonic() + self._timeout)
+        except RuntimeError:  # closing
+            pending.sock.close()
+
+    def _forget(self, pending: _Pending) -> None:
+        self._pending.pop(pending.sock.fileno(), None)
+        try:
+            self._selector.unregister(pending.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def _drop(self, pending: _Pending) -> None:
+        self.dropped += 1
+        self._forget(pending)
+        pending.sock.close()
+
+    def _answer_now(self, pending: _Pending, status: str, body: bytes, *, forgotten: bool = False) -> None:
+        """A short refusal, sent without waiting (what does not fit the socket's buffer is lost)."""
+        self.dropped += 1
+        if not forgotten:
+            self._forget(pending)
+        try:
+            pending.sock.send(f"HTTP/1.0 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+                              f"Connection: close\r\n\r\n".encode() + body)
+        except OSError:
+            pass
+        pending.sock.close()
+
+    # -- the answering threads -----------------------------------------------------------------------
+
+    def _serve(self, sock: socket.socket, head: bytes, peer: Any, deadline: float) -> None:
+        try:
+            _Handler((sock, head, deadline), peer, self)
+        except (OSError, TimeoutError):
+            pass  # the client went, or did not take its answer in time
+        except Exception:  # noqa: BLE001 - one request's failure never stops the exporter
+            log.exception("metrics listener: a request failed")
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    # ------------------------------------------------------------------------------------------------
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._server.shutdown()
-        self._server.server_close()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
         self._thread.join(timeout=5)
+        for pending in list(self._pending.values()):
+            self._forget(pending)
+            pending.sock.close()
+        self._selector.close()
+        self._sock.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Exporter:
         return self
@@ -539,12 +866,30 @@ class Exporter:
         self.close()
 
 
-def serve_http(metrics: Metrics, health: Health, host: str, port: int) -> Exporter:
-    """Start the exporter on host:port (port 0: any free port, see `Exporter.port`).  OSError if the
-    address cannot be bound."""
-    server_class = _ExporterServer6 if ":" in host else _ExporterServer
-    server = make_server(host, port, make_app(metrics.registry, health, metrics.links), server_class, _QuietHandler)
-    exporter = Exporter(server)
+def is_loopback(host: str) -> bool:
+    """A listener on `host` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_http(metrics: Metrics, health: Health, host: str, port: int, settings: Any = None) -> Exporter:
+    """Start the exporter on host:port (port 0: any free port, see `Exporter.port`).  `settings`: the
+    `[metrics]` section (token, `/links` interval and limit, threads, request time-out); without it,
+    the defaults and no token.  OSError if the address cannot be bound."""
+    def get(name: str, default: Any) -> Any:
+        return getattr(settings, name, default) if settings is not None else default
+
+    metrics.filter_text_in_labels = get("filter_text_in_labels", False)
+    links = None
+    if metrics.links is not None:
+        links = LinksAccess(metrics.links, token=get("token", ""), loopback=is_loopback(host),
+                            interval=get("links_interval", 1.0), limit=get("links_limit", 1000))
+    app = make_app(metrics.registry, health, links)
+    exporter = Exporter(app, host, port, threads=get("http_threads", 8), request_timeout=get("request_timeout", 5.0))
     log.info("metrics and health endpoints on %s (/metrics, /healthz, /readyz, /links)", exporter.url)
     return exporter
 
@@ -554,6 +899,7 @@ __all__ = [
     "AddressLabels",
     "Exporter",
     "Health",
+    "LinksAccess",
     "Metrics",
     "Snapshot",
     "serve_http",

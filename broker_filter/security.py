@@ -59,15 +59,120 @@ def identity_of(connection: Any) -> Identity:
     return identity if isinstance(identity, Identity) else ANONYMOUS
 
 
+# Mozilla's "intermediate" server profile (ssl-config.mozilla.org, version 5.7): TLS 1.2 with ECDHE
+# key exchange and AEAD ciphers only (its DHE suites are left out: the listener has no DH
+# parameters), TLS 1.3 with OpenSSL's default suites (all three are the profile's), and the groups
+# X25519, P-256 and P-384.
+INTERMEDIATE_CIPHERS = ":".join((
+    "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
+))
+INTERMEDIATE_GROUPS = ("X25519", "prime256v1", "secp384r1")
+TLS_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+
+
+class TlsSettingError(ValueError):
+    """A TLS setting OpenSSL does not accept: `key` names the setting (`ciphers`, `groups`, ...)."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"{key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
 def server_ssl_context(tls: Any) -> ssl.SSLContext:
-    """An `ssl.SSLContext` for `[listener.tls]`."""
+    """An `ssl.SSLContext` for `[listener.tls]`: its certificate, `min_version`, `ciphers`, `groups`,
+    and client certificates checked against `ca_file` (and `crl_file`, leaf certificates)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    harden(context, tls)
     context.load_cert_chain(tls.cert_file, tls.key_file, password=tls.key_password or None)
     if tls.ca_file:
         context.load_verify_locations(tls.ca_file)
+    if getattr(tls, "crl_file", ""):
+        try:
+            context.load_verify_locations(tls.crl_file)
+        except ssl.SSLError as e:
+            raise TlsSettingError("crl_file", f"{tls.crl_file} holds no PEM certificate revocation list "
+                                              f"({e.reason or e})") from None
+        context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
     context.verify_mode = ssl.CERT_REQUIRED if tls.verify_client else ssl.CERT_NONE
     return context
+
+
+def harden(context: ssl.SSLContext, tls: Any) -> None:
+    """Apply `min_version`, `ciphers` (TLS 1.2's; TLS 1.3 keeps OpenSSL's suites) and `groups` of a
+    TLS settings section to `context`; TlsSettingError names the setting OpenSSL refused.  No
+    compression, no renegotiation, a fresh ECDHE key per handshake."""
+    context.minimum_version = TLS_VERSIONS.get(getattr(tls, "min_version", "TLSv1.2"), ssl.TLSVersion.TLSv1_2)
+    context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_SINGLE_ECDH_USE | getattr(ssl, "OP_NO_RENEGOTIATION", 0)
+    ciphers = getattr(tls, "ciphers", INTERMEDIATE_CIPHERS)
+    try:
+        context.set_ciphers(ciphers)
+    except ssl.SSLError:
+        raise TlsSettingError("ciphers", f"OpenSSL selects no cipher from {ciphers!r}") from None
+    set_groups(context, tuple(getattr(tls, "groups", INTERMEDIATE_GROUPS)))
+
+
+def set_groups(context: ssl.SSLContext, groups: tuple[str, ...]) -> None:
+    """Limit the key-exchange groups (curves) of `context` to `groups`.
+
+    Python 3.11's `ssl` sets one curve only (`set_ecdh_curve`); OpenSSL's `SSL_CTX_set1_groups_list`
+    takes a list, so it is called through ctypes on the context's own `SSL_CTX` (the first field
+    after the object header of CPython's SSLContext), found in the `_ssl` module's own OpenSSL and
+    checked before use: the pointer must report the context's options and verify mode.  Where that
+    check fails (another Python), the first group alone is set with `set_ecdh_curve`: still inside
+    the list, fewer choices for the client."""
+    if not groups:
+        return
+    for group in groups:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", group):
+            raise TlsSettingError("groups", f"{group!r} is not a group name")
+    setter = _groups_setter()
+    if setter is not None:
+        ok = setter(context, ":".join(groups))
+        if ok is not None:
+            if not ok:
+                raise TlsSettingError("groups", f"OpenSSL does not know one of {', '.join(groups)}")
+            return
+    try:
+        context.set_ecdh_curve(groups[0])
+    except (ValueError, ssl.SSLError):
+        raise TlsSettingError("groups", f"OpenSSL does not know the curve {groups[0]!r}") from None
+
+
+_SSL_CTRL_SET_GROUPS_LIST = 92  # SSL_CTX_set1_groups_list is this SSL_CTX_ctrl call (ssl.h)
+_groups_lib: Any = None
+
+
+def _groups_setter() -> Callable[[ssl.SSLContext, str], bool | None] | None:
+    """`set(context, "A:B:C") -> True/False` (None: the context's SSL_CTX could not be found), or
+    None where ctypes or the symbols are missing."""
+    global _groups_lib
+    if _groups_lib is None:
+        try:
+            import ctypes
+
+            lib = ctypes.CDLL(ssl._ssl.__file__)  # type: ignore[attr-defined]
+            ctrl, options, verify = lib.SSL_CTX_ctrl, lib.SSL_CTX_get_options, lib.SSL_CTX_get_verify_mode
+            ctrl.restype, ctrl.argtypes = ctypes.c_long, [ctypes.c_void_p, ctypes.c_int, ctypes.c_long,
+                                                          ctypes.c_char_p]
+            options.restype, options.argtypes = ctypes.c_uint64, [ctypes.c_void_p]
+            verify.restype, verify.argtypes = ctypes.c_int, [ctypes.c_void_p]
+            _groups_lib = (ctypes, ctrl, options, verify)
+        except (ImportError, OSError, AttributeError):
+            _groups_lib = False
+    if not _groups_lib:
+        return None
+    ctypes, ctrl, options, verify = _groups_lib
+
+    def set_list(context: ssl.SSLContext, names: str) -> bool | None:
+        pointer = ctypes.c_void_p.from_address(id(context) + object.__basicsize__).value
+        if not pointer or options(pointer) != int(context.options) or verify(pointer) != int(context.verify_mode):
+            return None
+        return ctrl(pointer, _SSL_CTRL_SET_GROUPS_LIST, 0, names.encode("ascii")) == 1
+
+    return set_list
 
 
 class PasswordHashError(ValueError):
@@ -207,29 +312,35 @@ class UserDatabase:
 
 
 def redact_url(url: str) -> str:
-    """`amqp://user:secret@host:5672/x` -> `amqp://user:***@host:5672/x`.  Anything unparsable is returned
-    with everything between `//` and the last `@` masked, so a secret never survives by accident."""
+    """`amqp://user:secret@host:5672/x` -> `amqp://user:***@host:5672/x`.  A URL whose credentials are
+    not plain to read (an `@` past the host part: a password with an unescaped `/`, `?` or `#`, or
+    one the parser refuses) has everything between `//` and its last `@` masked, so a secret never
+    survives by accident."""
+    head, sep, rest = url.partition("//")
+    if not sep:  # no scheme: `user:pass@host` all the same
+        return f"{REDACTED}@{url.rsplit('@', 1)[1]}" if "@" in url else url
+    if "@" not in rest:
+        return url
     try:
         parts = urlsplit(url)
-        if parts.password is None:
+        netloc = parts.netloc
+        clean = "@" in netloc and "@" not in rest[len(netloc):]
+        if clean and parts.password is None:
             return url
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        user = parts.username or ""
-        return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{netloc}"))
+        if clean:
+            host = netloc.rsplit("@", 1)[1]
+            return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{REDACTED}@{host}"))
     except ValueError:
-        if "@" not in url:
-            return url
-        head, _, rest = url.partition("//")
-        return f"{head}//{REDACTED}@{rest.rsplit('@', 1)[1]}"
+        pass
+    return f"{head}//{REDACTED}@{rest.rsplit('@', 1)[1]}"
 
 
-_URL_IN_TEXT = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@:]*):([^\s/@]*)@")
+_URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"]*")
 
 
 def redact_text(text: str) -> str:
     """Mask passwords of URLs embedded anywhere in free text."""
-    return _URL_IN_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}:{REDACTED}@", text)
-
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
 
 
 def certificate_subject(cert: Any) -> str | None:

@@ -66,6 +66,7 @@ class BrokerConfig:
     default_routing_type: str = ANYCAST
     auto_create: bool = True
     limits: Limits = field(default_factory=Limits)  # every address, unless overridden below
+    max_total_bytes: int | None = None  # bytes of messages all addresses together may hold (None: unbounded)
     address_limits: dict[str, Limits] = field(default_factory=dict)
     dead_letter_address: str | None = None
     delimiter: str = "."
@@ -106,6 +107,7 @@ class Broker:
         self.queues: dict[str, Queue] = {}
         self._wildcards = WildcardTrie(self.config.delimiter)
         self._dirty: dict[Queue, None] = {}
+        self.total_bytes = 0  # bytes of the messages held, over every address (`BrokerConfig.max_total_bytes`)
         self._private = itertools.count(1)
         self.dead_lettered = 0
         self.dead_letter_dropped = 0
@@ -165,6 +167,7 @@ class Broker:
             addr = stored.address
             addr.messages -= 1
             addr.bytes -= stored.size
+            self.total_bytes -= stored.size
 
     def _resolve(self, node: NodeName, *, for_consumer: bool) -> tuple[Address, str]:
         """The address (created if allowed) and the routing type to use on it."""
@@ -273,6 +276,7 @@ class Broker:
         self._check_limits(addr, size)
         addr.messages += 1
         addr.bytes += size
+        self.total_bytes += size
         for q in targets:
             q.enqueue(stored)
             self._dirty[q] = None
@@ -286,6 +290,11 @@ class Broker:
         if lim.max_bytes is not None and addr.bytes + size > lim.max_bytes:
             raise BrokerError(RESOURCE_LIMIT_EXCEEDED,
                               f"address {addr.name!r} is full: {addr.bytes} + {size} bytes exceeds {lim.max_bytes}")
+        total = self.config.max_total_bytes
+        if total is not None and self.total_bytes + size > total:
+            raise BrokerError(RESOURCE_LIMIT_EXCEEDED,
+                              f"the embedded broker is full: it holds {self.total_bytes} bytes over every address, "
+                              f"and {size} more would exceed {total} (embedded.max_total_bytes)")
 
     # ------------------------------------------------------------------ consuming
     def subscribe(self, address: str | None, *, capabilities: Iterable[str] = (), filter: Any = None,

@@ -22,22 +22,47 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--url", default=None,
                    help="the daemon's metrics listener (default: metrics.listen of --config, else "
                         "http://127.0.0.1:9464)")
-    p.add_argument("--config", default=None, help="the daemon's configuration file (for metrics.listen)")
+    p.add_argument("--config", default=None,
+                   help="the daemon's configuration file (for metrics.listen and metrics.token)")
+    p.add_argument("--token-file", default=None,
+                   help="file holding the daemon's metrics.token (default: $BROKER_FILTER_METRICS_TOKEN, else "
+                        "the token of --config); without a token, filter texts are hidden")
     p.add_argument("--json", action="store_true", help="print the daemon's JSON as it is")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer (default 10)")
     p.set_defaults(func=run)
 
 
+def _config(args: argparse.Namespace) -> object | None:
+    if not (args.config or os.environ.get("BROKER_FILTER_CONFIG")):
+        return None
+    from ..config import ConfigError, load
+
+    try:
+        return load(argparse.Namespace(config=args.config))
+    except ConfigError as e:
+        raise SystemExit(f"broker-filter links: {e}") from None
+
+
+def _token(args: argparse.Namespace) -> str:
+    """The bearer token for /links: --token-file, $BROKER_FILTER_METRICS_TOKEN, the configuration's."""
+    if getattr(args, "token_file", None):
+        try:
+            with open(args.token_file, encoding="utf-8") as fh:
+                return fh.readline().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SystemExit(f"broker-filter links: cannot read --token-file {args.token_file}: "
+                             f"{getattr(e, 'strerror', None) or e}") from None
+    if os.environ.get("BROKER_FILTER_METRICS_TOKEN"):
+        return os.environ["BROKER_FILTER_METRICS_TOKEN"]
+    config = _config(args)
+    return config.metrics.token if config is not None else ""
+
+
 def _base_url(args: argparse.Namespace) -> str:
     if args.url:
         return args.url if "://" in args.url else f"http://{args.url}"
-    if args.config or os.environ.get("BROKER_FILTER_CONFIG"):
-        from ..config import ConfigError, load
-
-        try:
-            config = load(argparse.Namespace(config=args.config))
-        except ConfigError as e:
-            raise SystemExit(f"broker-filter links: {e}") from None
+    config = _config(args)
+    if config is not None:
         if config.metrics.enabled:
             host = config.metrics.host
             host = "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
@@ -46,13 +71,17 @@ def _base_url(args: argparse.Namespace) -> str:
     return "http://127.0.0.1:9464"
 
 
-def fetch(url: str, timeout: float) -> dict:
+def fetch(url: str, timeout: float, token: str = "") -> dict:
     """The daemon's /links answer; SystemExit with a one-line reason when there is none."""
+    request = urllib.request.Request(f"{url.rstrip('/')}/links",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/links", timeout=timeout) as r:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
             return json.load(r)
     except urllib.error.HTTPError as e:
-        raise SystemExit(f"broker-filter links: {url}/links answered {e.code} {e.reason}") from None
+        why = e.read(500).decode("utf-8", "replace").strip()
+        raise SystemExit(f"broker-filter links: {url}/links answered {e.code} {e.reason}"
+                         f"{': ' + why if why else ''}") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise SystemExit(f"broker-filter links: no daemon answers at {url} ({reason})") from None
@@ -63,7 +92,8 @@ def fetch(url: str, timeout: float) -> dict:
 def _filters(link: dict) -> str:
     if link.get("anonymous_relay"):
         return "(anonymous relay)"
-    parts = [f"{f['kind']}: {f['text']} [{f['evaluated']}]" for f in link.get("filters", [])]
+    parts = [f"{f['kind']}: {f['text'] if 'text' in f else '#' + str(f.get('hash', '?'))} [{f['evaluated']}]"
+             for f in link.get("filters", [])]
     return "; ".join(parts) or "-"
 
 
@@ -97,7 +127,7 @@ def table(report: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = fetch(_base_url(args), args.timeout)
+        report = fetch(_base_url(args), args.timeout, _token(args))
     except SystemExit as e:
         print(e, file=sys.stderr)
         return 1

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     logs.configure_from(config)
     if config.listener.workers > 1 and worker_index() is None:
         return Supervisor(config).run()
-    app = App(config)
+    app = App(config, args=args)
     try:
         app.start()
     except StartError as e:

@@ -51,7 +51,8 @@ def client_ssl_context(tls: Any) -> ssl.SSLContext:
 
 class Typed:
     """The per-message handler of a routed link: `transfer(delivery)` for its PN_DELIVERY events
-    (the raw `pn_delivery_t` pointer), `failed()` when it raised (after the exception was logged)."""
+    (the raw `pn_delivery_t` pointer), `failed()` when it raised: called while the exception is
+    handled, it logs it (without `failed`, the engine does)."""
 
     __slots__ = ("transfer", "failed")
 

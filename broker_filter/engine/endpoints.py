@@ -961,9 +961,10 @@ class Engine:
                     try:
                         typed.transfer(lib.pn_event_delivery(event))
                     except Exception:  # noqa: BLE001 - as the daemon's boundaries do: log, fail the link
-                        log.exception("handling a delivery failed")
                         if typed.failed is not None:
-                            typed.failed()
+                            typed.failed()  # (it logs the exception, with what it knows of the link)
+                        else:
+                            log.exception("handling a delivery failed")
                     pop(collector)
                     continue
             method = dispatch.get(kind)

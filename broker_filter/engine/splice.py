@@ -25,14 +25,27 @@ import logging
 import os
 import socket
 from selectors import EVENT_READ, EVENT_WRITE
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..security import SaslClientExchange
 
-if TYPE_CHECKING:
-    from .loop import EventLoop, Listener
-
 log = logging.getLogger("broker_filter.engine.splice")
+
+
+class SpliceLoop(Protocol):
+    """What a splice needs of the event loop that owns its sockets (`engine.loop.EventLoop`; this
+    module is below it: the loop imports splices, never the other way)."""
+
+    selector: Any
+    splices: set
+
+    def call_later(self, delay: float, fn: Any) -> Any: ...
+
+
+class SpliceListener(Protocol):
+    """The listener that accepted the client (`engine.loop.Listener`): its count of active connections."""
+
+    active: int
 
 LOGIN_TIMEOUT = 10.0  # seconds for the target to accept the connection and answer the login
 _HIGH = 1 << 20  # bytes waiting for one side beyond which the other side is not read
@@ -55,8 +68,8 @@ class Splice:
     """The client socket `client` (its AMQP input so far: `replay`) spliced to `target`
     (HOST, PORT), logged in there with `login`."""
 
-    def __init__(self, loop: EventLoop, client: socket.socket, replay: bytes, target: tuple[str, int],
-                 login: SaslClientExchange, *, peer: str, listener: Listener | None = None):
+    def __init__(self, loop: SpliceLoop, client: socket.socket, replay: bytes, target: tuple[str, int],
+                 login: SaslClientExchange, *, peer: str, listener: SpliceListener | None = None):
         self.loop = loop
         self.client = _Side(client)
         self.login = login

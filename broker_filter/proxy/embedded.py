@@ -29,7 +29,9 @@ from ..amqp import redelivery_bytes
 from ..amqp.sections import set_message_annotation
 from ..amqp.types import symbol
 from .forwarding import ACCEPTED, Outcome
-from .upstream import ConsumerHandler, ConsumerInfo, ConsumerSpec, ErrorInfo, Loop, PublisherHandler, UpstreamDelivery
+from .traits import EMBEDDED
+from .upstream import (ConsumerHandler, ConsumerInfo, ConsumerSpec, ErrorInfo, Loop, PublisherHandler, UpstreamBase,
+                       UpstreamDelivery)
 
 log = logging.getLogger("broker_filter.proxy.embedded")
 
@@ -43,12 +45,10 @@ PUBLISHER_CREDIT = 1000
 def broker_config(section: Any) -> BrokerConfig:
     """A BrokerConfig from the `[embedded]` section of `broker_filter.config.Config` (0 = unlimited)."""
     return BrokerConfig(
-        default_routing_type=getattr(section, "default_routing_type", ANYCAST) or ANYCAST,
-        limits=Limits(
-            max_messages=getattr(section, "max_messages", 0) or None,
-            max_bytes=getattr(section, "max_bytes", 0) or None,
-        ),
-        dead_letter_address=getattr(section, "dead_letter_address", "") or None,
+        default_routing_type=section.default_routing_type or ANYCAST,
+        limits=Limits(max_messages=section.max_messages or None, max_bytes=section.max_bytes or None),
+        max_total_bytes=section.max_total_bytes or None,
+        dead_letter_address=section.dead_letter_address or None,
     )
 
 
@@ -74,6 +74,13 @@ class EmbeddedConsumer:
     @property
     def credit(self) -> int:
         return self.broker_consumer.credit if self.broker_consumer is not None else self._credit
+
+    def probe(self, answer: Any) -> None:
+        """The queue's ready count cannot be asked here (the broker is in process: nothing to probe)."""
+        return None
+
+    def settle_in_order(self) -> None:
+        """(A remote broker merges dispositions settled in order; nothing to do in process.)"""
 
     def filter_counts(self) -> tuple[int, int]:
         """(evaluations, matches) of the filters pushed down to the broker for this consumer: its
@@ -101,7 +108,7 @@ class EmbeddedConsumer:
                     capabilities=spec.capabilities,
                     filter=filter_,
                     link_name=spec.name,
-                    container_id=getattr(spec, "container_id", None),
+                    container_id=spec.container_id,
                     durable=_is_durable(spec),
                     context=self,
                     browse=spec.distribution_mode == "copy",
@@ -190,17 +197,17 @@ class EmbeddedPublisher:
         self._upstream._publishers.discard(self)
 
 
-class EmbeddedUpstream:
+class EmbeddedUpstream(UpstreamBase):
     """Upstream backed by an in-process `Broker`."""
 
     name = "embedded"
     # A receiver with a dynamic source gets a temporary queue of its own (`Broker.subscribe_temporary`:
-    # address `temp.<uuid>`, deleted when its link goes); its name is the attach reply's address.
-    dynamic_sources = True  # and dynamic targets (a JMS temporary queue): `declare_dynamic_target`
-    named_subscriptions = True  # a null source looks up a durable subscription by link name (Qpid JMS)
-    # A message given back goes out again with its history in the header (the proxy's feeds hand
-    # released, modified and a detached link's deliveries back here instead of keeping them).
-    redelivers_in_place = True
+    # address `temp.<uuid>`, deleted when its link goes); its name is the attach reply's address, and
+    # a dynamic target (a JMS temporary queue) one from `declare_dynamic_target`.  A null source looks
+    # a durable subscription up by link name (Qpid JMS).  A message given back goes out again with its
+    # history in the header (the proxy's feeds hand released, modified and a detached link's
+    # deliveries back here instead of keeping them).  Copy on a queue browses it.
+    traits = EMBEDDED
 
     def __init__(self, broker: Broker | None = None, config: BrokerConfig | None = None):
         self.broker = broker or Broker(config or BrokerConfig(), decode=_decode)
@@ -235,9 +242,8 @@ class EmbeddedUpstream:
             p.close()
 
     def can_evaluate(self, entry: Any) -> bool:
-        return getattr(entry, "kind", None) in PUSHABLE_KINDS
+        return entry.kind in PUSHABLE_KINDS
 
-    browses_queues = True  # distribution-mode copy on a queue browses it (broker.queue.Consumer.browse)
 
     def routing_type(self, address: str | None, capabilities: tuple[str, ...] = ()) -> str | None:
         return self.broker.consumer_routing(address, capabilities)

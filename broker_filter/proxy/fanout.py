@@ -243,6 +243,11 @@ class FanoutFeed(UpstreamCredit):
             self.counters.subscribers.inc()
         self._top_up()
 
+    def returns(self) -> list:
+        """What goes back upstream when the feed ends: nothing held here is unacquired (each copy is
+        settled with its outcome as its members decide)."""
+        return []
+
     def count_filters(self) -> None:
         """Bring the members' filter counts up to date: each was evaluated (by the index) on every
         message of the subscription since it joined; the index's time is shared among them."""
@@ -513,8 +518,8 @@ class FanoutFeed(UpstreamCredit):
             return
         m.own = None
         self.remove_outlet(outlet)
-        condition = getattr(error, "condition", None) or "amqp:link:detach-forced"
-        description = getattr(error, "description", None) or "the link's upstream subscription ended"
+        condition = (error.condition if error is not None else None) or "amqp:link:detach-forced"
+        description = (error.description if error is not None else None) or "the link's upstream subscription ended"
         self.io.lost_outlet(outlet, condition, description)
 
     def _top_up_own(self, m: _Member) -> None:

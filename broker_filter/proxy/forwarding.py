@@ -519,6 +519,9 @@ class Feed(UpstreamCredit):
         self.search.pass_open = False
         self.stats.starved = 0
 
+    def count_filters(self) -> None:
+        """(The outlets' counts are kept as each message is evaluated: nothing to bring up to date.)"""
+
     def returns(self) -> list[tuple[Any, Outcome]]:
         """Before `close`: the held upstream deliveries that must not go back as a plain release.
         One no client ever received goes back `UNACQUIRED`, not as a delivery a consumer had

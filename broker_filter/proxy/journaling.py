@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .forwarding import Outcome
-from .server import Inlet
+from .sender import Inlet
 
 
 class JournalingPublisher:

@@ -13,6 +13,12 @@ application-properties and bodies unchanged, nothing filtered), credit follows t
 Anywhere else (the embedded broker, RabbitMQ 3.x) a link to `/management` is refused with
 `amqp:not-implemented` (`refusal`): the node is RabbitMQ 4's own.
 
+Permissions.  With `[security]` settings, each request needs what `authorization.management_checks`
+reads from it (`manage` on the queue or exchange it declares, deletes, purges or reads; for a
+binding `manage` on its destination and `consume` on its source with its key); a request that is
+not granted never reaches the broker: the daemon answers it
+itself with status 403 and the refusal's text, as RabbitMQ answers a request its user may not make.
+
 Order.  Directly, RabbitMQ answers a management call before it detaches the links the call
 removed (a deleted queue's publishers, `amqp:resource-deleted`), and RabbitMQ's clients rely on it
 (the detach would otherwise break the call waiting for its answer).  The proxy's pair is on a
@@ -27,9 +33,13 @@ import itertools
 import logging
 from typing import Any
 
+from ..amqp.message import Message, Properties
+from ..authorization import PatternError, management_checks
+from ..amqp.sections import decode_message, encode_message
 from ..engine._cproton import lib
 from ..engine.container import Typed
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, LOCAL_UNINIT, Link, Terminus, copy_remote
+from .records import link_state
 from .refusal import refuse_link
 from .wire import receive, remote_outcome, send, settle_with
 
@@ -64,7 +74,7 @@ class _Calls:
 
 
 def _calls(connection: Any) -> _Calls:
-    state = connection.context  # the proxy's record of the client connection (server._Conn)
+    state = connection.context  # the proxy's record of the client connection (records.ClientConnection)
     if state.management_calls is None:
         state.management_calls = _Calls()
     return state.management_calls
@@ -81,6 +91,31 @@ def after_calls(connection: Any, fn: Any, call_later: Any) -> None:
     call_later(ORDER_WAIT, calls.flush)
 
 
+def request_refusal(check: Any, data: bytes) -> tuple[str, str] | None:
+    """(message id, why) when `check(needed, request)` refuses the request in `data`, else None
+    (`needed`: the (operation, address) pairs `authorization.management_checks` reads from it; None
+    for a request RabbitMQ would refuse as malformed: refused whenever permissions apply)."""
+    try:
+        m = decode_message(data)
+    except Exception:  # noqa: BLE001 - the broker answers what it cannot read
+        return None
+    props = m.properties
+    method = str(props.subject or "") if props is not None else ""
+    path = str(props.to or "") if props is not None else ""
+    try:
+        needed = management_checks(method, path, m.body if isinstance(m.body, dict) else None)
+    except PatternError:
+        needed = None
+    why = check(needed, f"management request {method} {path}")
+    return None if why is None else (props.message_id if props is not None else None, why)
+
+
+def forbidden(message_id: Any, why: str) -> bytes:
+    """The daemon's own answer to a refused request: status 403 (HTTP over AMQP 1.0)."""
+    return encode_message(Message(properties=Properties(correlation_id=message_id, subject="403"),
+                                  application_properties={"http:response": "1.0"}, body=why))
+
+
 def is_management(link: Any) -> bool:
     """A client link attached to `/management` (its source if it receives, else its target)."""
     terminus = link.remote_source if link.is_sender else link.remote_target
@@ -89,7 +124,7 @@ def is_management(link: Any) -> bool:
 
 def refusal(upstream: Any) -> str | None:
     """Why `/management` cannot be served in front of `upstream`, or None when it passes through."""
-    if getattr(upstream, "serves_management", False):
+    if upstream.traits.serves_management:
         return None
     return (f"/management is RabbitMQ 4's management node: it passes through only in front of RabbitMQ 4, "
             f"and upstream {getattr(upstream, 'name', 'embedded')} is "
@@ -128,8 +163,10 @@ def pair_session(upstream: Any, pair: Any) -> Any:
 class ManagementPair:
     """One client session's `/management` links and their upstream session."""
 
-    def __init__(self, upstream: Any, client_session: Any):
+    def __init__(self, upstream: Any, client_session: Any, check: Any = None):
         self.upstream = upstream
+        self.check = check  # addresses -> why they may not be managed, or None (`nodes`; None: no settings)
+        self.answers: list[bytes] = []  # the daemon's own answers waiting for the client's credit
         self.client_session = client_session
         self.session = pair_session(upstream, self)
         self.links: dict[Any, Any] = {}  # client link -> upstream link
@@ -137,23 +174,23 @@ class ManagementPair:
         upstream.pairs.add(self)
 
     @classmethod
-    def serve(cls, upstream: Any, client_link: Link, route: Any) -> None:
+    def serve(cls, upstream: Any, client_link: Link, route: Any, check: Any = None) -> None:
         """Relay `client_link` (a client's attach to `/management`): on its session's pair."""
         session = client_link.session
         pair = session.context
         if pair is None or pair.closed:
-            pair = cls(upstream, session)
+            pair = cls(upstream, session, check)
             session.context = pair
         pair.attach(client_link, route)
 
     def attach(self, client: Link, route: Any) -> None:
-        from . import remote, server
+        from . import remote
 
         up = self.session.sender(client.name) if client.is_receiver else self.session.receiver(client.name)
         _copy_link(up, client)
         state = remote.link_state(up)
         state.pair, state.peer = self, client
-        mine = server.link_state(client)
+        mine = link_state(client)
         mine.pair, mine.peer = self, up
         self.links[client] = up
         route(client, self._client_transfer)  # (its flow: ProxyServer.on_flow, `_client_credit`)
@@ -231,6 +268,14 @@ class ManagementPair:
             if up is None:
                 lib.pn_delivery_settle(dlv)
                 return
+            refused = request_refusal(self.check, data) if self.check is not None else None
+            # (a refused request is answered here; None: the broker answers)
+            if refused is not None:
+                lib.pn_delivery_settle(dlv)  # (accepted: answered, by the daemon)
+                self.answers.append(forbidden(*refused))
+                self._answer()
+                self._upstream_credit(up)  # (the request took the client's credit, not the broker's)
+                return
             settled = bool(lib.pn_delivery_settled(dlv))
             _calls(client.connection).waiting += 1
             out = send(up.ptr, str(next(_tags)).encode(), data, settled=settled)
@@ -249,7 +294,18 @@ class ManagementPair:
             if origin is not None and outcome is not None:
                 settle_with(origin, outcome)
 
+    def _answer(self) -> None:
+        """Send the daemon's own answers on the client's response link, as its credit allows."""
+        for client in self.links:
+            if not client.is_sender or client.local_state != LOCAL_ACTIVE:
+                continue
+            while self.answers and client.credit > 0:
+                send(client.ptr, str(next(_tags)).encode(), self.answers.pop(0), settled=client.remote_settled_mode)
+            return
+
     def _client_credit(self, client: Link) -> None:
+        if self.answers and client.is_sender:
+            self._answer()
         up = client.context.peer
         if client.is_sender and up is not None and up.local_state == LOCAL_ACTIVE:
             add = client.credit - up.credit - up.queued

@@ -33,6 +33,7 @@ from typing import Any
 
 from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Condition, Connection, Delivery, Handler
 from ..security import identity_of
+from . import reports
 from .routing import vhost_asked
 
 log = logging.getLogger("broker_filter.passthrough")
@@ -204,7 +205,7 @@ class PassThrough(Handler):
     def _open_tenant(self, key: tuple[str, str, str | None], user: str, password: str) -> _Tenant:
         server, upstream = self._make_server(user, password, next(self._numbers), key[2])
         if self._quiesced:
-            server.quiesce()
+            server.registry.quiesce()
         tenant = _Tenant(key, user, server, upstream)
         self._tenants[key] = tenant
         log.info("pass-through: opening an upstream connection",
@@ -273,14 +274,14 @@ class PassThrough(Handler):
 
     def quiesce(self) -> None:
         """Shutdown begins: every tenant's queue feeds stop starting moves, pulling and sending, as
-        the default server's do (`ProxyServer.quiesce`); tenants opened from now on too."""
+        the default server's do (`FeedRegistry.quiesce`); tenants opened from now on too."""
         self._quiesced = True
         for tenant in list(self._tenants.values()):
-            tenant.server.quiesce()
+            tenant.server.registry.quiesce()
 
     def moves_in_flight(self) -> int:
         """Moves to a queue's tail not yet confirmed, over every tenant (the shutdown waits for them)."""
-        return sum(t.server.moves_in_flight() for t in list(self._tenants.values()))
+        return sum(t.server.registry.moves_in_flight() for t in list(self._tenants.values()))
 
     def closing(self) -> bool:
         """A tenant upstream stopped by `stop` still closes: its last outcomes (a move's accepted
@@ -298,13 +299,13 @@ class PassThrough(Handler):
 
     def snapshot(self) -> dict:
         """The default server's snapshot, with every tenant's connections, links, credit and feeds added."""
-        total = self.default.snapshot()
+        total = reports.snapshot(self.default)
         links = dict(total.get("links", {}))
         credit = dict(total.get("credit", {}))
         feeds = list(total.get("feeds", []))
         connections = total.get("connections", 0)
         for tenant in list(self._tenants.values()):
-            snap = tenant.server.snapshot()
+            snap = reports.snapshot(tenant.server)
             connections += snap.get("connections", 0)
             feeds += snap.get("feeds", [])
             for kind, n in snap.get("links", {}).items():

@@ -64,6 +64,7 @@ from .upstream import (
     Outcome,
     PublisherHandler,
     RELEASED,
+    UpstreamBase,
     UpstreamDelivery,
     UpstreamListener,
     FILTEX_KINDS,
@@ -233,6 +234,10 @@ class RemoteConsumer(_RemoteLink):
         if self.order is None:
             self.order = SettlementOrder()
 
+    def filter_counts(self) -> None:
+        """(The broker's own filter counts are not known: only the embedded broker reports them.)"""
+        return None
+
     def probe(self, answer: Callable[[int | None], None]) -> bool | None:
         """Ask how many messages the queue has ready: a drain without credit, which RabbitMQ 4
         answers with a flow carrying `available` (read from the frame trace, like an attach reply's
@@ -241,7 +246,7 @@ class RemoteConsumer(_RemoteLink):
         False: not now (credit outstanding, another question open); None: this upstream is never
         asked (not RabbitMQ 4)."""
         up = self.upstream
-        if not up.counts_queue:
+        if not up.traits.counts_queue:
             return None
         if self.closed or self.link is None or self.link.credit or up.probing is not None or up.connection is None:
             return False
@@ -252,7 +257,7 @@ class RemoteConsumer(_RemoteLink):
         return True
 
     def settle(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
-        if outcome.kind == "modified" and not self.upstream.modified_ok:
+        if outcome.kind == "modified" and not self.upstream.traits.modified_ok:
             outcome = RELEASED
         order = self.order
         if order is None or order.decided_first(delivery):
@@ -318,7 +323,7 @@ class RemotePublisher(_RemoteLink):
         self.handler.on_publisher_closed(self, error)
 
 
-class RemoteUpstream(Handler):
+class RemoteUpstream(Handler, UpstreamBase):
     """`upstream.Upstream` for a remote broker at `url` (amqp://[user:pass@]host:port, amqps://…).
 
     Several URLs: failover, tried in turn on each (re)connect attempt.  `backoff(attempt)` gives the
@@ -373,7 +378,6 @@ class RemoteUpstream(Handler):
         self.stuck_reconnects = 0  # reconnects because a begin, attach or end went unanswered
         self.lost_cause: str | None = None  # why the connection last went down (one of LOSS_CAUSES)
         self.last_publisher: Any = None  # the publisher that sent last (`RemotePublisher.send`)
-        self.serves_management = False  # RabbitMQ 4: client `/management` link pairs pass through
         self.pairs: set = set()  # `management.ManagementPair`s on this connection, and `topology_pair`
         self.topology_pair: Any = None  # the daemon's own /management pair (`topology.Topology`)
         self.management_url = management_url  # RabbitMQ 3.x: its HTTP API (`topology.HttpTopology`)
@@ -386,13 +390,7 @@ class RemoteUpstream(Handler):
         self.remote_capabilities: frozenset[str] = frozenset()
         self.product: str | None = None
         self.traits = Traits()  # from the open frame (on_connection_remote_open)
-        self.chained = False  # the upstream is another broker-filter
         self.version: str | None = None
-        self.binds_exchange_keys = False
-        self.modified_ok = True
-        self.counts_queue = False
-        self.over_delivers = False  # sends a consumer more than its credit (RabbitMQ 3.x)
-        self.dead_letters_undeliverable = False
         self._idle_timer = None
         self._endpoints: dict[str, Any] = {}
         self._hold_timer = None
@@ -463,13 +461,11 @@ class RemoteUpstream(Handler):
             return bool(self.remote_capabilities & BINDING_CAPS)
         return False
 
-    passes_unknown_filters = True  # filters the proxy does not know go upstream (ConsumerSpec.passthrough)
-
     def _applies(self, entry: Any) -> bool:
         """Whether the upstream's echo of a passed-through filter can be believed: RabbitMQ 3.10 and
         4.0 echo every filter, applied or not, so from RabbitMQ only its own (`rabbitmq:*`, its
         stream filters) count; another broker-filter echoes only what it applies."""
-        if self.chained:
+        if self.traits.chained:
             return True
         descriptor = getattr(entry.value, "descriptor", None)
         return self.product == "RabbitMQ" and isinstance(descriptor, str) and descriptor.startswith("rabbitmq:")
@@ -627,8 +623,10 @@ class RemoteUpstream(Handler):
         address = endpoint.spec.address if isinstance(endpoint, RemoteConsumer) else endpoint.address
         reason = (f"upstream {self.name} did not answer the {what} of link {link} (address {address}) "
                   f"within {self.answer_timeout:g} s")
+        # (not transient: this link is what the broker left unanswered, so it is refused, not resumed;
+        # the other links of the connection are closed transiently by the reconnect, and resumed)
         endpoint._closed_by_upstream(ErrorInfo(
-            "amqp:link:detach-forced", f"{reason}; the daemon reconnects to it: attach again", transient=True))
+            "amqp:link:detach-forced", f"{reason}; the daemon reconnects to it: attach again", transient=False))
         self._reconnect_stuck(reason)
 
     def _arm_abandoned(self) -> None:
@@ -853,16 +851,7 @@ class RemoteUpstream(Handler):
         # another broker-filter (it stands in for a RabbitMQ behind it under RabbitMQ's product name)
         marked = props.get("broker-filter") is not None
         self.traits = traits = traits_of(self.product, self.version, marked)  # see broker_filter/proxy/traits.py
-        self.chained = traits.chained
-        self.binds_exchange_keys = traits.binds_exchange_keys
-        self.modified_ok = traits.modified_ok
         self.sessions.recycles = traits.recycles_sessions
-        self.dead_letters_undeliverable = traits.dead_letters_undeliverable
-        # A drain without credit is answered with the queue's ready count by RabbitMQ 4 only (see
-        # RemoteConsumer.probe and Traits.counts_queue).
-        self.counts_queue = traits.counts_queue
-        self.over_delivers = traits.over_delivers  # rabbitmq-server#2597
-        self.serves_management = traits.serves_management
         self.connected = True
         self._backoff = 0.1
         self._attempt = 0

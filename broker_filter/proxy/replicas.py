@@ -22,7 +22,7 @@ connection is always served where it lands: two replicas whose views differ for 
 a link back and forth; both consume from the queue then, as unowned replicas do.
 
 When the owners change (a peer leaves, drains or comes back), every queue feed whose owner is now
-another replica moves its links there (`ProxyServer.rehome`): each link stays attached to its
+another replica moves its links there (`Rehoming.rehome`): each link stays attached to its
 client; what the old feed held goes back to the broker (as custody promises) and the deliveries
 the client has not settled are given back too (the client's later outcome for one is ignored), so
 they may come again: a duplicate, as on any reconnect.
@@ -235,7 +235,7 @@ class Replicas:
         """The live replicas changed: feeds whose queue has another owner now move there."""
         self.changes += 1
         if self.server is not None:
-            self.server.owners_changed()
+            self.server.rehoming.owners_changed()
 
     def snapshot(self) -> dict:
         return {"self": self.self, "live": self.live(), "changes": self.changes}

@@ -102,12 +102,13 @@ def upstream_capabilities(capabilities: Iterable[str], rule_routing_type: str = 
 
 
 def decide(*, address: str | None, capabilities: Iterable[str] = (), copy: bool = False,
-           rule_routing_type: str = "", upstream: Any = None) -> Decision:
+           rule_routing_type: str = "", routing_type: Any = None, upstream: Any = None) -> Decision:
     """Queue or subscription semantics for a client receiving link (see the table above).
 
     address: the upstream address (after address rules); capabilities: the client's source
     capabilities; copy: the client asked for distribution mode `copy`; rule_routing_type: the routing
-    type of the address rule that matched ("" for none); upstream: asked for its address model."""
+    type of the address rule that matched ("" for none); routing_type: the upstream's address model
+    (`Upstream.routing_type`), or `upstream` whose it is."""
     if rule_routing_type:
         kind = SUBSCRIPTION if rule_routing_type == MULTICAST else QUEUE
         return Decision(kind, f"address rule ({rule_routing_type})")
@@ -118,10 +119,8 @@ def decide(*, address: str | None, capabilities: Iterable[str] = (), copy: bool 
         return Decision(SUBSCRIPTION, "capability topic")
     if "queue" in caps and "topic" not in caps:
         return Decision(QUEUE, "capability queue")
-    routing = None
-    ask = getattr(upstream, "routing_type", None)
-    if ask is not None:
-        routing = ask(address, tuple(caps))
+    ask = routing_type if routing_type is not None else upstream.routing_type if upstream is not None else None
+    routing = ask(address, tuple(caps)) if ask is not None else None
     if routing == MULTICAST:
         return Decision(SUBSCRIPTION, "upstream address model (multicast)")
     if routing == ANYCAST:

@@ -317,7 +317,7 @@ def topology(upstream: Any) -> Topology | HttpTopology | None:
     `upstream.management_url` names it; None otherwise, or while the upstream is not connected."""
     if not getattr(upstream, "connected", False):
         return None
-    if getattr(upstream, "serves_management", False):
+    if upstream.traits.serves_management:
         pair = getattr(upstream, "topology_pair", None)
         if pair is None or pair.closed:
             pair = upstream.topology_pair = Topology(upstream)
@@ -333,7 +333,7 @@ def topology(upstream: Any) -> Topology | HttpTopology | None:
 def consume_address(upstream: Any, queue: str) -> str:
     """The address a durable subscription's queue is consumed at: RabbitMQ 4's `/queues/Q`, else
     RabbitMQ 3.x's `/amq/queue/Q` (a queue that exists, not declared again)."""
-    if getattr(upstream, "serves_management", False):
+    if upstream.traits.serves_management:
         return queue_path(queue)
     return "/amq/queue/" + queue
 

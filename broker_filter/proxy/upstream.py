@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from .forwarding import ACCEPTED, RELEASED, Outcome
+from .traits import Traits
 
 __all__ = [
     "ACCEPTED",
@@ -71,6 +72,7 @@ __all__ = [
     "Publisher",
     "PublisherHandler",
     "Upstream",
+    "UpstreamBase",
     "UpstreamDelivery",
     "UpstreamListener",
 ]
@@ -244,6 +246,16 @@ class Consumer(Protocol):
         undeliverable_here keeps it from this consumer); an upstream that cannot apply modified
         as asked (RabbitMQ 3.10 ends the session) degrades it to `released`."""
 
+    def probe(self, answer: Callable[[int | None], None]) -> bool | None:
+        """Ask how many messages the queue has ready (`search.QueueSearch.look`); None: never asked here."""
+
+    def settle_in_order(self) -> None:
+        """Every delivery is decided within the feed's window: settle in delivery order (merged dispositions)."""
+
+    def filter_counts(self) -> tuple[int, int] | None:
+        """(evaluations, matches) of the filters the upstream evaluates for this consumer, when it knows them
+        (the embedded broker), else None."""
+
     def close(self, closed: bool | None = None) -> None:
         """Detach.  Deliveries not yet settled go back to the source for other consumers.
         `closed`: True when the client closed its link (a durable subscription ends), False when it
@@ -301,6 +313,38 @@ class Upstream(Protocol):
         """`capabilities`: the target capabilities asked for (`topic` / `queue` state a routing type);
         `durable`: the target's durability, for an upstream that declares a node from it (RabbitMQ
         3.10 declares `/queue/q` so, and refuses an existing queue declared otherwise)."""
+
+
+class UpstreamBase:
+    """What every upstream declares, with the defaults of one that offers nothing optional: the
+    proxy reads these, never probes for them.  `traits` says what the upstream does (`proxy.traits`,
+    filled from a remote broker's open frame, fixed for the embedded one)."""
+
+    name: str = "upstream"
+    traits: Traits = Traits()
+    vhost: str | None = None  # the vhost every upstream connection opens (a remote broker's URL path)
+    answer_timeout: float = 5.0  # longest wait for the upstream to answer a begin, attach or request
+    management_url: str = ""  # RabbitMQ 3.x's HTTP API, when configured (`topology.HttpTopology`)
+    product: str | None = None  # the open frame's `product` and `version` (None: not known)
+    version: str | None = None
+
+    def can_offer(self, entry: Any) -> bool:
+        """True when the filtex entry may go on the upstream attach for its reply to decide."""
+        return False
+
+    def closing(self) -> bool:
+        """True after `stop()` while the upstream still closes its connection."""
+        return False
+
+    def routing_type(self, address: str | None, capabilities: Sequence[str] = ()) -> str | None:
+        return None
+
+    def declare_dynamic_target(self) -> str:
+        """A node of its own for a dynamic target (only where `traits.dynamic_sources`)."""
+        raise NotImplementedError("dynamic nodes are not supported by this upstream")
+
+    def release_dynamic_target(self, address: str) -> None:
+        """The node `declare_dynamic_target` made is no longer used."""
 
 
 def pushable(upstream: Upstream, entries: Sequence[Any]) -> tuple[Any, ...]:

@@ -28,15 +28,18 @@ OURS: dict[str, set[str]] = {
     "broker": {"filters", "amqp"},
     "archive": {"filters", "amqp"},
     "security": {"amqp"},
-    "config": {"security", "filters", "amqp"},
+    "authorization": set(),  # the permission model: pure, stdlib only
+    "config": {"security", "authorization", "filters", "amqp"},
     "logs": {"security"},
     "metrics": set(),
     "engine": {"security", "amqp"},
-    "proxy": {"engine", "broker", "filters", "config", "security", "logs", "metrics", "amqp"},
+    "proxy": {"engine", "broker", "filters", "config", "security", "authorization", "logs", "metrics", "amqp"},
     "spark": {"archive", "filters", "amqp"},
     "workers": set(),  # the supervisor of `listener.workers`: processes and signals only
-    "app": {"workers", "proxy", "engine", "archive", "broker", "filters", "config", "security", "logs", "metrics", "amqp"},
-    "commands": {"app", "workers", "spark", "archive", "filters", "config", "security", "logs", "amqp"},
+    "app": {"workers", "proxy", "engine", "archive", "broker", "filters", "config", "security", "authorization",
+            "logs", "metrics", "amqp"},
+    "commands": {"app", "workers", "spark", "archive", "filters", "config", "security", "authorization", "logs",
+                 "amqp"},
     "cli": set(),  # finds its commands by name (importlib), imports none
     "__main__": {"cli"},
 }
@@ -173,6 +176,7 @@ FLOORS = {
     "broker": ({"lark", "sortedcontainers"}, ""),
     "archive": ({"lark", "pyarrow"}, ""),
     "security": (set(), ""),
+    "authorization": (set(), "assert broker_filter.authorization.Permissions.open().is_open"),
     "config": ({"lark"}, "broker_filter.config.load(None, {})"),
     "engine": (PROTON - {"proton", "_proton"}, ""),
     "proxy": ((PROTON - {"proton", "_proton"}) | {"lark", "sortedcontainers"}, ""),

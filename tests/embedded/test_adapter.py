@@ -137,13 +137,9 @@ def test_released_and_undeliverable_here_through_the_interface():
 
 
 def test_limits_refuse_with_resource_limit_exceeded():
-    class Section:
-        default_routing_type = "anycast"
-        max_messages = 2
-        max_bytes = 0
-        dead_letter_address = ""
+    from broker_filter.config import Embedded
 
-    up, loop, rec = started(config=broker_config(Section))
+    up, loop, rec = started(config=broker_config(Embedded(max_messages=2, max_bytes=0)))
     pub = up.open_publisher("full", rec)
     outcomes = []
     for i in range(3):
@@ -252,3 +248,19 @@ def test_an_internal_failure_ends_one_link_with_an_answer():
     closed = [e for e in rec.events if isinstance(e, tuple) and e[0] == "closed"]
     assert closed and closed[0][1].condition == "amqp:internal-error"
     assert [body(d) for d in rec.deliveries] == ["fine"]
+
+
+def test_the_embedded_broker_holds_at_most_max_total_bytes_over_every_address():
+    """Per-address caps do not bound many addresses: `embedded.max_total_bytes` does."""
+    from broker_filter.config import Embedded
+
+    one = len(data(0))
+    up, loop, rec = started(config=broker_config(Embedded(max_total_bytes=3 * one)))
+    outcomes = []
+    for i in range(4):  # four addresses, one message each: the fourth is over the whole broker's cap
+        up.open_publisher(f"addr{i}", rec).send(data(i), outcomes.append)
+    loop.run()
+    assert [o.kind for o in outcomes] == ["accepted"] * 3 + ["rejected"]
+    condition, description = outcomes[3].error
+    assert condition == "amqp:resource-limit-exceeded" and "embedded.max_total_bytes" in description
+    assert up.broker.total_bytes == 3 * one

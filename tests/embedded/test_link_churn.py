@@ -78,7 +78,7 @@ def test_attach_detach_cycles_leave_no_dead_links_or_sessions():
             up = front.app.upstream
             clients = [endpoints(c) for c in front.app.registry.connections if c.remote_container == conn.conn.container]
             return {
-                "feeds": len(server.feeds),
+                "feeds": len(server.registry.feeds),
                 "client": clients,
                 "upstream_connection": endpoints(up.connection),
                 "upstream_endpoints": len(up._endpoints),

@@ -12,6 +12,7 @@ from broker_filter.amqp.sections import encode_section
 from broker_filter.config import Config
 from broker_filter.engine import ACCEPTED, Terminus
 from broker_filter.engine.container import EngineContainer
+from broker_filter.proxy import reports
 from broker_filter.proxy.lifecycle import ConnectionRegistry
 from broker_filter.proxy.embedded import EmbeddedUpstream
 from broker_filter.proxy.loop import EngineLoop
@@ -114,4 +115,4 @@ def test_a_garbled_filter_map_is_refused_with_decode_error_not_served_unfiltered
     attach, detach = frames[2].value, frames[3].value
     assert len(attach) < 6 or attach[5] is None  # null source
     assert detach[1] is True and detach[2].value[0] == "amqp:decode-error"
-    assert proxied.server.snapshot()["links"]["consumer"] == 0  # the proxy never made it a consumer
+    assert reports.snapshot(proxied.server)["links"]["consumer"] == 0  # the proxy never made it a consumer

@@ -251,12 +251,16 @@ def test_a_client_publish_goes_upstream_with_its_origin_and_gets_the_upstream_ou
 
 
 def test_a_failure_in_a_typed_handler_closes_that_link_only(relayed, caplog):
+    from broker_filter import logs
+
     def broken(outlet, link, delivery):
         raise RuntimeError("broken outcome handling")
 
-    relayed.server._outcome = broken  # what the route of the next outlet calls
+    caplog.handler.addFilter(logs._capture_ambient)  # (what `logs.configure` does for the daemon's handler)
+
+    relayed.server.receivers.outcome = broken  # what the route of the next outlet calls
     relayed.receiver("/topic/broken", credit=5, durable=True)  # own upstream subscriptions, as above
-    del relayed.server._outcome  # (the class's again)
+    del relayed.server.receivers.outcome  # (the class's again)
     healthy = relayed.receiver("/topic/healthy", credit=5, durable=True)
     relayed.broker.senders[0].send(encode_section(0x77, "to the broken link"))
     relayed.broker.senders[1].send(encode_section(0x77, "to the healthy link"))
@@ -267,6 +271,10 @@ def test_a_failure_in_a_typed_handler_closes_that_link_only(relayed, caplog):
     assert relayed.client.closed == [("r-/topic/broken", ("amqp:internal-error",
                                                           "proxy failure on this link; see the proxy log"))]
     assert "broken outcome handling" in caplog.text
+    (failure,) = [r for r in caplog.records if r.getMessage() == "handling a delivery failed"]
+    # logged with the connection and the link, though the per-message path runs outside the handlers
+    assert failure._broker_filter_ambient == {"conn": failure._broker_filter_ambient["conn"], "link": "r-/topic/broken"}
+    assert failure._broker_filter_ambient["conn"]
     second.accept()
     relayed.settle()
     assert healthy.remote_state != 0 and not healthy.remote_closed

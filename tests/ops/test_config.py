@@ -41,7 +41,7 @@ def test_defaults_are_loopback_embedded_and_anonymous():
     assert config.upstream.embedded
     assert config.listener.anonymous_allowed
     assert config.listener.effective_mechanisms == ("ANONYMOUS", "PLAIN")
-    assert not config.metrics.enabled
+    assert not config.metrics.enabled  # off unless told (and `:PORT` binds loopback)
     assert config.logging.format == "text"
 
 
@@ -129,7 +129,7 @@ def test_the_documented_error_message():
         ("[listener]\nallow_anonymous = 'maybe'", "listener.allow_anonymous", "true, false or auto"),
         ("[upstream]\nurls = 'amqp://x'", "upstream.urls", "list of strings"),
         ("[upstream]\nurls = ['http://x']", "upstream.urls[0]", "amqp:// or amqps://"),
-        ("[upstream]\nurls = ['amqp://x:notaport']", "upstream.urls[0]", "invalid URL"),
+        ("[upstream]\nurls = ['amqp://x:notaport']", "upstream.urls[0]", "port must be a number"),
         ("[upstream]\nurls = ['amqp://']", "upstream.urls[0]", "no host"),
         ("[upstream]\ncredentials = 'pass-through'", "upstream.credentials", "needs upstream.urls"),
         ("[upstream.reconnect]\nmultiplier = 0.5", "upstream.reconnect.multiplier", "must be >= 1"),

@@ -97,7 +97,7 @@ def validate(objects: list[dict]) -> set[str]:
 
 def test_objects_validate_against_the_kubernetes_schemas(objects):
     checked = validate(objects)
-    assert checked == {"ConfigMap", "Secret", "Service", "Deployment", "PodDisruptionBudget"}
+    assert checked == {"ConfigMap", "Secret", "Service", "Deployment", "PodDisruptionBudget", "NetworkPolicy"}
     assert {o["kind"] for o in objects} - checked == OPERATOR_KINDS
 
 
@@ -174,6 +174,36 @@ def test_daemon_configuration_probes_ports_and_service(objects):
     assert container["resources"]["requests"]["memory"] and container["resources"]["requests"]["cpu"]
 
 
+def _ingress_ports(policy: dict, from_anywhere: bool) -> set:
+    return {p["port"] for rule in policy["spec"]["ingress"] if ("from" not in rule) == from_anywhere
+            for p in rule.get("ports", [])}
+
+
+def check_network_policy(objects: list[dict]) -> None:
+    """The pods' AMQP port is open (clients, and the replicas to each other); their metrics listener
+    (0.0.0.0 in the pod, the daemon's default being loopback) only to Prometheus's pods, and /links
+    there asks for a token."""
+    policy = one(objects, "NetworkPolicy")
+    template, container = _pod(objects)
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = {p["name"] for p in container["ports"]}
+    assert _ingress_ports(policy, from_anywhere=True) == {"amqp"}
+    assert _ingress_ports(policy, from_anywhere=False) == {"metrics"} and ports == {"amqp", "metrics"}
+    (scrapers,) = [rule for rule in policy["spec"]["ingress"] if "from" in rule]
+    (peer,) = scrapers["from"]
+    # Prometheus's pods in any namespace, by an expression the kustomization's common labels leave alone.
+    assert peer["namespaceSelector"] == {} and "matchLabels" not in peer["podSelector"]
+    assert peer["podSelector"]["matchExpressions"] == [
+        {"key": "app.kubernetes.io/name", "operator": "In", "values": ["prometheus"]}]
+
+
+def test_the_network_policy_lets_only_prometheus_reach_the_metrics_listener(objects):
+    check_network_policy(objects)
+    config = _daemon_config(objects)
+    assert config.metrics.host == "0.0.0.0" and config.metrics.token  # /links would be refused without it
+
+
 def test_termination_grace_covers_the_prestop_pause_and_the_drain(objects):
     config = _daemon_config(objects)
     template, container = _pod(objects)
@@ -203,7 +233,12 @@ def replica_objects() -> list[dict]:
 
 
 def test_the_replicas_overlay_validates(replica_objects):
-    assert validate(replica_objects) == {"ConfigMap", "Secret", "Service", "Deployment", "PodDisruptionBudget"}
+    assert validate(replica_objects) == {"ConfigMap", "Secret", "Service", "Deployment", "PodDisruptionBudget",
+                                         "NetworkPolicy"}
+
+
+def test_the_replicas_overlay_keeps_the_network_policy(replica_objects):
+    check_network_policy(replica_objects)  # the replicas reach each other on the AMQP port
 
 
 def test_the_replicas_overlay_gives_each_pod_an_owner_configuration(replica_objects):

@@ -164,7 +164,7 @@ def test_transaction_coordinator_refused(daemon):
 def test_relay_publishers_are_bounded(daemon):
     """More addresses than RELAY_PUBLISHERS on one link: each still gets its message (the least
     recently used publishers are closed and reopened on demand)."""
-    from broker_filter.proxy.server import RELAY_PUBLISHERS
+    from broker_filter.proxy.sender import RELAY_PUBLISHERS
 
     names = [daemon.forms[1].format(_name()) for _ in range(RELAY_PUBLISHERS + 4)]
     conn = connect(daemon.url)

@@ -10,6 +10,7 @@ import pytest
 from broker_filter.proxy.forwarding import ACCEPTED, RELEASED, Outcome
 from broker_filter.proxy.remote import RemoteConsumer
 from broker_filter.proxy.settlement import ORDER_LIMIT, SettlementOrder
+from broker_filter.proxy.traits import Traits
 from broker_filter.proxy.upstream import ConsumerSpec, UpstreamDelivery
 
 
@@ -221,7 +222,7 @@ def test_the_default_limit():
 
 class FakeUpstream:
     def __init__(self, modified_ok: bool):
-        self.modified_ok = modified_ok
+        self.traits = Traits(modified_ok=modified_ok)
         self.recycles_sessions = False
         self.forgotten = []
 

@@ -6,12 +6,14 @@ import dataclasses
 
 import pytest
 
-from broker_filter.proxy.traits import Traits, major, traits_of
+from broker_filter.proxy.traits import EMBEDDED, Traits, major, traits_of
 
-R3 = Traits(binds_exchange_keys=True, modified_ok=False, over_delivers=True, closes_on_unparsable=True)
+# every remote broker is given the filters the proxy does not know (its echo says what it applied)
+R3 = Traits(binds_exchange_keys=True, modified_ok=False, over_delivers=True, passes_unknown_filters=True,
+            closes_on_unparsable=True)
 R4 = Traits(binds_exchange_keys=True, recycles_sessions=True, dead_letters_undeliverable=True, counts_queue=True,
-            serves_management=True)
-OTHER = Traits()
+            serves_management=True, passes_unknown_filters=True)
+OTHER = Traits(passes_unknown_filters=True)
 
 
 @pytest.mark.parametrize("product, version, chained, expected", [
@@ -33,6 +35,14 @@ OTHER = Traits()
 ])
 def test_traits_table(product, version, chained, expected):
     assert traits_of(product, version, chained) == expected
+
+
+def test_embedded_traits():
+    """The embedded broker's are fixed: in process, Artemis's address model, nothing passed through."""
+    assert EMBEDDED == Traits(dynamic_sources=True, named_subscriptions=True, browses_queues=True,
+                              redelivers_in_place=True, in_process=True)
+    assert not any(getattr(traits_of(p, v), f) for p, v in (("RabbitMQ", "4.0.5"), (None, None))
+                   for f in ("dynamic_sources", "named_subscriptions", "browses_queues", "in_process"))
 
 
 def test_traits_are_frozen():

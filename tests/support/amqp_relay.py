@@ -41,7 +41,7 @@ def _performative(frame: bytes) -> int | None:
 class Relay:
     """Listens on 127.0.0.1 (`port`), relays each connection to `upstream` (host, port)."""
 
-    def __init__(self, upstream: tuple[str, int], marker: bytes, mode: str = "attach"):
+    def __init__(self, upstream: tuple[str, int], marker: bytes = b"", mode: str = "attach"):
         assert mode in ("attach", "begin")
         self.upstream = upstream
         self.marker = marker
@@ -52,6 +52,7 @@ class Relay:
         self.port = self._server.getsockname()[1]
         self._sockets: list[socket.socket] = []
         self._closed = False
+        self.paused = False  # while set, new connections are closed at once (the broker unreachable)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def url(self, user: str = "guest", password: str = "guest") -> str:
@@ -80,6 +81,9 @@ class Relay:
                 client, _ = self._server.accept()
             except OSError:
                 return
+            if self.paused:
+                client.close()
+                continue
             try:
                 broker = socket.create_connection(self.upstream)
             except OSError:
@@ -144,7 +148,8 @@ class Relay:
         if self.mode == "begin" and code == BEGIN and not self.dropped.is_set():
             held[channel] = [frame]
             return []
-        if self.mode == "attach" and code == ATTACH and self.marker in frame and not self.dropped.is_set():
+        if (self.mode == "attach" and code == ATTACH and self.marker and self.marker in frame
+                and not self.dropped.is_set()):
             silent.add(channel)
             self.dropped.set()
             return []

@@ -156,6 +156,24 @@ def publish_many(url: str, address: str, messages: list, timeout: float = 120.0)
 
 
 # ----------------------------------------------------------------------------- receiving
+def send_at_least_once(snd, message, timeout: float = 30.0) -> int:
+    """Send `message`, again each time it comes back `released` (as an at-least-once producer does
+    while the daemon's upstream reconnects); how many times it was released."""
+    from proton.utils import SendException
+
+    released = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            snd.send(message, timeout=max(1.0, deadline - time.monotonic()))
+            return released
+        except SendException as e:
+            if e.state != Delivery.RELEASED or time.monotonic() > deadline:
+                raise
+            released += 1
+            time.sleep(0.05)
+
+
 def bodies(messages) -> list:
     return [m.body for m in messages]
 

@@ -1,0 +1,126 @@
+"""An upstream reconnect the clients do not see: links that can be resumed stay attached while the
+daemon's upstream connection is down, and are served again when it is back.
+
+Theory of operation
+-------------------
+When the upstream connection goes, every upstream consumer and publisher is closed with a transient
+error (`ErrorInfo.transient`), then the server hears `on_upstream_down`.
+
+* A **queue** feed (`sharing.feed_key` kind "queue", or a durable subscription held as a queue on the
+  broker) is suspended (`suspend_feed`): the feed closes — what it held and what its clients had
+  not settled stay on the broker, which delivers them again (at least once) — and its client links
+  stay attached, each kept to be placed again (`Receivers.place`) once the upstream is back.  An
+  attach that was not answered yet waits too, at most `upstream.answer_timeout` seconds.
+* A **sending** link (`sender.Inlet`) stays attached: the deliveries it had in flight upstream are
+  settled `released` (the upstream may or may not have taken them: the client sends them again, at
+  least once), what it sends while the upstream is down is released too, and a publisher is opened
+  again when the upstream is back.  The anonymous relay's links never depended on one publisher.
+* Links that cannot be resumed are detached with the reason, as before: a subscription (its queue on
+  the broker went with the connection, and with it what was routed to the subscription meanwhile: a
+  resumed link would hide that gap), a dynamic node, a browser, and every link of a replica
+  (`[replicas]`: a replica without its upstream owns nothing, and the others take its queues over).
+* An **attach** that arrives while the upstream is reconnecting waits for it (`await_attach`), at
+  most `upstream.answer_timeout` seconds, instead of being refused at once.
+
+Counted in `broker_filter_links_resumed_total` and `broker_filter_links_detached_by_reconnect_total`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, REMOTE_CLOSED
+from .forwarding import Outlet
+from .records import state_of
+
+log = logging.getLogger("broker_filter.proxy")
+
+
+class Resumption:
+    """One server's links waiting for their upstream to come back (see the module's docstring)."""
+
+    def __init__(self, server: Any):
+        self.server = server
+        self.outlets: list[Outlet] = []  # receiving links of suspended feeds, to be placed again
+        self.inlets: list = []  # sending links whose publisher went with the connection
+        self.attaches: list[tuple[Any, Any, Callable]] = []  # (link, connection record, attach again)
+
+    def resumable(self, binding: Any) -> bool:
+        """Whether a feed's links can outlive its upstream connection (a queue, not through a replica)."""
+        return (binding.via is None and not self.server.stopping and self.server.replicas is None
+                and (binding.key[0] == "queue" or binding.broker_queue is not None))
+
+    def suspend_feed(self, binding: Any) -> None:
+        registry = self.server.registry
+        outlets = registry.suspend(binding)
+        if not outlets:
+            return
+        self.outlets.extend(outlets)
+        waiting = [o for o in outlets if o.io_ref is not None and o.io_ref.local_state == LOCAL_UNINIT]
+        if waiting:
+            self.server.upstream.loop.call_later(self.server.upstream.answer_timeout,
+                                                 lambda: self._give_up(waiting))
+        log.info("upstream %s lost: %d link(s) of %s wait for it", self.server.upstream.name, len(outlets),
+                 binding.spec.address)
+
+    def suspend_inlet(self, inlet: Any) -> None:
+        self.inlets.append(inlet)
+
+    def await_attach(self, link: Any, conn: Any, attach: Callable[[Any, Any], None]) -> None:
+        """An attach while the upstream reconnects: `attach(link, conn)` again once it is back, or a
+        refusal after `upstream.answer_timeout` seconds."""
+        entry = (link, conn, attach)
+        self.attaches.append(entry)
+        upstream = self.server.upstream
+        log.info("attach of link %r waits for upstream %s to reconnect (at most %g s)", link.name, upstream.name,
+                 upstream.answer_timeout)
+
+        def expired() -> None:
+            if entry in self.attaches:
+                self.attaches.remove(entry)
+                if link.local_state == LOCAL_UNINIT and link.remote_state != REMOTE_CLOSED:
+                    self.server._refuse(link, "amqp:connection:forced",
+                                        f"upstream {upstream.name} is not connected (waited "
+                                        f"{upstream.answer_timeout:g} s, upstream.answer_timeout); retry later")
+
+        upstream.loop.call_later(upstream.answer_timeout, expired)
+
+    def _give_up(self, waiting: list[Outlet]) -> None:
+        """Attaches of suspended feeds still unanswered after `upstream.answer_timeout`: refused."""
+        for o in waiting:
+            if o not in self.outlets:
+                continue
+            link = o.io_ref
+            if link is None or link.local_state != LOCAL_UNINIT:
+                continue
+            self.outlets.remove(o)
+            self.server._drop_link(link)
+            self.server._refuse(link, "amqp:connection:forced",
+                                f"upstream {self.server.upstream.name} is not connected; retry later")
+
+    def upstream_up(self) -> None:
+        """The upstream is back: every waiting link is served again, every waiting attach planned again."""
+        server = self.server
+        outlets, self.outlets = self.outlets, []
+        inlets, self.inlets = self.inlets, []
+        attaches, self.attaches = self.attaches, []
+        resumed = 0
+        for o in outlets:
+            link = o.io_ref
+            if (link is None or link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED
+                    or state_of(link).outlet is not o):
+                continue
+            server.receivers.place(link, o)
+            resumed += 1
+        for inlet in inlets:
+            if not inlet.closed:
+                inlet.reopen()
+                resumed += 1
+        for link, conn, attach in attaches:
+            if link.local_state == LOCAL_UNINIT and link.remote_state != REMOTE_CLOSED and not conn.closed:
+                attach(link, conn)
+        if resumed:
+            log.info("upstream %s is back: %d link(s) resumed", server.upstream.name, resumed)
+            if server.metrics is not None:
+                server.metrics.links_resumed.inc(resumed)

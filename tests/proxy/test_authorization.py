@@ -1,0 +1,140 @@
+"""Who may do what (`[security]`), enforced by the daemon on the embedded broker, with proton clients
+logging in as alice and bob (PLAIN): consume, browse, send, the anonymous relay per message, and a
+SIGHUP reload that detaches a link no longer permitted without dropping its connection."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from proton import Message
+from proton.utils import LinkDetached, SendException
+
+from broker_filter.security import hash_password
+from tests.support.clients import connect, link_name, receive_n
+from tests.support.launcher import Daemon
+
+ALICE, BOB = hash_password("wonderland", algorithm="pbkdf2-sha256"), hash_password("builder", algorithm="pbkdf2-sha256")
+
+SETTINGS = """
+[[security.settings]]
+match = "alice.#"
+consume = ["alice"]
+send = ["alice"]
+
+[[security.settings]]
+match = "shared.#"
+consume = ["team"]
+send = ["team"]
+browse = ["auditor"]
+"""
+
+
+def config(extra: str = "") -> str:
+    return f"""
+[listener.users]
+alice = "{ALICE}"
+bob = "{BOB}"
+
+[security.roles]
+alice = ["alice", "team"]
+bob = ["team"]
+{extra}
+{SETTINGS}
+"""
+
+
+@pytest.fixture
+def daemon():
+    d = Daemon(config=config())
+    yield d
+    d.stop()
+
+
+def login(d: Daemon, user: str):
+    password = {"alice": "wonderland", "bob": "builder"}[user]
+    return connect(d.url, user=user, password=password, allowed_mechs="PLAIN")
+
+
+def refused(attach) -> str:
+    with pytest.raises(LinkDetached) as info:
+        attach()
+    return str(info.value)
+
+
+def test_consume_and_send_are_granted_per_address(daemon):
+    alice, bob = login(daemon, "alice"), login(daemon, "bob")
+    try:
+        rcv = alice.create_receiver("alice.private", name=link_name(), credit=10)
+        text = refused(lambda: bob.create_receiver("alice.private", name=link_name(), credit=10))
+        assert "unauthorized-access" in text and "consume" in text and "alice.private" in text and "bob" in text
+        text = refused(lambda: bob.create_sender("alice.private", name=link_name()))
+        assert "unauthorized-access" in text and "send" in text
+        # bob's connection carries on: what his roles grant works
+        shared = bob.create_sender("shared.news", name=link_name())
+        shared.send(Message(body="hello"))
+        alice.create_sender("alice.private", name=link_name()).send(Message(body="mine"))
+        assert [m.body for m in receive_n(rcv, 1)] == ["mine"]
+        # nothing granted is refused: an address no setting matches
+        assert "no security setting matches" in refused(lambda: alice.create_receiver("other.q", name=link_name()))
+    finally:
+        alice.close()
+        bob.close()
+    assert "authorization: refused consume on 'alice.private' for user 'bob'" in daemon.log()
+
+
+def test_browse_is_not_consume(daemon):
+    from tests.support.clients import Capabilities
+    from proton.reactor import Copy
+
+    bob = login(daemon, "bob")
+    try:
+        bob.create_receiver("shared.news", name=link_name(), credit=1)  # consume: granted (team)
+        text = refused(lambda: bob.create_receiver("shared.news", name=link_name(), credit=1, options=[Copy(), Capabilities("queue")]))
+        assert "browse" in text and "unauthorized-access" in text
+    finally:
+        bob.close()
+
+
+def test_anonymous_relay_checks_each_message(daemon):
+    from proton import Delivery
+
+    from tests.support.clients import receives_nothing
+
+    alice, bob = login(daemon, "alice"), login(daemon, "bob")
+    try:
+        mine = alice.create_receiver("alice.private", name=link_name(), credit=10)
+        relay = bob.create_sender(None, name=link_name())
+        with pytest.raises(SendException) as info:
+            relay.send(Message(address="alice.private", body="forged"))
+        assert info.value.state == Delivery.REJECTED
+        relay.send(Message(address="shared.news", body="fine"))  # the link lives and goes on
+        assert receives_nothing(mine, 0.5)
+    finally:
+        alice.close()
+        bob.close()
+    assert "authorization: refused send on 'alice.private' for user 'bob'" in daemon.log()
+
+
+def test_sighup_reload_detaches_and_grants_without_dropping_connections(daemon):
+    bob = login(daemon, "bob")
+    try:
+        rcv = bob.create_receiver("shared.news", name=link_name(), credit=10)
+        assert "unauthorized" in refused(lambda: bob.create_receiver("alice.private", name=link_name(), credit=10))
+        # the file changes: bob loses `team` and becomes alice's reader
+        daemon.config_path.write_text(config().replace('bob = ["team"]', 'bob = ["alice"]'))
+        daemon.proc.send_signal(signal.SIGHUP)
+        daemon.wait_for("configuration reloaded", 20)
+        with pytest.raises(LinkDetached) as info:  # (raised by the client as the detach arrives)
+            bob.wait(lambda: rcv.link.state & rcv.link.REMOTE_CLOSED, timeout=10)
+        assert "unauthorized-access" in str(info.value) and "shared.news" in str(info.value)
+        again = bob.create_receiver("alice.private", name=link_name(), credit=10)  # same connection: now granted
+        assert again.link.state & again.link.REMOTE_ACTIVE
+        # an error in the file keeps the settings running
+        daemon.config_path.write_text(config() + "\n[[security.settings]]\nconsume = 3\n")
+        daemon.proc.send_signal(signal.SIGHUP)
+        daemon.wait_for("configuration reload refused", 20)
+        assert "security.settings" in daemon.log().split("configuration reload refused")[-1].splitlines()[0]
+        bob.create_receiver("alice.private", name=link_name(), credit=1)
+    finally:
+        bob.close()
