@@ -60,6 +60,8 @@ REFUSAL_REASONS = frozenset(
         "internal-error",
     }
 )
+# Why the upstream connection went down before a reconnect (proxy/remote.py's LOSS_CAUSES).
+RECONNECT_CAUSES = frozenset({"broker-closed", "socket", "heartbeat", "unanswered"})
 CONNECTION_REFUSALS = frozenset({"limit", "unauthorized", "tls", "shutdown", "handshake-timeout",
                                  "out-of-descriptors", "vhost", "login-busy"})
 LOGIN_FAILURES = frozenset(
@@ -240,7 +242,8 @@ class Metrics:
             "(replicas.splice)", registry=r
         )
         self.upstream_reconnects = Counter(
-            "broker_filter_upstream_reconnects", "Upstream connections re-established after a loss", registry=r
+            "broker_filter_upstream_reconnects", "Upstream connections re-established after a loss, by the "
+            "loss's cause (broker-closed, socket, heartbeat, unanswered)", ["cause"], registry=r
         )
         self.links_resumed = Counter(
             "broker_filter_links_resumed", "Client links served again, still attached, after their upstream "
@@ -298,6 +301,9 @@ class Metrics:
 
     def refuse_attach(self, reason: str) -> None:
         self.attach_refused.labels(bounded(reason, REFUSAL_REASONS)).inc()
+
+    def upstream_reconnected(self, cause: str | None) -> None:
+        self.upstream_reconnects.labels(bounded(cause or "", RECONNECT_CAUSES)).inc()
 
     def authorization_refused(self, operation: str) -> None:
         self.authorization_refusals.labels(bounded(operation, AUTHORIZATION_OPERATIONS)).inc()

@@ -78,6 +78,11 @@ BINDING_CAPS = frozenset({"APACHE.ORG:LEGACY_AMQP_EXCHANGE_FILTERS"})
 PROBE_TIMEOUT = 5.0  # seconds a count may take before it counts as unanswered
 STOP_ENDS = 1.0  # seconds a stop waits for ended sessions to be answered before closing the connection
 ANSWER_TIMEOUT = 5.0  # default `upstream.answer_timeout`: longest wait for a begin, attach or end to be answered
+# Why an upstream connection went down (`RemoteUpstream.lost_cause`; the reconnects counter's `cause`):
+# the broker closed it (a close frame), the socket closed or failed under it, the broker fell silent for
+# longer than the heartbeat allows, or the daemon gave up on an unanswered begin, attach or end.
+LOSS_CAUSES = ("broker-closed", "socket", "heartbeat", "unanswered")
+CULPRITS_LOGGED = 5  # publishers named in the log line of a dropped connection
 
 
 class _SessionState:
@@ -305,6 +310,7 @@ class RemotePublisher(_RemoteLink):
             return
         # keyed by the delivery's pointer: valid until settled in `RemoteUpstream._published`
         self.pending[send(self.link.ptr, b"%x" % next(self._tags), data)] = on_settled
+        self.upstream.last_publisher = self  # the first suspect if the connection drops now (`_culprits`)
 
     def close(self) -> None:
         if self._finish():
@@ -370,6 +376,8 @@ class RemoteUpstream(Handler, UpstreamBase):
         self.sessions = Sessions(self.name)
         self._abandoned_timer = None
         self.stuck_reconnects = 0  # reconnects because a begin, attach or end went unanswered
+        self.lost_cause: str | None = None  # why the connection last went down (one of LOSS_CAUSES)
+        self.last_publisher: Any = None  # the publisher that sent last (`RemotePublisher.send`)
         self.pairs: set = set()  # `management.ManagementPair`s on this connection, and `topology_pair`
         self.topology_pair: Any = None  # the daemon's own /management pair (`topology.Topology`)
         self.management_url = management_url  # RabbitMQ 3.x: its HTTP API (`topology.HttpTopology`)
@@ -644,7 +652,7 @@ class RemoteUpstream(Handler, UpstreamBase):
             return
         log.warning("%s; reconnecting the upstream connection (its links are detached and attach again)", reason)
         self.stuck_reconnects += 1
-        self._lost(_Reason(reason))
+        self._lost(_Reason(reason), cause="unanswered")
 
     def _drop_waiting(self, session: Any) -> bool:
         """Forget a session that never began (its endpoint closed while it waited)."""
@@ -753,6 +761,21 @@ class RemoteUpstream(Handler, UpstreamBase):
             log.warning("upstream %s: connect failed: %s", self.name, e)
             self._schedule_reconnect()
 
+    def _log_culprits(self, cause: str, condition: Any) -> None:
+        """Name the clients whose publishes were in flight when the broker dropped the connection: a
+        message it could not take is among them (RabbitMQ 3.x drops the connection on one without
+        naming it; broker_filter/proxy/admission.py refuses the kinds known), the last one sent first."""
+        suspects = [ep for ep in self._endpoints.values() if isinstance(ep, RemotePublisher) and ep.pending]
+        last, self.last_publisher = self.last_publisher, None
+        if not suspects:
+            return
+        suspects.sort(key=lambda ep: ep is not last)
+        why = getattr(condition, "description", None) or getattr(condition, "name", None) or "no reason given"
+        named = "; ".join(f"{len(ep.pending)} in flight to {_client_of(ep)}" for ep in suspects[:CULPRITS_LOGGED])
+        more = f"; and {len(suspects) - CULPRITS_LOGGED} more publisher(s)" if len(suspects) > CULPRITS_LOGGED else ""
+        log.warning("upstream %s dropped the connection (%s: %s) with publishes in flight, the last sent first: "
+                    "%s%s", self.name, cause, why, named, more)
+
     def _schedule_reconnect(self) -> None:
         if self.stopped or self._reconnect_timer is not None:
             return
@@ -765,9 +788,15 @@ class RemoteUpstream(Handler, UpstreamBase):
         log.info("upstream %s: reconnecting in %.1fs", self.name, delay)
         self._reconnect_timer = self.loop.call_later(delay, self._connect)
 
-    def _lost(self, condition: Any, aborted: bool = False) -> None:
+    def _lost(self, condition: Any, aborted: bool = False, cause: str = "socket") -> None:
+        """The connection is gone (`cause`, one of LOSS_CAUSES): every endpoint is closed with a
+        transient error and a reconnect is scheduled."""
         was_connected = self.connected
         self.connected = False
+        if was_connected:
+            self.lost_cause = cause
+            if cause != "unanswered":
+                self._log_culprits(cause, condition)
         self.sessions.reset()
         for timer in (self._hold_timer, self._idle_timer, self._abandoned_timer):
             if timer is not None:
@@ -833,7 +862,7 @@ class RemoteUpstream(Handler, UpstreamBase):
     @_guarded
     def on_connection_close(self, conn: Connection) -> None:
         if conn is self.connection:
-            self._lost(conn.remote_condition)
+            self._lost(conn.remote_condition, cause="broker-closed")
         else:
             conn.close()  # a connection since given up on: answer its close
 
@@ -884,7 +913,8 @@ class RemoteUpstream(Handler, UpstreamBase):
         if conn is self.connection or self.connection is None:
             if error is not None:
                 log.info("upstream %s: transport closed: %s: %s", self.name, error.name, error.description)
-            self._lost(error, aborted=True)
+            idle = error is not None and "idle-timeout" in (getattr(error, "description", None) or "")
+            self._lost(error, aborted=True, cause="heartbeat" if idle else "socket")
 
     @_guarded
     def on_link_open(self, link: Link) -> None:
@@ -1040,6 +1070,19 @@ class _Reason:
 
     def __init__(self, description: str):
         self.description = description
+
+
+def _client_of(publisher: "RemotePublisher") -> str:
+    """Who publishes through `publisher`: its client's address, connection id and container id, read
+    from its handler (a client link's inlet, or an anonymous relay's target), else the daemon itself."""
+    handler = publisher.handler
+    conn = getattr(handler, "conn", None) or getattr(getattr(handler, "relay", None), "conn", None)
+    address = getattr(handler, "address", None) or publisher.address
+    if conn is None:
+        return f"address {address} (the daemon's own publisher)"
+    engine = getattr(conn, "connection", None)
+    container = getattr(engine, "remote_container", None) if engine is not None else None
+    return f"address {address} from client connection {getattr(conn, 'id', '?')} (container id {container!r})"
 
 
 def _endpoint(link: Link) -> Any:

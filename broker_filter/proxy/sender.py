@@ -25,7 +25,7 @@ from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..engine._cproton import lib
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, Terminus
 from ..filters import ORIGIN_ANNOTATION
-from . import management, plan, sharing
+from . import admission, management, plan, sharing
 from .forwarding import RELEASED, Outcome
 from .records import ClientConnection, link_state
 from .refusal import close_link
@@ -204,6 +204,11 @@ class Inlet:
             data = set_message_annotation(data, ORIGIN_ANNOTATION, self.conn.id, self.origin)
         except CodecError as e:
             settle_with(dlv, Outcome("rejected", error=("amqp:decode-error", f"message not decodable: {e}")))
+            self.top_up()
+            return
+        refused = admission.refused(self.server.upstream, data)  # what would break the shared upstream connection
+        if refused is not None:
+            settle_with(dlv, Outcome("rejected", error=refused))
             self.top_up()
             return
         if self.counters is not None:
@@ -393,6 +398,9 @@ class Relay:
             data = set_message_annotation(data, ORIGIN_ANNOTATION, self.conn.id, self.origin)
         except CodecError as e:
             return self._refuse(dlv, "amqp:decode-error", f"message not decodable: {e}")
+        refused = admission.refused(server.upstream, data)  # what would break the shared upstream connection
+        if refused is not None:
+            return self._refuse(dlv, *refused)
         if presettled:
             lib.pn_delivery_settle(dlv)
             self.target(to).send(data, None)

@@ -28,6 +28,10 @@ class Traits:
     redelivers_in_place: a released message comes back to the head of its queue at once, so a feed
         need not keep custody of what it gave a client (embedded).
     in_process: the upstream is the embedded broker, in this process.
+    closes_on_unparsable: drops the whole connection (every client's links on it) on a message its
+        parser or section rules cannot take, such as an `amqp-value` list or float array (RabbitMQ 3.x's
+        AMQP 1.0 plugin; RabbitMQ 4 ends only the sender's session): the daemon refuses those
+        messages itself (broker_filter/proxy/admission.py).
     """
 
     chained: bool = False
@@ -44,6 +48,7 @@ class Traits:
     browses_queues: bool = False
     redelivers_in_place: bool = False
     in_process: bool = False
+    closes_on_unparsable: bool = False
 
 
 # The embedded broker's: everything in process, Artemis's address model.
@@ -66,4 +71,5 @@ def traits_of(product: str | None, version: str | None, chained: bool = False) -
     return Traits(chained=chained, binds_exchange_keys=rabbit, modified_ok=not rabbit or four,
                   recycles_sessions=four, dead_letters_undeliverable=four, counts_queue=four,
                   over_delivers=rabbit and not four, serves_management=four and not chained,
-                  passes_unknown_filters=True)
+                  passes_unknown_filters=True,
+                  closes_on_unparsable=rabbit and not four)

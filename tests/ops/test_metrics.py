@@ -94,13 +94,14 @@ def test_refusals_reasons_are_bounded(metrics, exporter):
     metrics.refuse_attach("color = 'red'")  # anything outside the fixed set, e.g. selector text
     metrics.refuse_connection("limit")
     metrics.authentication_failed("plain")
-    metrics.upstream_reconnects.inc()
+    metrics.upstream_reconnected("socket")
+    metrics.upstream_reconnected("anything else")
     samples = scrape(exporter)
     refused = samples["broker_filter_attach_refused_total"]
     assert refused == {(("reason", "invalid-filter"),): 2, (("reason", OTHER),): 1}
     assert samples["broker_filter_connections_refused_total"] == {(("reason", "limit"),): 1}
     assert samples["broker_filter_authentication_failures_total"] == {(("mechanism", "PLAIN"),): 1}
-    assert samples["broker_filter_upstream_reconnects_total"] == {(): 1}
+    assert samples["broker_filter_upstream_reconnects_total"] == {(("cause", "socket"),): 1, (("cause", OTHER),): 1}
 
 
 def test_head_and_a_failing_endpoint_leave_the_exporter_serving(metrics):

@@ -9,7 +9,8 @@ import pytest
 from broker_filter.proxy.traits import EMBEDDED, Traits, major, traits_of
 
 # every remote broker is given the filters the proxy does not know (its echo says what it applied)
-R3 = Traits(binds_exchange_keys=True, modified_ok=False, over_delivers=True, passes_unknown_filters=True)
+R3 = Traits(binds_exchange_keys=True, modified_ok=False, over_delivers=True, passes_unknown_filters=True,
+            closes_on_unparsable=True)
 R4 = Traits(binds_exchange_keys=True, recycles_sessions=True, dead_letters_undeliverable=True, counts_queue=True,
             serves_management=True, passes_unknown_filters=True)
 OTHER = Traits(passes_unknown_filters=True)
@@ -25,6 +26,8 @@ OTHER = Traits(passes_unknown_filters=True)
     ("RabbitMQ", "garbage", False, R3),
     # a broker-filter under RabbitMQ's name (its /management pair is not relayed twice)
     ("RabbitMQ", "4.0.5", True, dataclasses.replace(R4, chained=True, serves_management=False)),
+    # a broker-filter in front of RabbitMQ 3.x: what would drop its upstream connection is refused here too
+    ("RabbitMQ", "3.10.8", True, dataclasses.replace(R3, chained=True)),
     ("broker-filter", "0.1", False, dataclasses.replace(OTHER, chained=True)),
     ("apache-activemq-artemis", "2.31.0", False, OTHER),
     (None, None, False, OTHER),
