@@ -37,6 +37,7 @@ class Limits:
     max_length: int = 64 * 1024  # characters of selector text
     max_depth: int = 200  # nesting depth of the expression (an AND/OR chain counts once)
     max_in: int = 10_000  # elements of one IN list
+    max_pattern_words: int = 128  # words of a topic binding key (`wildcards.MAX_PATTERN_WORDS`)
 
 
 DEFAULT_LIMITS = Limits()
