@@ -16,6 +16,7 @@ operand's Java `String.valueOf` text (`java_text`).
 from __future__ import annotations
 
 import decimal
+import functools
 import time as _time
 import uuid as _uuid
 import math
@@ -293,6 +294,22 @@ class Semantics:
             raise Abort("a string operation needs a string")
         return _MISMATCH
 
+    def predicate_of(self, negated: bool) -> Callable[[Callable[[str], bool], Any], Any]:
+        """`predicate` taking the match as its first argument: one function for every LIKE and IN of
+        a selector (the compact node tree of large selectors shares it)."""
+        string_of = self.string_of
+        artemis = self.d.mismatch == "not"
+
+        def pred(match: Callable[[str], bool], v: Any) -> Any:
+            if v is None:
+                return None
+            s = string_of(v)
+            if s is _MISMATCH:
+                return negated if artemis else False
+            return (not match(s)) if negated else match(s)
+
+        return pred
+
     def predicate(self, match: Callable[[str], bool], negated: bool) -> Callable[[Any], Any]:
         """LIKE / IN / string test over a value, with the dialect's NULL and mismatch rules."""
         string_of = self.string_of
@@ -522,33 +539,46 @@ def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
         needle = plain(middle[0])
         return lambda s: needle in s
 
-    first_rx = _segment_regex(first)
-    last_rx = _segment_regex(last)
-    finders = [(plain(m), _segment_regex(m), len(m)) for m in middle]
-    lf, ll = len(first), len(last)
+    finders = tuple((plain(m), _segment_regex(m), len(m)) for m in middle)
+    # a partial of a module-level function: a fraction of a closure's memory (a selector may hold
+    # hundreds of LIKEs; issue 43)
+    return functools.partial(_like_segments, len(first), len(last), _pieces(first), _pieces(last), finders)
 
-    def match(s: str) -> bool:
-        n = len(s)
-        if n < lf + ll:
-            return False
-        if lf and first_rx.match(s, 0) is None:
-            return False
-        end = n - ll
-        if ll and last_rx.fullmatch(s, end) is None:
-            return False
-        pos = lf
-        for text, rx, size in finders:
-            if text is not None:
-                found = s.find(text, pos, end)
-            else:
-                m = rx.search(s, pos, end)
-                found = -1 if m is None else m.start()
-            if found < 0:
-                return False
-            pos = found + size
-        return pos <= end
 
-    return match
+def _pieces(seg: list) -> tuple:
+    """A fixed-length segment as its literal runs: ((offset, text), ...); `_` is what lies between."""
+    out, start = [], None
+    for k, c in enumerate(seg + [None]):
+        if c is not None and start is None:
+            start = k
+        elif c is None and start is not None:
+            out.append((start, "".join(seg[start:k])))
+            start = None
+    return tuple(out)
+
+
+def _like_segments(lf: int, ll: int, first: tuple, last: tuple, finders: tuple, s: str) -> bool:
+    n = len(s)
+    if n < lf + ll:
+        return False
+    for offset, text in first:
+        if not s.startswith(text, offset):
+            return False
+    end = n - ll
+    for offset, text in last:
+        if not s.startswith(text, end + offset):
+            return False
+    pos = lf
+    for text, rx, size in finders:
+        if text is not None:
+            found = s.find(text, pos, end)
+        else:
+            m = rx.search(s, pos, end)
+            found = -1 if m is None else m.start()
+        if found < 0:
+            return False
+        pos = found + size
+    return pos <= end
 
 
 def _segment_regex(seg: list) -> "re.Pattern[str]":
