@@ -16,7 +16,6 @@ operand's Java `String.valueOf` text (`java_text`).
 from __future__ import annotations
 
 import decimal
-import functools
 import time as _time
 import uuid as _uuid
 import math
@@ -540,9 +539,7 @@ def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
         return lambda s: needle in s
 
     finders = tuple((plain(m), _segment_regex(m), len(m)) for m in middle)
-    # a partial of a module-level function: a fraction of a closure's memory (a selector may hold
-    # hundreds of LIKEs; issue 43)
-    return functools.partial(_like_segments, len(first), len(last), _pieces(first), _pieces(last), finders)
+    return _LikeSegments(len(first), len(last), _pieces(first), _pieces(last), finders)
 
 
 def _pieces(seg: list) -> tuple:
@@ -557,28 +554,37 @@ def _pieces(seg: list) -> tuple:
     return tuple(out)
 
 
-def _like_segments(lf: int, ll: int, first: tuple, last: tuple, finders: tuple, s: str) -> bool:
-    n = len(s)
-    if n < lf + ll:
-        return False
-    for offset, text in first:
-        if not s.startswith(text, offset):
+class _LikeSegments:
+    """The general LIKE matcher: a slotted record called with the value (a fraction of a closure's
+    memory: a selector may hold hundreds of LIKEs, issue 43)."""
+
+    __slots__ = ("lf", "ll", "first", "last", "finders")
+
+    def __init__(self, lf: int, ll: int, first: tuple, last: tuple, finders: tuple):
+        self.lf, self.ll, self.first, self.last, self.finders = lf, ll, first, last, finders
+
+    def __call__(self, s: str) -> bool:
+        n, lf, ll = len(s), self.lf, self.ll
+        if n < lf + ll:
             return False
-    end = n - ll
-    for offset, text in last:
-        if not s.startswith(text, end + offset):
-            return False
-    pos = lf
-    for text, rx, size in finders:
-        if text is not None:
-            found = s.find(text, pos, end)
-        else:
-            m = rx.search(s, pos, end)
-            found = -1 if m is None else m.start()
-        if found < 0:
-            return False
-        pos = found + size
-    return pos <= end
+        for offset, text in self.first:
+            if not s.startswith(text, offset):
+                return False
+        end = n - ll
+        for offset, text in self.last:
+            if not s.startswith(text, end + offset):
+                return False
+        pos = lf
+        for text, rx, size in self.finders:
+            if text is not None:
+                found = s.find(text, pos, end)
+            else:
+                m = rx.search(s, pos, end)
+                found = -1 if m is None else m.start()
+            if found < 0:
+                return False
+            pos = found + size
+        return pos <= end
 
 
 def _segment_regex(seg: list) -> "re.Pattern[str]":

@@ -23,7 +23,7 @@ from .parser import DEFAULT_LIMITS, Limits, parse
 from .render import render
 
 # Upper bounds of a compiled selector's memory, measured with tracemalloc over the costliest shapes
-# at the length limit (bench/abuse_bench.py): LIKE chains take up to 36 bytes a character,
+# at the length limit (bench/abuse_bench.py): LIKE chains take up to 30 bytes a character,
 # arithmetic 21, comparisons 11-13; a small selector's generated functions about 6 KiB.
 BYTES_PER_CHARACTER = 40
 BYTES_PER_FILTER = 8 * 1024
