@@ -487,16 +487,8 @@ def like_form(pattern: str, escape: str | None) -> tuple[str, str] | None:
 _PERCENT = object()
 
 
-def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
-    """A matcher for a LIKE pattern, linear in the value for a fixed pattern.
-
-    The escape character (ActiveMQ / Artemis rule) quotes only a following `%`, `_` or itself;
-    anywhere else, at the end included, it is an ordinary pattern character (so `ESCAPE '%'` works).
-
-    The pattern is cut at each `%` into segments (with `_` as a one-character wildcard).  The first
-    segment must match at the start, the last at the end, and each middle one is found leftmost after
-    the previous: greedy leftmost placement is optimal for `%`-separated segments, so no backtracking.
-    """
+def like_segments(pattern: str, escape: str | None) -> list[list]:
+    """A LIKE pattern cut at each `%`: lists of characters, None for `_`."""
     segments: list[list] = [[]]
     i, n = 0, len(pattern)
     while i < n:
@@ -512,6 +504,29 @@ def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
         else:
             segments[-1].append(ch)
         i += 1
+    return segments
+
+
+def like_search_chars(pattern: str, escape: str | None) -> int:
+    """Characters of the pattern's segments between two `%` that mix `_` with other characters: the
+    only ones searched for by a regex, at a cost of up to their length per character of the value
+    (every other segment is a linear `str.find`, a fixed-offset check or a skip).  The parser bounds
+    their sum per selector (`Limits.max_like_search`)."""
+    segments = like_segments(pattern, escape)
+    return sum(len(s) for s in segments[1:-1] if None in s and any(c is not None for c in s))
+
+
+def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
+    """A matcher for a LIKE pattern, linear in the value for a fixed pattern.
+
+    The escape character (ActiveMQ / Artemis rule) quotes only a following `%`, `_` or itself;
+    anywhere else, at the end included, it is an ordinary pattern character (so `ESCAPE '%'` works).
+
+    The pattern is cut at each `%` into segments (with `_` as a one-character wildcard).  The first
+    segment must match at the start, the last at the end, and each middle one is found leftmost after
+    the previous: greedy leftmost placement is optimal for `%`-separated segments, so no backtracking.
+    """
+    segments = like_segments(pattern, escape)
 
     def plain(seg: list) -> str | None:
         return None if any(c is None for c in seg) else "".join(seg)
@@ -538,7 +553,7 @@ def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
         needle = plain(middle[0])
         return lambda s: needle in s
 
-    finders = tuple((plain(m), _segment_regex(m), len(m)) for m in middle)
+    finders = tuple((plain(m), None if all(c is None for c in m) else _segment_regex(m), len(m)) for m in middle)
     return _LikeSegments(len(first), len(last), _pieces(first), _pieces(last), finders)
 
 
@@ -578,6 +593,8 @@ class _LikeSegments:
         for text, rx, size in self.finders:
             if text is not None:
                 found = s.find(text, pos, end)
+            elif rx is None:  # only `_`: the next `size` characters, whatever they are
+                found = pos
             else:
                 m = rx.search(s, pos, end)
                 found = -1 if m is None else m.start()

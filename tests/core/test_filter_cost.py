@@ -205,7 +205,7 @@ def maximal_selectors(i: int) -> dict[str, str]:
         "comparisons and LIKE": _fill(lambda k: f"(a{k} > {i + k} AND b{k} LIKE 'x%y_{k}')", " OR "),
         "arithmetic": _fill(lambda k: f"a{k}+{i}*b{k} > c{k}-{k}", " AND "),
         "IN list": "x IN (" + _fill(lambda k: f"'{i}_{k}'", ",", SELECTOR_LIMIT - 7) + ")",
-        "LIKE chain": _fill(lambda k: f"a{k} LIKE '%{i}_{k}%x_'", " OR "),
+        "LIKE chain": _fill(lambda k: f"a{k} LIKE '{i}_{k}%x%y_'", " OR "),
         "short comparisons": _fill(lambda k: f"a<{i * 1000 + k}", " OR "),
         "BETWEEN": _fill(lambda k: f"x{k} BETWEEN {k} AND {i}", " OR "),
     }
@@ -335,3 +335,38 @@ def test_like_with_many_wildcards_stays_linear(pattern: str) -> None:
     longer = "a" * 16000
     m4 = Message.from_json({"application_properties": {"x": longer}})
     assert _best(lambda: f.evaluate(m4)) < 8 * cost + 200e-6  # 4x the value: at most ~4x the cost
+
+
+def test_like_segments_mixing_underscore_are_bounded_per_selector() -> None:
+    """The one LIKE form searched by a regex (a middle segment mixing `_` with characters, up to its
+    length per character of the value) is bounded: 6 ms a message with a 2,000-character segment."""
+    from broker_filter.filters import compile_selector
+
+    with pytest.raises(LimitError) as info:
+        compile_selector("x LIKE '%" + "a" * 1000 + "_" + "a" * 1000 + "b%'", "jms", _daemon_limits())
+    assert info.value.condition == "amqp:invalid-field"
+    assert info.value.message == (
+        "LIKE patterns hold 2002 characters in segments between two % that mix _ with other characters; "
+        "the limit is 32 per selector at line 1, column 8"
+    )
+    with pytest.raises(LimitError, match="hold 33 characters"):  # summed over the selector
+        compile_selector(" OR ".join(["x LIKE '%a_a%'"] * 11), "jms", _daemon_limits())
+    accepted = compile_selector("x LIKE '%" + "a" * 15 + "_" + "a" * 15 + "b%'", "jms", _daemon_limits())
+    value = "a" * 4000
+    m = Message.from_json({"application_properties": {"x": value}})
+    assert accepted.evaluate(m) is False
+    # first, last and `_`-only segments cost no search: not counted
+    free = compile_selector("x LIKE '" + "a_" * 100 + "%" + "_%" * 100 + "b_" * 100 + "'", "jms", _daemon_limits())
+    assert free.evaluate(m) is False
+    assert compile_selector("x LIKE '%_%b_%'", "jms", _daemon_limits()).evaluate(
+        Message.from_json({"application_properties": {"x": "zzbq"}})) is True
+    cost = _best(lambda: accepted.evaluate(m))
+    read = _best(lambda: _scan(value))
+    assert cost < 32 * 20 * read + 200e-6, (cost, read)  # the limit's factor, in C
+
+
+def test_sql_like_segments_are_bounded_too() -> None:
+    from broker_filter.filters import compile_selector
+
+    with pytest.raises(LimitError, match="the limit is 32 per selector"):
+        compile_selector("x LIKE '%" + "a" * 40 + "_b%'", "amqp-sql", _daemon_limits())
