@@ -92,6 +92,8 @@ def per_message_rows() -> list[tuple[str, float]]:
         (f"topic `#.*` x{WORDS // 2}, 4 KB subject", topic(".".join(["#", "*"] * (WORDS // 2))), subject_msg),
         (f"topic `#.a` x{WORDS // 2} (most live states), 4 KB subject", topic(".".join(["#", "a"] * (WORDS // 2))), subject_msg),
         (f"topic `*` x{WORDS - 1} `.#`, 4 KB subject", topic(".".join(["*"] * (WORDS - 1)) + ".#"), subject_msg),
+        (f"topic `#.a.*.a.*…b.#` ({WORDS} words: one searched segment), 4 KB subject",
+         topic("#." + ".".join(["a", "*"] * (WORDS // 2 - 2)) + ".b.#"), subject_msg),
         ("LIKE `%a%a…%b` (2,000 `%`), 4 KB value", sel("x LIKE '" + "%a" * 2000 + "%b'"), like_msg),
         ("LIKE `%_%_…%` (2,000 `%`), 4 KB value", sel("x LIKE '%" + "_%" * 2000 + "'"), like_msg),
         ("LIKE `%aa…a_aa…ab%` (one 32-character `_` segment: the limit), 4 KB value",
