@@ -71,8 +71,8 @@ def test_rss_per_link_with_a_maximal_selector(measured: dict) -> None:
     assert per_link <= 144 * 1024, per_link  # ~128 KiB: measured 132 KiB on a loaded 2-core box
 
 
-@pytest.mark.xfail(strict=False, reason="the filters are freed (the cache keeps its budget), but the C "
-                   "allocator keeps the freed pages: measured +129 MiB, ~+60 MiB once malloc_trim(0) runs; "
-                   "the daemon should call it after links close (a change in the proxy)")
+@pytest.mark.xfail(strict=False, reason="no filter is left alive (the cache keeps its budget), but the process "
+                   "keeps the freed memory: measured +129 MiB (+113 MiB after malloc_trim(0)); giving it back "
+                   "is a change in the daemon, not yet made")
 def test_rss_after_every_link_closed(measured: dict) -> None:
     assert measured["after"] - measured["start"] <= 100 * 2**20, measured
