@@ -33,10 +33,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from ..filters.errors import LimitError
 from ..filters.index import SubscriptionIndex
 from .addresses import ANYCAST, MULTICAST, ROUTING_TYPES, AddressError, NodeName, parse_node, subscription_name
 from .queue import Consumer, Entry, Queue, Stored
-from .wildcards import WildcardTrie, is_wildcard
+from .wildcards import WildcardTrie, check_pattern, is_wildcard
 
 RESOURCE_LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
 NOT_FOUND = "amqp:not-found"
@@ -128,6 +129,11 @@ class Broker:
         return addr
 
     def declare_queue(self, address: str, name: str | None = None, routing_type: str = ANYCAST, **kw: Any) -> Queue:
+        if routing_type == MULTICAST and is_wildcard(address, self.config.delimiter):
+            try:  # a wildcard subscription's pattern is bounded in words, and so its cost per publish
+                check_pattern(address, "wildcard address", delimiter=self.config.delimiter)
+            except LimitError as e:
+                raise BrokerError(INVALID_FIELD, e.message) from None
         addr = self.declare_address(address, routing_type)
         name = name or address
         queue = self.queues.get(name)

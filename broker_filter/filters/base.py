@@ -9,6 +9,7 @@ only those.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -29,7 +30,7 @@ class Filter:
     `matches(message, receiver=None)` -> bool.  Both are plain functions stored on the instance
     (generated code where the filter is a selector), so a call costs no extra Python frame."""
 
-    __slots__ = ("_fn", "evaluate", "matches", "reads", "description", "ast", "terms")
+    __slots__ = ("_fn", "evaluate", "matches", "reads", "description", "_ast", "terms", "hints")
 
     def __init__(
         self,
@@ -39,14 +40,24 @@ class Filter:
         ast: Any = None,
         matches: Callable[..., bool] | None = None,
         terms: tuple | None = None,
+        hints: tuple | None = None,
     ):
         self._fn = fn
         self.evaluate = fn if _receiver_optional(fn) else _with_default(fn)
         self.matches = matches if matches is not None else _matcher(fn)
         self.reads = frozenset(reads)
         self.description = description
-        self.ast = ast  # the selector AST where there is one (backends such as Spark compile it)
+        self._ast = ast  # the selector AST, or a function that parses it again (see `ast`)
         self.terms = terms  # what a subscription index may look this filter up by (`index.index_terms`)
+        self.hints = hints  # a selector's equality hints, found once (`index.equality_hint`); None: from `ast`
+
+    @property
+    def ast(self) -> Any:
+        """The selector AST where there is one (backends such as Spark compile it).  A cached
+        selector keeps only its text and parses it again here: the tree takes more memory than the
+        compiled filter (issue 43), and only backends and tools read it, once each."""
+        a = self._ast
+        return a() if isinstance(a, functools.partial) else a
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.description}>"

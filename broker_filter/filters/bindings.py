@@ -5,7 +5,9 @@ Theory of operation:
 * topic: subject and key are `.`-separated words; `""` is zero words and empty words count (`a..b` is
   three words).  `*` matches exactly one word, `#` zero or more, both only as whole words (`a#b` is a
   literal word); the rule and its NFA matcher are `wildcards.wildcard_matcher`, shared with the AMQ
-  address wildcards.  A message without a subject matches only the key `#`.
+  address wildcards, linear in the subject's words.  A message without a subject matches only the
+  key `#`.  A key has at most `Limits.max_pattern_words` words (128, RabbitMQ's 255-byte keys);
+  a longer one is refused (amqp:invalid-field).
 * headers: `x-match` (the key in any case: Broker-J clients send `X-match`) is `all` (default), `any`,
   `all-with-x` or `any-with-x`; in the plain modes other `x-` keys are ignored.  A pair matches when
   the application properties hold the key with an equal value of the same class: the eight integer
@@ -25,7 +27,7 @@ from ..amqp.types import amqp_type
 from .base import Filter
 from .errors import FilterError
 from .index import APP, SUBJECT, exact_terms, topic_terms
-from .wildcards import wildcard_matcher
+from .wildcards import MAX_PATTERN_WORDS, check_pattern, wildcard_matcher
 
 X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
 X_MATCH = "x-match"
@@ -74,10 +76,11 @@ def direct_binding(key: Any) -> Filter:
     return Filter(fn, frozenset({"properties"}), f"subject = {key!r}", terms=((SUBJECT, None, key),))
 
 
-def topic_binding(key: Any) -> Filter:
+def topic_binding(key: Any, max_words: int = MAX_PATTERN_WORDS) -> Filter:
     if not isinstance(key, str):
         raise FilterError(f"a topic binding key is a string, not {_kind(key)}")
     key = str(key)
+    check_pattern(key, "topic binding key", max_words)
     match = wildcard_matcher(key)
     only_hash = key == "#"
 

@@ -14,6 +14,8 @@ nesting are split into helper functions so the generated code stays within Pytho
 
 from __future__ import annotations
 
+import bisect
+import functools
 import itertools
 from typing import Any
 
@@ -308,139 +310,286 @@ def _literal_value(lit: ast.Literal) -> Any:
     return t.int32(lit.value) if lit.type == "int" else lit.value
 
 
-class _Closures:
-    """The same semantics as `_Compiler`, as a tree of closures: no `compile()` call, so building is
-    cheap for very large selectors, at some cost per evaluation.  Functions take (m, ap, ma)."""
+# ---------------------------------------------------------------------------- large selectors
+# A large selector compiles to a tree of nodes instead of generated source: each node is one tuple
+# whose first item is a module-level step function `f(node, m, ap, ma)` (shared by every selector:
+# no function object, cell or closure per node), the rest its operands, which are nodes again, or
+# constants.  Equal leaves (a property, a literal) are one node.  A node costs 56-72 bytes where a
+# closure cost 250-400 (a function object, its cells and closure tuple), so a selector at the
+# length limit compiles to tens of KiB, not hundreds (issue 43: filter memory is bounded by the
+# selector's length, at about 25 bytes per character; `compiled_size` estimates it).
+
+
+def _n_lit(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    return n[1]
+
+
+def _n_prop(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    return ap.get(n[1])
+
+
+def _n_annotation(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    return ma.get(n[1])
+
+
+def _n_header(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    return n[1](m)
+
+
+def _n_apply1(n: tuple, m: Any, ap: Any, ma: Any) -> Any:  # (f, fn, x): fn(x)
+    x = n[2]
+    return n[1](x[0](x, m, ap, ma))
+
+
+def _n_apply2(n: tuple, m: Any, ap: Any, ma: Any) -> Any:  # (f, fn, a, b): fn(a, b)
+    a, b = n[2], n[3]
+    return n[1](a[0](a, m, ap, ma), b[0](b, m, ap, ma))
+
+
+# apply2 with a property (its key) or a constant in place of an operand node: no leaf node at all
+def _n_apply2_pc(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    return n[1](ap.get(n[2]), n[3])
+
+
+def _n_apply2_cp(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    return n[1](n[2], ap.get(n[3]))
+
+
+def _n_apply2_pp(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    return n[1](ap.get(n[2]), ap.get(n[3]))
+
+
+def _n_apply2_pv(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    b = n[3]
+    return n[1](ap.get(n[2]), b[0](b, m, ap, ma))
+
+
+def _n_apply2_vp(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    a = n[2]
+    return n[1](a[0](a, m, ap, ma), ap.get(n[3]))
+
+
+def _n_apply2_cv(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    b = n[3]
+    return n[1](n[2], b[0](b, m, ap, ma))
+
+
+def _n_apply2_vc(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    a = n[2]
+    return n[1](a[0](a, m, ap, ma), n[3])
+
+
+_APPLY2 = {("p", "c"): _n_apply2_pc, ("c", "p"): _n_apply2_cp, ("p", "p"): _n_apply2_pp, ("p", "v"): _n_apply2_pv,
+           ("v", "p"): _n_apply2_vp, ("c", "v"): _n_apply2_cv, ("v", "c"): _n_apply2_vc}
+
+
+def _n_match_p(n: tuple, m: Any, ap: Any, ma: Any) -> Any:  # (f, pred, match, key)
+    return n[1](n[2], ap.get(n[3]))
+
+
+def _operand(node: tuple) -> tuple[str, Any]:
+    """("p", key) for a property node, ("c", value) for a constant, else ("v", node)."""
+    f = node[0]
+    if f is _n_prop:
+        return "p", node[1]
+    if f is _n_lit:
+        return "c", node[1]
+    return "v", node
+
+
+def _apply2(fn: Any, left: tuple, right: tuple) -> tuple:
+    (lk, lv), (rk, rv) = _operand(left), _operand(right)
+    step = _APPLY2.get((lk, rk))
+    if step is None:
+        return (_n_apply2, fn, left, right)
+    return (step, fn, lv, rv)
+
+
+_SET_SIZE = 32  # IN lists longer than this are a sorted tuple: 8 bytes an element, not a set's 30-60
+
+
+def _membership(values: Any) -> Any:
+    """`x in values` for an IN list of strings: a set lookup, or a binary search for long lists."""
+    items = frozenset(values)
+    if len(items) <= _SET_SIZE:
+        return items.__contains__
+    return functools.partial(_in_sorted, tuple(sorted(items)))
+
+
+def _in_sorted(items: tuple, v: str) -> bool:
+    i = bisect.bisect_left(items, v)
+    return i < len(items) and items[i] == v
+
+
+def _n_apply3(n: tuple, m: Any, ap: Any, ma: Any) -> Any:  # (f, fn, a, b, c): fn(a, b, c)
+    a, b, c = n[2], n[3], n[4]
+    return n[1](a[0](a, m, ap, ma), b[0](b, m, ap, ma), c[0](c, m, ap, ma))
+
+
+def _n_match(n: tuple, m: Any, ap: Any, ma: Any) -> Any:  # (f, pred, match, x): pred(match, x)
+    x = n[3]
+    return n[1](n[2], x[0](x, m, ap, ma))
+
+
+def _n_not(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    x = n[1]
+    v = x[0](x, m, ap, ma)
+    return None if v is None else not v
+
+
+def _n_is_null(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    x = n[1]
+    return x[0](x, m, ap, ma) is None
+
+
+def _n_not_null(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    x = n[1]
+    return x[0](x, m, ap, ma) is not None
+
+
+def _n_or(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    unknown = False
+    for x in n[1]:
+        v = x[0](x, m, ap, ma)
+        if v is True:
+            return True
+        if v is None:
+            unknown = True
+    return None if unknown else False
+
+
+def _n_and(n: tuple, m: Any, ap: Any, ma: Any) -> Any:
+    unknown = False
+    for x in n[1]:
+        v = x[0](x, m, ap, ma)
+        if v is False:
+            return False
+        if v is None:
+            unknown = True
+    return None if unknown else True
+
+
+def _n_every(n: tuple, m: Any, ap: Any, ma: Any) -> Any:  # (f, combine, items): RocketMQ evaluates all
+    return n[1](tuple([x[0](x, m, ap, ma) for x in n[2]]))
+
+
+def _n_has_tag(n: tuple, m: Any, ap: Any, ma: Any) -> Any:  # (f, tags, getter)
+    v = n[2](m)
+    return v is not None and v in n[1]
+
+
+_TRUE_NODE = (_n_lit, True)
+_FALSE_NODE = (_n_lit, False)
+
+
+class _Nodes:
+    """The same semantics as `_Compiler`, as a tree of nodes (above): no `compile()` call, so building
+    is cheap for very large selectors, at some cost per evaluation."""
 
     def __init__(self, selector: ast.Selector, dialect: Any):
         self.d = dialect
         self.sem = Semantics(dialect, selector.convert_strings)
         self.reads: set[str] = set()
+        self.shared: dict[Any, Any] = {}  # equal leaves and per-operator functions, built once
 
-    def value(self, node: Any) -> Any:
+    def once(self, key: Any, make: Any) -> Any:
+        try:
+            found = self.shared.get(key)
+        except TypeError:  # an unhashable constant: not shared
+            return make()
+        if found is None:
+            found = self.shared[key] = make()
+        return found
+
+    def value(self, node: Any) -> tuple:
         if isinstance(node, ast.Literal):
             v = _literal_value(node)
-            return lambda m, ap, ma: v
+            return self.once(("lit", node.type, repr(v)), lambda: (_n_lit, v))
         if isinstance(node, ast.Ident):
             key = node.key
             if node.kind == "property":
                 self.reads.add("application_properties")
-                return lambda m, ap, ma: ap.get(key)
+                return self.once(("prop", key), lambda: (_n_prop, key))
             if node.kind == "annotation":
                 self.reads.add("message_annotations")
                 sym = t.symbol(key) if key.isascii() else key
-                return lambda m, ap, ma: ma.get(sym)
+                return self.once(("annotation", key), lambda: (_n_annotation, sym))
             reads, getter = HEADERS[key]
             self.reads.update(reads)
-            return lambda m, ap, ma: getter(m)
+            return self.once(("header", key), lambda: (_n_header, getter))
         if isinstance(node, ast.Unary):
-            inner = self.value(node.operand)
-            if node.op == "+":
-                plus = self.sem.plus
-                return lambda m, ap, ma: plus(inner(m, ap, ma))
-            neg = self.sem.negate
-            return lambda m, ap, ma: neg(inner(m, ap, ma))
-        fn = self.sem.arithmetic(node.op)
-        left, right = self.value(node.left), self.value(node.right)
-        return lambda m, ap, ma: fn(left(m, ap, ma), right(m, ap, ma))
+            fn = self.sem.plus if node.op == "+" else self.sem.negate
+            return (_n_apply1, fn, self.value(node.operand))
+        fn = self.once(("arith", node.op), lambda: self.sem.arithmetic(node.op))
+        return _apply2(fn, self.value(node.left), self.value(node.right))
 
-    def cond(self, node: Any) -> Any:
+    def cond(self, node: Any) -> tuple:
         sem = self.sem
         if isinstance(node, ast.Literal):
-            v = bool(node.value)
-            return lambda m, ap, ma: v
+            return _TRUE_NODE if node.value else _FALSE_NODE
         if isinstance(node, ast.Ident):
-            get, condition = self.value(node), sem.condition
-            return lambda m, ap, ma: condition(get(m, ap, ma))
+            return (_n_apply1, sem.condition, self.value(node))
         if isinstance(node, ast.Unary):
-            inner = self.cond(node.operand)
-
-            def not_(m: Any, ap: Any, ma: Any) -> Any:
-                v = inner(m, ap, ma)
-                return None if v is None else not v
-
-            return not_
+            return (_n_not, self.cond(node.operand))
         if isinstance(node, ast.Binary) and node.op in ast.LOGICAL_OPS:
             items = ast.chain_items(node.op, node)
             if node.op == "OR" and self.d.or_chain_to_set:
                 items = merge_equalities(items)
-            fns = [self.cond(i) for i in items]
-            short = node.op == "OR"  # OR stops at True, AND at False
+            fns = tuple([self.cond(i) for i in items])
             if sem.error:  # RocketMQ: evaluate every operand, an error anywhere decides
-                combine = kleene_any if short else kleene_all
-                return lambda m, ap, ma: combine(tuple(f(m, ap, ma) for f in fns))
-
-            def chain(m: Any, ap: Any, ma: Any) -> Any:
-                unknown = False
-                for f in fns:
-                    v = f(m, ap, ma)
-                    if v is short:
-                        return short
-                    if v is None:
-                        unknown = True
-                return None if unknown else (not short)
-
-            return chain
+                return (_n_every, kleene_any if node.op == "OR" else kleene_all, fns)
+            return (_n_or if node.op == "OR" else _n_and, fns)
         if isinstance(node, ast.Binary):
-            op, left, right = node.op, node.left, node.right
-            cmp = sem.comparator(op)
-            lf, rf = self.value(left), self.value(right)
-            return lambda m, ap, ma: cmp(lf(m, ap, ma), rf(m, ap, ma))
+            cmp = self.once(("cmp", node.op), lambda: sem.comparator(node.op))
+            return _apply2(cmp, self.value(node.left), self.value(node.right))
         if isinstance(node, ast.IsNull):
-            get = self.value(node.operand)
-            if node.negated:
-                return lambda m, ap, ma: get(m, ap, ma) is not None
-            return lambda m, ap, ma: get(m, ap, ma) is None
+            return (_n_not_null if node.negated else _n_is_null, self.value(node.operand))
         if isinstance(node, ast.Between):
-            fn = sem.between(node.negated)
-            v, lo, hi = self.value(node.operand), self.value(node.low), self.value(node.high)
-            return lambda m, ap, ma: fn(v(m, ap, ma), lo(m, ap, ma), hi(m, ap, ma))
+            fn = self.once(("between", node.negated), lambda: sem.between(node.negated))
+            return (_n_apply3, fn, self.value(node.operand), self.value(node.low), self.value(node.high))
         if isinstance(node, ast.In) and any(x.type != "string" for x in node.values):
             fn = sem.numeric_in(tuple(_literal_value(x) for x in node.values), node.negated)
-            get = self.value(node.operand)
-            return lambda m, ap, ma: fn(get(m, ap, ma))
+            return (_n_apply1, fn, self.value(node.operand))
         if isinstance(node, ast.StringTest):
-            get = self.value(node.operand)
             if not node.value:
-                return lambda m, ap, ma: False
+                return _FALSE_NODE
             test = sem.string_test(string_test_matcher(node.op, node.value), node.negated)
-            return lambda m, ap, ma: test(get(m, ap, ma))
+            return (_n_apply1, test, self.value(node.operand))
         if isinstance(node, (ast.In, ast.Like)):
             if isinstance(node, ast.In):
-                match = frozenset(x.value for x in node.values).__contains__
+                match = _membership(x.value for x in node.values)
             else:
                 match = like_matcher(node.pattern, node.escape)
-            pred, get = sem.predicate(match, node.negated), self.value(node.operand)
-            return lambda m, ap, ma: pred(get(m, ap, ma))
+            pred = self.once(("pred", node.negated), lambda: sem.predicate_of(node.negated))
+            operand = self.value(node.operand)
+            if operand[0] is _n_prop:
+                return (_n_match_p, pred, match, operand[1])
+            return (_n_match, pred, match, operand)
         if isinstance(node, ast.Tags):
             if node.tags is None:
-                return lambda m, ap, ma: True
+                return _TRUE_NODE
             self.reads.add("properties")
-            tags, getter = frozenset(node.tags), HEADERS["TAGS"][1]
-
-            def has_tag(m: Any, ap: Any, ma: Any) -> bool:
-                v = getter(m)
-                return v is not None and v in tags
-
-            return has_tag
+            return (_n_has_tag, frozenset(node.tags), HEADERS["TAGS"][1])
         raise TypeError(f"not a condition: {node!r}")  # pragma: no cover
 
 
-# Selectors larger than this many nodes compile to closures: Python's compile() of their generated
-# source would cost more than the faster evaluation saves for a freshly attached link.
+# Selectors larger than this many nodes compile to nodes: Python's compile() of their generated
+# source would cost more than the faster evaluation saves for a freshly attached link, and its code
+# objects take several times the memory.
 CLOSURE_THRESHOLD = 150
 
 
 def _compile_closures(selector: ast.Selector, dialect: Any) -> tuple[Any, frozenset[str], str]:
-    c = _Closures(selector, dialect)
+    c = _Nodes(selector, dialect)
     root = c.cond(selector.expr)
+    step = root[0]
     empty = _EMPTY
 
     def evaluate(m: Any, r: Any = None) -> Any:
         ap = m.application_properties
         ma = m.message_annotations
         try:
-            return root(m, empty if ap is None else ap, empty if ma is None else ma)
+            return step(root, m, empty if ap is None else ap, empty if ma is None else ma)
         except Abort:  # RocketMQ: an evaluation error means the message is not delivered
             return False
         except Exception:  # evaluation never raises
@@ -450,7 +599,7 @@ def _compile_closures(selector: ast.Selector, dialect: Any) -> tuple[Any, frozen
         return evaluate(m, r) is True
 
     evaluate.matches = matches  # type: ignore[attr-defined]
-    return evaluate, frozenset(c.reads), "<closures>"
+    return evaluate, frozenset(c.reads), "<nodes>"
 
 
 class _SqlClosures:

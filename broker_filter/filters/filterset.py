@@ -147,6 +147,8 @@ class _Compiler:
             f = compile_selector(str(value), self.dialect if kind == "selector" else "amqp-sql", self.limits)
             return name, FilterNode(kind, f, str(value)), str(value)
         text = value if kind in ("direct", "topic") and isinstance(value, str) else None
+        if kind == "topic":
+            return name, FilterNode(kind, topic_binding(value, self.limits.max_pattern_words), value), text
         leaf = LEAVES.get(kind)
         if leaf is not None:
             return name, FilterNode(kind, leaf(value), value), text

@@ -85,7 +85,15 @@ def _hints(filter_: Any) -> Iterator[EqualityHint | None]:
 
 
 def _selector_hints(filter_: Any) -> Iterator[EqualityHint | None]:
-    selector = getattr(filter_, "ast", None)
+    found = getattr(filter_, "hints", None)
+    if found is not None:  # found once when the selector was compiled
+        yield from found
+        return
+    yield from selector_hints(getattr(filter_, "ast", None))
+
+
+def selector_hints(selector: Any) -> Iterator[EqualityHint | None]:
+    """The equality hints of a selector's top-level AND conjuncts (None where a conjunct has none)."""
     if not isinstance(selector, ast.Selector) or selector.expr is None:
         return
     if selector.dialect not in _STRICT_DIALECTS or selector.convert_strings:

@@ -24,6 +24,7 @@ from lark.parsers.lalr_analysis import Shift
 from . import ast
 from .dialects import Dialect, get_dialect
 from .errors import LimitError, SelectorError
+from .runtime import like_search_chars, sql_like_pattern
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
@@ -37,6 +38,10 @@ class Limits:
     max_length: int = 64 * 1024  # characters of selector text
     max_depth: int = 200  # nesting depth of the expression (an AND/OR chain counts once)
     max_in: int = 10_000  # elements of one IN list
+    max_pattern_words: int = 128  # words of a topic binding key (`wildcards.MAX_PATTERN_WORDS`)
+    # characters of LIKE segments between two `%` mixing `_` with other characters, per selector:
+    # each is searched at up to its length per character of the value (`runtime.like_search_chars`)
+    max_like_search: int = 32
 
 
 DEFAULT_LIMITS = Limits()
@@ -368,6 +373,7 @@ class _Builder:
         self.unsuffixed: set[int] = set()  # numeric literals without an L suffix
         self.overflow: dict[int, int] = {}  # 2**63 literals awaiting a unary minus
         self.sums: dict[int, str] = {}  # id(`+` node) -> its static type ("num", "str" or "val")
+        self.like_search = 0  # `runtime.like_search_chars` over the selector's LIKE patterns so far
 
     # ------------------------------------------------------------------ helpers
     def err(self, message: str, pos: int | None) -> SelectorError:
@@ -664,6 +670,15 @@ class _Builder:
             if len(esc.value) != 1:
                 raise self.err(f"ESCAPE must be exactly one character, got '{esc.value}'", self.p(esc))
             escape = esc.value
+        self.like_search += like_search_chars(
+            sql_like_pattern(pattern.value, escape) if self.d.filtex_sql else pattern.value, escape
+        )
+        if self.like_search > self.limits.max_like_search:
+            raise LimitError(
+                f"LIKE patterns hold {self.like_search} characters in segments between two % that mix _ with "
+                f"other characters; the limit is {self.limits.max_like_search} per selector",
+                self.text, self.p(pattern) + self.offset,
+            )
         if self.d.filtex_sql:
             _check_sql_pattern(self, pattern, escape)
             return self.at(ast.Like(operand, pattern.value, escape, negated), self.p(operand))

@@ -293,6 +293,22 @@ class Semantics:
             raise Abort("a string operation needs a string")
         return _MISMATCH
 
+    def predicate_of(self, negated: bool) -> Callable[[Callable[[str], bool], Any], Any]:
+        """`predicate` taking the match as its first argument: one function for every LIKE and IN of
+        a selector (the compact node tree of large selectors shares it)."""
+        string_of = self.string_of
+        artemis = self.d.mismatch == "not"
+
+        def pred(match: Callable[[str], bool], v: Any) -> Any:
+            if v is None:
+                return None
+            s = string_of(v)
+            if s is _MISMATCH:
+                return negated if artemis else False
+            return (not match(s)) if negated else match(s)
+
+        return pred
+
     def predicate(self, match: Callable[[str], bool], negated: bool) -> Callable[[Any], Any]:
         """LIKE / IN / string test over a value, with the dialect's NULL and mismatch rules."""
         string_of = self.string_of
@@ -471,16 +487,8 @@ def like_form(pattern: str, escape: str | None) -> tuple[str, str] | None:
 _PERCENT = object()
 
 
-def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
-    """A matcher for a LIKE pattern, linear in the value for a fixed pattern.
-
-    The escape character (ActiveMQ / Artemis rule) quotes only a following `%`, `_` or itself;
-    anywhere else, at the end included, it is an ordinary pattern character (so `ESCAPE '%'` works).
-
-    The pattern is cut at each `%` into segments (with `_` as a one-character wildcard).  The first
-    segment must match at the start, the last at the end, and each middle one is found leftmost after
-    the previous: greedy leftmost placement is optimal for `%`-separated segments, so no backtracking.
-    """
+def like_segments(pattern: str, escape: str | None) -> list[list]:
+    """A LIKE pattern cut at each `%`: lists of characters, None for `_`."""
     segments: list[list] = [[]]
     i, n = 0, len(pattern)
     while i < n:
@@ -496,6 +504,29 @@ def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
         else:
             segments[-1].append(ch)
         i += 1
+    return segments
+
+
+def like_search_chars(pattern: str, escape: str | None) -> int:
+    """Characters of the pattern's segments between two `%` that mix `_` with other characters: the
+    only ones searched for by a regex, at a cost of up to their length per character of the value
+    (every other segment is a linear `str.find`, a fixed-offset check or a skip).  The parser bounds
+    their sum per selector (`Limits.max_like_search`)."""
+    segments = like_segments(pattern, escape)
+    return sum(len(s) for s in segments[1:-1] if None in s and any(c is not None for c in s))
+
+
+def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
+    """A matcher for a LIKE pattern, linear in the value for a fixed pattern.
+
+    The escape character (ActiveMQ / Artemis rule) quotes only a following `%`, `_` or itself;
+    anywhere else, at the end included, it is an ordinary pattern character (so `ESCAPE '%'` works).
+
+    The pattern is cut at each `%` into segments (with `_` as a one-character wildcard).  The first
+    segment must match at the start, the last at the end, and each middle one is found leftmost after
+    the previous: greedy leftmost placement is optimal for `%`-separated segments, so no backtracking.
+    """
+    segments = like_segments(pattern, escape)
 
     def plain(seg: list) -> str | None:
         return None if any(c is None for c in seg) else "".join(seg)
@@ -522,24 +553,48 @@ def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
         needle = plain(middle[0])
         return lambda s: needle in s
 
-    first_rx = _segment_regex(first)
-    last_rx = _segment_regex(last)
-    finders = [(plain(m), _segment_regex(m), len(m)) for m in middle]
-    lf, ll = len(first), len(last)
+    finders = tuple((plain(m), None if all(c is None for c in m) else _segment_regex(m), len(m)) for m in middle)
+    return _LikeSegments(len(first), len(last), _pieces(first), _pieces(last), finders)
 
-    def match(s: str) -> bool:
-        n = len(s)
+
+def _pieces(seg: list) -> tuple:
+    """A fixed-length segment as its literal runs: ((offset, text), ...); `_` is what lies between."""
+    out, start = [], None
+    for k, c in enumerate(seg + [None]):
+        if c is not None and start is None:
+            start = k
+        elif c is None and start is not None:
+            out.append((start, "".join(seg[start:k])))
+            start = None
+    return tuple(out)
+
+
+class _LikeSegments:
+    """The general LIKE matcher: a slotted record called with the value (a fraction of a closure's
+    memory: a selector may hold hundreds of LIKEs, issue 43)."""
+
+    __slots__ = ("lf", "ll", "first", "last", "finders")
+
+    def __init__(self, lf: int, ll: int, first: tuple, last: tuple, finders: tuple):
+        self.lf, self.ll, self.first, self.last, self.finders = lf, ll, first, last, finders
+
+    def __call__(self, s: str) -> bool:
+        n, lf, ll = len(s), self.lf, self.ll
         if n < lf + ll:
             return False
-        if lf and first_rx.match(s, 0) is None:
-            return False
+        for offset, text in self.first:
+            if not s.startswith(text, offset):
+                return False
         end = n - ll
-        if ll and last_rx.fullmatch(s, end) is None:
-            return False
+        for offset, text in self.last:
+            if not s.startswith(text, end + offset):
+                return False
         pos = lf
-        for text, rx, size in finders:
+        for text, rx, size in self.finders:
             if text is not None:
                 found = s.find(text, pos, end)
+            elif rx is None:  # only `_`: the next `size` characters, whatever they are
+                found = pos
             else:
                 m = rx.search(s, pos, end)
                 found = -1 if m is None else m.start()
@@ -547,8 +602,6 @@ def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
                 return False
             pos = found + size
         return pos <= end
-
-    return match
 
 
 def _segment_regex(seg: list) -> "re.Pattern[str]":
