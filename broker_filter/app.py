@@ -224,7 +224,7 @@ class App:
         elif self.config.listener.users:
             log.warning("configuration reload: listener.users are taken at the next restart (the listener was "
                         "started without PLAIN users)")
-        detached = sum(server.reconfigure(self.config) for server in self._servers())
+        detached = sum(server.guard.recheck(self.config) for server in self._servers())
         log.info("configuration reloaded: %d security settings, %d users with roles; %d link(s) no longer "
                  "permitted detached", len(self.config.security.settings), len(self.config.security.roles), detached)
 

@@ -49,7 +49,7 @@ class DurableSubscriptions:
         """A null-source attach names a durable subscription (Qpid JMS's unsubscribe): answered with
         the kept subscription's source (Qpid JMS requires one); closing the link ends it.  In front
         of RabbitMQ 4 the subscription is looked for on the broker as well (`_hold_on_broker`)."""
-        name = sharing.kept_name(link.name, self.server.subscriber(conn, link))
+        name = sharing.kept_name(link.name, self.server.guard.subscriber(conn, link))
         binding = self.server.registry.kept.get(name) if name is not None else None
         if binding is not None:
             self._answer_lookup(link, conn, name, binding.kept_address)
@@ -83,7 +83,7 @@ class DurableSubscriptions:
     def _answer_lookup(self, link, conn: ClientConnection, name: str, address: str | None) -> None:
         why = self.server.permissions.refusal(conn.user, plan.DURABLE, address) if address is not None else None
         if why is not None:  # (its own subscription, but no longer allowed to keep or remove one there)
-            self.server.audit(conn, plan.DURABLE, address, why)
+            self.server.guard.audit(conn, plan.DURABLE, address, why)
             self.server._refuse(link, "amqp:unauthorized-access", why, reason="unauthorized")
             return
         link.set_source(kept_source(address))

@@ -131,7 +131,7 @@ class Receivers:
             expiry_policy=src.expiry_policy,
             dynamic=bool(src.dynamic),
             name=link.name,
-            container_id=self.server.subscriber(connection_state(link.connection), link),
+            container_id=self.server.guard.subscriber(connection_state(link.connection), link),
             offered=offered,
             passthrough=passthrough,
         )

@@ -392,7 +392,7 @@ class Relay:
         if server.permissions is not plan.OPEN:
             why = plan.may_send(server.permissions, self.conn.user, to)
             if why is not None:
-                server.audit(self.conn, plan.SEND, to, why)
+                server.guard.audit(self.conn, plan.SEND, to, why)
                 return self._refuse(dlv, "amqp:unauthorized-access", why)
         try:
             data = set_message_annotation(data, ORIGIN_ANNOTATION, self.conn.id, self.origin)

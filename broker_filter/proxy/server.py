@@ -46,7 +46,7 @@ from ..security import SaslClientExchange, identity_of
 from . import introspect, plan, sender
 from .durable import DurableSubscriptions
 from .feeds import FeedRegistry
-from .grants import Granted
+from .grants import Granted, Guard
 from .lifecycle import event_ids
 from .management import ManagementPair, is_management, refusal
 from .receiver import FILTER_CAPABILITIES, Receivers
@@ -111,6 +111,7 @@ class ProxyServer(Handler):
         self.durable = DurableSubscriptions(self)  # JMS durable subscriptions the daemon keeps
         self.rehoming = Rehoming(self)  # queue links served through their queue's owner (`[replicas]`)
         self.resumption = Resumption(self)  # links waiting for a lost upstream connection to come back
+        self.guard = Guard(self)  # the permissions outside an attach's plan: audit, /management, SIGHUP
         self.feeds = self.registry.feeds  # (the same dict, for the reports)
         self.connections: dict[str, ClientConnection] = {}
         self.quotas = Quotas(config.limits)  # connections and links per user and source address
@@ -310,7 +311,7 @@ class ProxyServer(Handler):
                 self._refuse(link, "amqp:not-implemented", why)
                 return
             conn.links.add(link)
-            ManagementPair.serve(self.upstream, link, self._route_link, self._manage_check(conn))
+            ManagementPair.serve(self.upstream, link, self._route_link, self.guard.manage_check(conn))
             return
         if link.is_sender:
             self.receivers.attach(link, conn)
@@ -371,72 +372,10 @@ class ProxyServer(Handler):
         except Exception:
             log.exception("failure handling a failure")
 
-    def subscriber(self, conn: ClientConnection | None, link: Link) -> str | None:
-        """Who a named (JMS durable or shared) subscription belongs to: the client's container id, and,
-        with `[security]` settings, its user too, so that a subscription belongs to the user who
-        made it (another user with the same client id and name has one of its own)."""
-        container = link.connection.remote_container
-        if self.permissions is plan.OPEN or conn is None or conn.peer is not None:
-            return container
-        return f"{container}@{conn.user or 'anonymous'}"
-
-    def _manage_check(self, conn: ClientConnection) -> Callable[[Any, str], str | None]:
-        """What a `/management` request of `conn`'s needs (`authorization.management_checks`: the
-        (operation, address) pairs it must be allowed; None for one RabbitMQ would refuse as
-        malformed); with no settings, every request passes."""
-
-        def check(needed: Any, request: str) -> str | None:
-            if self.permissions is plan.OPEN:
-                return None
-            if needed is None:
-                why = f"{request}: not a request the daemon can check permissions for"
-                self.audit(conn, plan.MANAGE, None, why)
-                return why
-            for operation, address in needed:
-                why = self.permissions.refusal(conn.user, operation, address)
-                if why is not None:
-                    self.audit(conn, operation, address, why)
-                    return why
-            return None
-
-        return check
-
-    def reconfigure(self, config: Any) -> int:
-        """New security settings (SIGHUP): every client link is checked again as it was attached, and
-        one no longer permitted is detached with `amqp:unauthorized-access` (its connection and other
-        links carry on); the number detached."""
-        self.config = config
-        self.permissions = Granted.of(config, self.upstream)
-        detached = 0
-        for conn in list(self.connections.values()):
-            if conn.peer is not None or conn.connection is None:
-                continue  # (a replica's links were checked where their client logged in)
-            for link in links_of(conn.connection):
-                state = link.context
-                if state is None or state.operation is None or link.local_state == LOCAL_CLOSED:
-                    continue
-                why = self.permissions.refusal(conn.user, state.operation, state.address)
-                if why is None:
-                    continue
-                self.audit(conn, state.operation, state.address, why)
-                self._drop_link(link)
-                close_link(link, "amqp:unauthorized-access", why)
-                detached += 1
-        return detached
-
     def _refuse_planned(self, link, conn: ClientConnection, refusal: plan.Refuse) -> None:
         if refusal.condition == "amqp:unauthorized-access":
-            self.audit(conn, refusal.operation, refusal.address, refusal.description)
+            self.guard.audit(conn, refusal.operation, refusal.address, refusal.description)
         self._refuse(link, refusal.condition, refusal.description, refusal.info, reason=refusal.reason)
-
-    def audit(self, conn: ClientConnection, operation: str | None, address: str | None, why: str) -> None:
-        """An operation refused by the permissions: one log line (who, from where, what, where) and
-        a count by operation."""
-        identity = conn.identity
-        log.warning("authorization: refused %s on %r for user %r from %s: %s", operation, address,
-                    conn.user, identity.peer if identity is not None else "?", why)
-        if self.metrics is not None:
-            self.metrics.authorization_refused(operation or "other")
 
     def _refuse(self, link, condition: str, description: str, info: dict | None = None, *,
                 reason: str | None = None, level: int = logging.INFO) -> None:
