@@ -22,6 +22,7 @@ from clients import connect
 from launcher import Daemon, free_port, http_get
 
 rmq = pytest.importorskip("rabbitmq_amqp_python_client", reason="RabbitMQ's Python client is in pyproject's `test` extra")
+from rabbitmq_amqp_python_client.qpid.proton.utils import SendException  # noqa: E402
 
 pytestmark = pytest.mark.rabbitmq4
 
@@ -36,15 +37,23 @@ def daemon4(rabbitmq4):
 
 
 @pytest.fixture
-def connection(daemon4):
+def environment(daemon4):
     env = rmq.Environment(uri=f"amqp://guest:guest@127.0.0.1:{daemon4.port}/")
-    try:
-        connection = env.connection()
-        connection.dial()
-        yield connection
-        connection.close()
-    finally:
-        env.close()
+    yield env
+    env.close()
+
+
+def dial(env):
+    connection = env.connection()
+    connection.dial()
+    return connection
+
+
+@pytest.fixture
+def connection(environment):
+    connection = dial(environment)
+    yield connection
+    connection.close()
 
 
 class Enough(BaseException):
@@ -134,15 +143,17 @@ def test_filters_on_a_quorum_queue(connection, kind):
         management.close()
 
 
-def test_direct_reply_to_round_trip(connection):
-    """The requester's direct reply-to consumer gets an address the daemon holds; a responder
-    consumes the request and replies to `reply_to` with a publisher of its own and with the
-    anonymous publisher (`to`): both replies reach the requester, none reaches the broker."""
+def test_direct_reply_to_round_trip(connection, environment):
+    """The requester's direct reply-to consumer gets an address the daemon holds; a responder (on a
+    connection of its own) consumes the request and replies to `reply_to` with a publisher of its
+    own and with the anonymous publisher (`to`): both replies reach the requester, none reaches the
+    broker."""
+    responding = dial(environment)
     management = connection.management()
     requests = f"rmqc-rpc-{uuid.uuid4().hex[:8]}"
     management.declare_queue(rmq.QuorumQueueSpecification(name=requests))
     try:
-        replies = Collect(2)
+        replies = Collect(2, accept=False)  # (pre-settled: direct reply-to)
         requester = connection.consumer(message_handler=replies, consumer_options=rmq.ConsumerOptions(
             settle_strategy=rmq.ConsumerSettleStrategy.DirectReplyTo))
         reply_to = requester.address
@@ -154,17 +165,17 @@ def test_direct_reply_to_round_trip(connection):
         publisher.close()
 
         handler = Collect(1)
-        responder = connection.consumer(rmq.AddressHelper.queue_address(requests), message_handler=handler)
+        responder = responding.consumer(rmq.AddressHelper.queue_address(requests), message_handler=handler)
         with pytest.raises(Enough):
             responder.run()
         responder.close()
         request = handler.messages[0]
         assert body(request) == "ping" and request.reply_to == reply_to
-        named = connection.publisher(request.reply_to)
+        named = responding.publisher(request.reply_to)
         status = named.publish(rmq.Message(body=rmq.Converter.string_to_bytes("pong 1"), correlation_id=request.id))
         assert status.remote_state == rmq.OutcomeState.ACCEPTED
         named.close()
-        anonymous = connection.publisher()
+        anonymous = responding.publisher()
         status = anonymous.publish(rmq.Message(body=rmq.Converter.string_to_bytes("pong 2"), correlation_id=request.id,
                                                address=request.reply_to))
         assert status.remote_state == rmq.OutcomeState.ACCEPTED
@@ -187,9 +198,10 @@ def test_direct_reply_to_round_trip(connection):
     finally:
         management.delete_queue(requests)
         management.close()
+        responding.close()
 
 
-def test_a_filtered_consumer_on_an_exchange_and_key(connection, daemon4):
+def test_a_filtered_consumer_on_an_exchange_and_key(connection, environment, daemon4):
     """`/exchanges/X/KEY` is a subscription: RabbitMQ 4 consumes only queues, so the daemon binds one
     of its own, consumes it with the consumer's filter, and removes it when the consumer goes."""
     management = connection.management()
@@ -205,13 +217,18 @@ def test_a_filtered_consumer_on_an_exchange_and_key(connection, daemon4):
                   if r.get("address") == f"/exchanges/{exchange}/orders.%2A"]
         assert len(queues) == 1 and queues[0].startswith("/queues/broker-filter.subscription."), text
         queue = queues[0][len("/queues/"):]
-        publisher = connection.publisher()
+        publishing = dial(environment)  # (a connection of its own: the consumer's handler runs on its own)
+        publisher = publishing.publisher()
         for i, key in enumerate(["orders.new", "orders.new", "orders.old", "stock.new", "orders.new", "orders.new",
                                  "orders.old"]):
-            colour = "red" if i != 1 else "blue"
-            publisher.publish(rmq.Message(body=rmq.Converter.string_to_bytes(f"{key} {i}"),
-                                          application_properties={"colour": colour},
-                                          address=rmq.AddressHelper.exchange_address(exchange, key)))
+            message = rmq.Message(body=rmq.Converter.string_to_bytes(f"{key} {i}"),
+                                  application_properties={"colour": "red" if i != 1 else "blue"},
+                                  address=rmq.AddressHelper.exchange_address(exchange, key))
+            if key == "stock.new":  # bound to no queue: RabbitMQ 4 releases it
+                with pytest.raises(SendException):
+                    publisher.publish(message)
+            else:
+                publisher.publish(message)
         with pytest.raises(Enough):
             consumer.run()
         got = sorted(body(m) for m in handler.messages)
@@ -219,6 +236,7 @@ def test_a_filtered_consumer_on_an_exchange_and_key(connection, daemon4):
         assert management.queue_info(queue).message_count == 0  # (what was not red was accepted and dropped)
         consumer.close()
         publisher.close()
+        publishing.close()
         deadline = time.monotonic() + 10
         while True:  # the subscription's queue goes with it
             try:
