@@ -16,6 +16,8 @@ A receiver (the client's link receives: the proxy's link is a sender):
   | 1     | the source filter is not a map                                | Refuse invalid-field          |
   | 2     | a dynamic source, the upstream makes no dynamic nodes: the    | Reply (`replies`), or Refuse  |
   |       | daemon holds the reply address (if the user may consume)      | unauthorized-access           |
+  | 2a    | a reply address of the daemon's (`sharing.is_reply_address`)  | Refuse not-allowed (its own   |
+  |       |                                                               | link alone receives from it)  |
   | 3     | a null source, the upstream keeps no named subscriptions      | LookUpKept (Qpid JMS unsubscribe) |
   | 4     | the user may not consume (browse, for copy on a queue) there, | Refuse unauthorized-access    |
   |       | or keep a durable subscription there (a durable source)       |                               |
@@ -226,6 +228,9 @@ def plan_receiver(request: ReceiverRequest,
         # volatile queue only when asked with its capability.)  The daemon holds the reply address.
         refused = None if request.peer else _refused(context, request.user, CONSUME, None)
         return refused if refused is not None else Reply()
+    if sharing.is_reply_address(address):
+        return Refuse("amqp:not-allowed", f"reply address {address} takes no other receiver: only the link it was "
+                                          "made for receives from it")
     if request.null and not traits.named_subscriptions:
         return LookUpKept()
     route = context.route(address)

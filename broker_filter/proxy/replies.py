@@ -120,7 +120,7 @@ class ReplyNode:
                                                   f"bytes the receiver of {self.address} takes")))
             return
         if len(self.waiting) >= max(self.window, lib.pn_link_credit(self.ptr)):
-            if settle is not None:
+            if settle is not None:  # (one sent pre-settled has no outcome: it is dropped)
                 settle(Outcome("rejected", error=(
                     "amqp:resource-limit-exceeded",
                     f"reply address {self.address}: its receiver has no credit for more "
@@ -145,6 +145,8 @@ class ReplyNode:
         credit = lib.pn_link_credit(self.ptr)
         self.window = min(max(self.window, credit), self.server.max_credit)
         self.flush()
+        for inlet in list(self.inlets):  # (senders attached to the address get as much)
+            inlet.top_up()
         if lib.pn_link_get_drain(self.ptr) and lib.pn_link_credit(self.ptr) > 0:
             lib.pn_link_drained(self.ptr)  # nothing else waits: the rest of the credit is given back
 

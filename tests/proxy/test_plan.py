@@ -77,6 +77,8 @@ RECEIVERS = [
      context(EMBEDDED, permissions=Table()), plan.Refuse, "amqp:unauthorized-access"),
     ("a replica's link was checked where its client logged in", receiver("alice.q", user="replica", peer=True),
      context(permissions=Table()), plan.Serve, None),
+    ("a receiver on a reply address of the daemon's", receiver("/queues/broker-filter.reply-to.x"), context(),
+     plan.Refuse, "amqp:not-allowed"),
     ("a reply address needs consume", receiver(None, dynamic=True, user="bob"), context(permissions=Table()),
      plan.Refuse, "amqp:unauthorized-access"),
 ]

@@ -66,6 +66,9 @@ def test_request_reply_with_proton(proxy):
         assert [(m.body, m.correlation_id) for m in got] == [("pong 1", "q1"), ("pong 2", "q1")]
         assert settled(responder, named, relayed, requester=requester) == [Delivery.ACCEPTED, Delivery.ACCEPTED]
         assert receives_nothing(other)
+        with pytest.raises(LinkDetached) as e:  # (its own link alone receives from it)
+            responder.create_receiver(address)
+        assert "amqp:not-allowed" in str(e.value)
     finally:
         requester.close()
         responder.close()
