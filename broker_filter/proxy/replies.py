@@ -56,18 +56,16 @@ Settle = Callable[[Outcome], None]  # the sender's side of a message: given the 
 
 
 def registry(server: Any) -> "Replies":
-    """The reply addresses of `server` (made on first use)."""
-    replies = getattr(server, "reply_addresses", None)
-    if replies is None:
-        replies = server.reply_addresses = Replies(server)
-    return replies
+    """The reply addresses the daemon holds, for every server of the process (with pass-through
+    logins each client identity has a server of its own, and a responder may log in as another
+    user than its requester; every server runs on the one loop)."""
+    return REPLIES
 
 
 class Replies:
-    """The reply addresses one server holds: address -> `ReplyNode`."""
+    """The reply addresses the daemon holds: address -> `ReplyNode`."""
 
-    def __init__(self, server: Any):
-        self.server = server
+    def __init__(self) -> None:
         self.nodes: dict[str, ReplyNode] = {}
 
     def new_address(self) -> str:
@@ -85,6 +83,9 @@ class Replies:
                 settle(not_found(address))
             return
         node.offer(data, settle)
+
+
+REPLIES = Replies()
 
 
 def not_found(address: str) -> Outcome:

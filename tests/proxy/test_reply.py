@@ -15,6 +15,7 @@ from proton import Delivery, Message
 from proton.utils import LinkDetached
 
 from clients import connect, receive_n, receives_nothing, run_js
+from launcher import Daemon
 
 PREFIX = "/queues/broker-filter.reply-to."
 
@@ -140,3 +141,31 @@ def test_request_reply_with_rhea(proxy):
     assert sorted(r["body"] for r in result["replies"]) == ["pong 1", "pong 2"], result
     assert {r["correlation_id"] for r in result["replies"]} == {"q1"}, result
     assert sorted(result["outcomes"]) == ["anonymous: accepted", "named: accepted"], result
+
+
+@pytest.mark.rabbitmq4
+def test_across_users_with_pass_through_logins(rabbitmq4):
+    """With pass-through logins each user's connections are served apart (an upstream connection of
+    their own): a responder logged in as another user than its requester still reaches the reply
+    address."""
+    user = f"rr-{uuid.uuid4().hex[:8]}"
+    assert rabbitmq4.ctl("add_user", user, "secret").returncode == 0
+    daemon = None
+    try:
+        assert rabbitmq4.ctl("set_permissions", "-p", "/", user, ".*", ".*", ".*").returncode == 0
+        daemon = Daemon("--set", "upstream.credentials=pass-through", upstream=rabbitmq4.url)
+        requester = connect(daemon.url.replace("amqp://", "amqp://guest:guest@"))
+        responder = connect(daemon.url.replace("amqp://", f"amqp://{user}:secret@"))
+        try:
+            replies = requester.create_receiver(None, dynamic=True, credit=10)
+            d = send(responder.create_sender(None), Message(address=replies.link.remote_source.address, body="pong"))
+            assert [m.body for m in receive_n(replies, 1)] == ["pong"]
+            assert settled(responder, d, requester=requester) == [Delivery.ACCEPTED]
+        finally:
+            requester.close()
+            responder.close()
+    finally:
+        if daemon is not None:
+            daemon.stop()
+            assert "Traceback" not in daemon.log(), daemon.log()
+        rabbitmq4.ctl("delete_user", user)
