@@ -173,6 +173,7 @@ class Receivers:
                          "one kept is ended", kept_name)
                 self.server.registry.end_feed(old, closed=True)
         if (subscription and kept_name is None and via is None and not browse and not spec.dynamic
+                and key[0] != sharing.NAMED  # (a JMS shared subscription is one queue, shared by name)
                 and upstream.traits.serves_management and sharing.exchange_subscription(up_address)):
             self.subscribe_exchange(link, outlet, spec, up_address)  # (RabbitMQ 4 consumes queues only)
             return

@@ -388,6 +388,8 @@ def _failure(what: str, reply: Reply) -> tuple[str, str]:
         return "amqp:link:detach-forced", f"{what}: {reply.describe()}"
     condition = {"403": "amqp:unauthorized-access", "404": "amqp:not-found",
                  "409": "amqp:precondition-failed"}.get(reply.status, "amqp:internal-error")
+    if reply.status == "400" and isinstance(reply.body, str) and reply.body.startswith("no exchange"):
+        condition = "amqp:not-found"  # (RabbitMQ 4's answer to a binding to a missing exchange)
     return condition, f"{what}: the broker answered {reply.describe()}"
 
 

@@ -249,3 +249,15 @@ def test_a_filtered_consumer_on_an_exchange_and_key(connection, environment, dae
     finally:
         management.delete_exchange(exchange)
         management.close()
+
+
+def test_a_subscription_to_a_missing_exchange_is_refused(daemon4):
+    from proton.utils import LinkDetached
+
+    conn = connect(daemon4.url.replace("amqp://", "amqp://guest:guest@"))
+    try:
+        with pytest.raises(LinkDetached) as e:
+            conn.create_receiver(f"/exchanges/missing-{uuid.uuid4().hex[:8]}/k")
+        assert "amqp:not-found" in str(e.value) and "binding the subscription's queue to exchange" in str(e.value)
+    finally:
+        conn.close()
