@@ -214,14 +214,15 @@ class ReplyInlet:
     requester, settled with the requester's outcome.  Kept as the link's `ClientLink.inlet` (what
     `ProxyServer._drop_link` ends: it sets `closed`, and finds no publisher nor dynamic node)."""
 
-    __slots__ = ("server", "link", "ptr", "node", "address", "_closed", "unsettled", "oversize")
+    __slots__ = ("server", "link", "ptr", "conn", "node", "address", "_closed", "unsettled", "oversize")
     publisher = None  # (no upstream publisher)
     dynamic = None
 
-    def __init__(self, server: Any, link: Any, node: ReplyNode):
+    def __init__(self, server: Any, link: Any, conn: ClientConnection, node: ReplyNode):
         self.server = server
         self.link = link
         self.ptr = link.ptr
+        self.conn = conn  # (its messages in transfer count in the connection's: `sender.read`)
         self.node = node
         self.address = node.address
         self._closed = False
@@ -284,7 +285,7 @@ def open_inlet(server: Any, link: Any, conn: ClientConnection, address: str) -> 
     if node is None or node.closed:
         server._refuse(link, "amqp:not-found", not_found(address).error[1])
         return
-    inlet = ReplyInlet(server, link, node)
+    inlet = ReplyInlet(server, link, conn, node)
     node.inlets.add(inlet)
     state = link_state(link)
     state.inlet = inlet  # (closed with the link: `ProxyServer._drop_link`)
