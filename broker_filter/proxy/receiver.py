@@ -217,7 +217,8 @@ class Receivers:
         pair = topology.topology(upstream)
         if pair is None:
             self.server._drop_link(link)
-            self.server._refuse(link, "amqp:connection:forced", f"upstream {upstream.name} is not connected; retry later")
+            self.server._refuse(link, "amqp:connection:forced",
+                                f"upstream {upstream.name} is not connected; retry later")
             return
         queue = topology.subscription_queue()
         state = state_of(link)

@@ -21,7 +21,8 @@ import pytest
 from clients import connect
 from launcher import Daemon, free_port, http_get
 
-rmq = pytest.importorskip("rabbitmq_amqp_python_client", reason="RabbitMQ's Python client is in pyproject's `test` extra")
+rmq = pytest.importorskip("rabbitmq_amqp_python_client",
+                          reason="RabbitMQ's Python client is in pyproject's `test` extra")
 from rabbitmq_amqp_python_client.qpid.proton.utils import SendException  # noqa: E402
 
 pytestmark = pytest.mark.rabbitmq4
@@ -108,7 +109,7 @@ def test_the_open_frame_presents_4_2_with_the_upstreams_own_version_beside_it(da
     assert props["upstream-version"] == real
     status, text = http_get(daemon4.metrics_url() + "/links")
     assert status == 200 and json.loads(text)["upstream_version"] == real
-    assert f"clients are shown RabbitMQ 4.2.0 (what the daemon serves); upstream" in daemon4.log()
+    assert "clients are shown RabbitMQ 4.2.0 (what the daemon serves); upstream" in daemon4.log()
     assert f"is RabbitMQ {real}" in daemon4.log()
 
 
@@ -209,8 +210,8 @@ def test_a_filtered_consumer_on_an_exchange_and_key(connection, environment, dae
     management.declare_exchange(rmq.ExchangeSpecification(name=exchange, exchange_type=rmq.ExchangeType.topic))
     try:
         handler = Collect(5)
-        consumer = connection.consumer(rmq.AddressHelper.exchange_address(exchange, "orders.*"), message_handler=handler,
-                                       consumer_options=rmq.StreamConsumerOptions(
+        consumer = connection.consumer(rmq.AddressHelper.exchange_address(exchange, "orders.*"),
+                                       message_handler=handler, consumer_options=rmq.StreamConsumerOptions(
                                            filter_options=rmq.StreamFilterOptions(sql="colour = 'red'")))
         status, text = http_get(daemon4.metrics_url() + "/links")
         queues = [r["feed"]["upstream_address"] for r in json.loads(text)["links"]

@@ -9,7 +9,8 @@ import pytest
 
 from launcher import Daemon
 
-rmq = pytest.importorskip("rabbitmq_amqp_python_client", reason="RabbitMQ's Python client is in pyproject's `test` extra")
+rmq = pytest.importorskip("rabbitmq_amqp_python_client",
+                          reason="RabbitMQ's Python client is in pyproject's `test` extra")
 
 
 @pytest.mark.rabbitmq
