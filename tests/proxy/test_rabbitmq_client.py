@@ -100,7 +100,7 @@ def test_the_open_frame_presents_4_2_with_the_upstreams_own_version_beside_it(da
     finally:
         conn.close()
     assert real.startswith("4.0.")
-    conn = connect(daemon4.url)
+    conn = connect(daemon4.url.replace("amqp://", "amqp://guest:guest@"))  # (pass-through: a login)
     try:
         props = {str(k): v for k, v in conn.conn.remote_properties.items()}
     finally:
