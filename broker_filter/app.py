@@ -250,7 +250,9 @@ class App:
             links += report["links"]
             truncated = truncated or report["truncated"]
         return {"instance": self.instance, "upstream": self.server.upstream.name,
-                "upstream_connected": self.server.upstream_up, "links": links, "truncated": truncated}
+                "upstream_connected": self.server.upstream_up,
+                "upstream_version": getattr(self.server.upstream, "version", None),  # (clients may be shown another)
+                "links": links, "truncated": truncated}
 
     def _filter_stats(self) -> tuple[dict, tuple]:
         top = self.config.metrics.costliest_filters

@@ -14,7 +14,10 @@ A receiver (the client's link receives: the proxy's link is a sender):
   | order | when                                                          | plan                          |
   |-------|---------------------------------------------------------------|-------------------------------|
   | 1     | the source filter is not a map                                | Refuse invalid-field          |
-  | 2     | a dynamic source, the upstream makes no dynamic nodes         | Refuse not-implemented        |
+  | 2     | a dynamic source, the upstream makes no dynamic nodes: the    | Reply (`replies`), or Refuse  |
+  |       | daemon holds the reply address (if the user may consume)      | unauthorized-access           |
+  | 2a    | a reply address of the daemon's (`sharing.is_reply_address`)  | Refuse not-allowed (its own   |
+  |       |                                                               | link alone receives from it)  |
   | 3     | a null source, the upstream keeps no named subscriptions      | LookUpKept (Qpid JMS unsubscribe) |
   | 4     | the user may not consume (browse, for copy on a queue) there, | Refuse unauthorized-access    |
   |       | or keep a durable subscription there (a durable source)       |                               |
@@ -30,6 +33,8 @@ A sender (the client's link sends):
   |-------|---------------------------------------------------------------|-------------------------------|
   | 1     | the target is a transaction coordinator                       | Refuse not-implemented        |
   | 2     | a dynamic target, no dynamic nodes upstream or not connected  | Refuse not-implemented        |
+  | 2a    | a reply address the daemon holds (`sharing.is_reply_address`) | ToReply (no permission asked: |
+  |       |                                                               | the unguessable address is)   |
   | 3     | a null target, the upstream not connected (or AwaitUpstream)  | Refuse connection:forced      |
   | 4     | a null target                                                 | Relay (each message checked: `may_send`) |
   | 5     | the user may not send there                                   | Refuse unauthorized-access    |
@@ -161,6 +166,12 @@ class Serve:
 
 
 @dataclass(frozen=True)
+class Reply:
+    """A dynamic source the upstream cannot make: the daemon holds the reply address itself
+    (`replies.serve`): request/reply (RabbitMQ's direct reply-to) without the broker."""
+
+
+@dataclass(frozen=True)
 class Relay:
     """A null target: each message goes to its `properties.to` (`sender.Relay`)."""
 
@@ -175,6 +186,12 @@ class Publish:
     route: Any
     routed: str
     capabilities: tuple = field(default=())  # the upstream target's
+
+
+@dataclass(frozen=True)
+class ToReply(Publish):
+    """A target that is a reply address of the daemon's (`replies`): carried out as a Publish is
+    (`sender.open_inlet`), to the requester's link instead of the upstream."""
 
 
 # ---------------------------------------------------------------------------- rules
@@ -199,15 +216,21 @@ def _not_connected(context: Context) -> Refuse | AwaitUpstream:
     return Refuse("amqp:connection:forced", f"upstream {context.upstream_name} is not connected; retry later")
 
 
-def plan_receiver(request: ReceiverRequest, context: Context) -> Refuse | AwaitUpstream | LookUpKept | Splice | Serve:
+def plan_receiver(request: ReceiverRequest,
+                  context: Context) -> Refuse | AwaitUpstream | LookUpKept | Splice | Serve | Reply:
     traits = context.traits
     raw = request.filter
     if raw is not None and not isinstance(raw, dict):
         return Refuse("amqp:invalid-field", "the source filter must be a map (a filter-set)", FIELD_FILTER)
     address = request.address
     if request.dynamic and not address and not traits.dynamic_sources:
-        # (RabbitMQ 3.10 and 4.0 answer a dynamic source by ending the whole session.)
-        return Refuse("amqp:not-implemented", f"dynamic sources are not supported by upstream {context.upstream_name}")
+        # (RabbitMQ 3.10 and 4.0 answer a dynamic source by ending the whole session; 4.2 makes a
+        # volatile queue only when asked with its capability.)  The daemon holds the reply address.
+        refused = None if request.peer else _refused(context, request.user, CONSUME, None)
+        return refused if refused is not None else Reply()
+    if sharing.is_reply_address(address):
+        return Refuse("amqp:not-allowed", f"reply address {address} takes no other receiver: only the link it was "
+                                          "made for receives from it")
     if request.null and not traits.named_subscriptions:
         return LookUpKept()
     route = context.route(address)
@@ -267,6 +290,8 @@ def plan_sender(request: SenderRequest, context: Context) -> Refuse | AwaitUpstr
         return DynamicTarget()
     if address is None:
         return Relay() if context.upstream_up else _not_connected(context)
+    if sharing.is_reply_address(address):
+        return ToReply(None, address)  # (held, or refused `amqp:not-found`, by `replies.open_inlet`)
     route = context.route(address)
     if not request.peer:
         refused = _refused(context, request.user, SEND, address) or _rewritten(context, request.user, SEND, address,

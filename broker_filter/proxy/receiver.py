@@ -25,7 +25,7 @@ from typing import Any
 from ..engine._cproton import lib
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, REMOTE_CLOSED, Link, Terminus
 from ..filters import FilterSet
-from . import plan, sharing, topology
+from . import plan, replies, sharing, topology
 from .feeds import FeedBinding, offer_identity
 from .forwarding import Outcome, Outlet, filter_identity
 from .durable import UNSETTLED_STATE
@@ -77,6 +77,9 @@ class Receivers:
             return
         if isinstance(decided, plan.AwaitUpstream):
             self.server.resumption.await_attach(link, conn, self.attach)
+            return
+        if isinstance(decided, plan.Reply):  # request/reply: the daemon holds the reply address
+            replies.serve(self.server, link, conn)
             return
         if isinstance(decided, plan.LookUpKept):
             # Qpid JMS's unsubscribe (a null source, the subscription's link name): the durable
@@ -169,6 +172,11 @@ class Receivers:
                 log.info("durable subscription %r resubscribed with another address or selector: the "
                          "one kept is ended", kept_name)
                 self.server.registry.end_feed(old, closed=True)
+        if (subscription and kept_name is None and via is None and not browse and not spec.dynamic
+                and key[0] != sharing.NAMED  # (a JMS shared subscription is one queue, shared by name)
+                and upstream.traits.serves_management and sharing.exchange_subscription(up_address)):
+            self.subscribe_exchange(link, outlet, spec, up_address)  # (RabbitMQ 4 consumes queues only)
+            return
         if browse:  # a browser reads the queue from its head on an upstream consumer of its own
             key = ("subscription", next(self.server._sub_ids))
         if via is not None:  # consuming through the queue's owner: not the feed of one consuming here
@@ -198,6 +206,38 @@ class Receivers:
                 opened.deciding_key = base
             return
         self.join(binding, outlet)
+
+    def subscribe_exchange(self, link, outlet: Outlet, spec: ConsumerSpec, address: str) -> None:
+        """A subscription to RabbitMQ 4's `/exchanges/X[/KEY]`, which RabbitMQ 4 does not consume
+        from: a queue of the daemon's own, declared and bound over its `/management` pair
+        (`topology.declare_subscription`: exclusive, auto-delete), consumed by a feed of the link's
+        own (a subscription: what its filters do not select is accepted and dropped), gone when the
+        link goes."""
+        upstream = self.server.upstream
+        pair = topology.topology(upstream)
+        if pair is None:
+            self.server._drop_link(link)
+            self.server._refuse(link, "amqp:connection:forced",
+                                f"upstream {upstream.name} is not connected; retry later")
+            return
+        queue = topology.subscription_queue()
+        state = state_of(link)
+
+        def ready(failure: tuple[str, str] | None) -> None:
+            if state.outlet is not outlet or self.server.stopping:
+                if failure is None:  # the subscriber went meanwhile: its queue goes too
+                    pair.call("DELETE", topology.queue_path(queue), None, lambda reply: None)
+                return
+            if failure is not None:
+                self.server._drop_link(link)
+                self.server._refuse(link, failure[0], f"subscription to {address}: {failure[1]}")
+                return
+            consumed = dataclasses.replace(spec, address=topology.queue_path(queue), capabilities=(),
+                                           distribution_mode=None, durable=None, expiry_policy=None)
+            key = ("subscription", next(self.server._sub_ids))
+            self.server.registry.open_feed(key, consumed, True, outlet, upstream)
+
+        topology.declare_subscription(pair, queue, topology.exchange_binding(address), ready)
 
     def join(self, binding: FeedBinding, outlet: Outlet) -> None:
         """The outlet is served by an open feed: at once if its upstream consumer is ready."""

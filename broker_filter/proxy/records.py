@@ -46,7 +46,9 @@ class ClientLink:
         self.subscription = False
         self.unsubscribe: str | None = None  # the kept durable subscription a null-source attach names
         self.unsubscribe_queue: str | None = None  # ... or the queue on the broker holding it (`topology`)
-        self.pair: Any = None  # a /management link: its `management.ManagementPair`
+        # a link served by an object of its own (a /management link: its `management.ManagementPair`; a
+        # reply address's receiver: its `replies.ReplyNode`): it gets the link's flow and its end
+        self.pair: Any = None
         self.peer: Any = None  # ... and its upstream link
         self.unsettled: dict | None = None  # ... and the deliveries relayed on it -> their origins
         # what the link was permitted as (`authorization`): checked again when the permissions change

@@ -74,7 +74,8 @@ def links_report(server, limit: int = introspect.LINKS_LIMIT) -> dict:
                             "address": inlet.address if inlet is not None else None,
                             "anonymous_relay": relay is not None, "filters": []})
     return {"links": records, "truncated": truncated, "upstream": server.upstream.name,
-            "upstream_connected": server.upstream_up}
+            "upstream_connected": server.upstream_up,
+            "upstream_version": getattr(server.upstream, "version", None)}  # (clients may be shown another)
 
 
 def _link_record(server, o: Outlet, b: Any, feed: dict, now: float) -> dict:

@@ -25,7 +25,7 @@ from ..amqp.sections import MESSAGE_ANNOTATIONS, encode_section
 from ..engine._cproton import lib
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, Terminus
 from ..filters import ORIGIN_ANNOTATION
-from . import admission, management, plan, sharing
+from . import admission, management, plan, replies, sharing
 from .forwarding import RELEASED, Outcome
 from .records import ClientConnection, link_state
 from .refusal import close_link
@@ -81,7 +81,11 @@ def read(owner: Any, dlv: Any) -> bytes | None:
 
 def open_inlet(server: Any, link: Any, conn: ClientConnection, address: str, caps: tuple, dynamic: str | None) -> None:
     """Serve a planned sending link (`plan.Publish`, `plan.DynamicTarget`): its upstream publisher; the
-    attach is answered when the publisher is ready (`Inlet.on_publisher_ready`)."""
+    attach is answered when the publisher is ready (`Inlet.on_publisher_ready`).  A reply address of
+    the daemon's (`plan.ToReply`) is served by `replies` instead: no upstream publisher."""
+    if sharing.is_reply_address(address):
+        replies.open_inlet(server, link, conn, address)
+        return
     inlet = Inlet(server, link, address, conn, server.metrics.address(address) if server.metrics is not None else None)
     inlet.dynamic = dynamic
     inlet.caps, inlet.durable = caps, link.remote_target.durability
@@ -389,6 +393,15 @@ class Relay:
             return self._refuse(dlv, "amqp:invalid-field",
                                 "properties.to is required on an anonymous-relay link (null target)")
         to = str(to)
+        if sharing.is_reply_address(to):  # a reply address the daemon holds: to its requester, no broker
+            if presettled:
+                lib.pn_delivery_settle(dlv)
+                replies.relay(server, to, data, None)
+            else:
+                self.unsettled += 1
+                replies.relay(server, to, data, lambda outcome, dlv=dlv: self.settled(dlv, outcome))
+            self.top_up()
+            return
         if server.permissions is not plan.OPEN:
             why = plan.may_send(server.permissions, self.conn.user, to)
             if why is not None:

@@ -548,14 +548,42 @@ _REFUSAL_REASONS = {
 
 
 
+# The RabbitMQ version presented to clients in front of RabbitMQ 4.0 and 4.1: RabbitMQ's own AMQP 1.0
+# clients gate features on the server's `version` (rabbitmq-amqp-python-client 1.0: filters by
+# properties and application properties from 4.1.0, SQL filters and direct reply-to from 4.2.0, a
+# single active consumer's state from 4.3.0), and the daemon serves those of 4.2.0 on any RabbitMQ 4
+# (it evaluates the filters itself and holds reply addresses itself: docs/proxy.md, RabbitMQ 3 and 4).
+FEATURE_LEVEL = "4.2.0"
+_presented: dict = {}  # upstream name -> the (upstream version, presented version) last logged
+
+
+def presented_version(version: str | None) -> str:
+    """The `version` clients are shown in front of a RabbitMQ whose version is `version`: the
+    daemon's feature level in front of 4.0 and 4.1, the upstream's own otherwise (3.x: RabbitMQ's
+    clients refuse it, and should, since they speak RabbitMQ 4's address model; 4.2 and later: the
+    upstream's features are at least the daemon's)."""
+    parts = [int(p) if p.isdigit() else -1 for p in (version or "").split("-")[0].split(".")[:2]]
+    if len(parts) == 2 and parts[0] == 4 and 0 <= parts[1] < 2:
+        return FEATURE_LEVEL
+    return version or ""
+
+
 def _identity(upstream: Any) -> dict:
-    """The open frame's properties.  In front of RabbitMQ, its `product` and `version` (RabbitMQ's own
-    AMQP 1.0 clients refuse a server that is not RabbitMQ 4 or later: the proxy stands in for it),
-    with `broker-filter` naming this daemon's version beside them; otherwise product broker-filter."""
+    """The open frame's properties.  In front of RabbitMQ, its `product` and a `version` that unlocks
+    in RabbitMQ's own clients what the daemon serves (`presented_version`), with `upstream-version`
+    the upstream's own and `broker-filter` naming this daemon's version beside them; otherwise
+    product broker-filter."""
     from .. import __version__
 
     product = upstream.product
     if product == "RabbitMQ":
-        return {t.symbol("product"): product, t.symbol("version"): upstream.version or "",
+        real = upstream.version or ""
+        version = presented_version(real)
+        if _presented.get(upstream.name) != (real, version):
+            _presented[upstream.name] = (real, version)
+            if version != real:
+                log.info("clients are shown RabbitMQ %s (what the daemon serves); upstream %s is RabbitMQ %s",
+                         version, upstream.name, real)
+        return {t.symbol("product"): product, t.symbol("version"): version, t.symbol("upstream-version"): real,
                 t.symbol("broker-filter"): __version__}
     return {t.symbol("product"): "broker-filter", t.symbol("broker-filter"): __version__}

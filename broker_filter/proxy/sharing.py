@@ -65,6 +65,23 @@ ADDRESS_FORMS: tuple[tuple[str, str], ...] = (
 )
 FQQN_SEPARATOR = "::"
 
+# The reply addresses the daemon holds itself (`replies`: a dynamic source in front of an upstream
+# that makes no dynamic nodes): RabbitMQ 4's queue form, so that RabbitMQ's clients publish to them,
+# under a name no broker queue of the daemon's has.  Never sent upstream.
+REPLY_PREFIX = "/queues/broker-filter.reply-to."
+
+
+def is_reply_address(address: str | None) -> bool:
+    """Whether `address` has the form of a reply address the daemon holds (`replies`)."""
+    return bool(address) and address.startswith(REPLY_PREFIX)
+
+
+def exchange_subscription(address: str | None) -> bool:
+    """Whether a receiver on `address` subscribes to a RabbitMQ 4 exchange (`/exchanges/X[/KEY]`):
+    RabbitMQ 4 consumes only from queues, so in front of it the daemon declares and binds a queue
+    of its own for the subscription (`receiver.Receivers.subscribe_exchange`)."""
+    return bool(address) and address.startswith("/exchanges/") and len(address) > len("/exchanges/")
+
 
 @dataclass(frozen=True)
 class Decision:

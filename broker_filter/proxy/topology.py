@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import uuid
 from typing import Any, Callable, NamedTuple
 from urllib.parse import quote, unquote
 
@@ -387,6 +388,8 @@ def _failure(what: str, reply: Reply) -> tuple[str, str]:
         return "amqp:link:detach-forced", f"{what}: {reply.describe()}"
     condition = {"403": "amqp:unauthorized-access", "404": "amqp:not-found",
                  "409": "amqp:precondition-failed"}.get(reply.status, "amqp:internal-error")
+    if reply.status == "400" and isinstance(reply.body, str) and reply.body.startswith("no exchange"):
+        condition = "amqp:not-found"  # (RabbitMQ 4's answer to a binding to a missing exchange)
     return condition, f"{what}: the broker answered {reply.describe()}"
 
 
@@ -465,3 +468,38 @@ def delete_subscription_queue(pair: Topology, queue: str) -> None:
                         reply.describe())
 
     pair.call("DELETE", queue_path(queue), None, deleted)
+
+
+# --------------------------------------------------------------------------- subscriptions to RabbitMQ 4's exchanges
+SUBSCRIPTION_PREFIX = "broker-filter.subscription."
+
+
+def subscription_queue() -> str:
+    """A new name for the queue of one subscription to `/exchanges/X[/KEY]` (`declare_subscription`)."""
+    return SUBSCRIPTION_PREFIX + uuid.uuid4().hex
+
+
+def declare_subscription(pair: Topology, queue: str, binding: tuple[str, str],
+                         done: Callable[[tuple[str, str] | None], None]) -> None:
+    """Declare `queue` for one non-durable subscription and bind it to `binding` (exchange, key): a
+    queue exclusive to the daemon's upstream connection (gone if that connection goes) and
+    auto-delete (gone when its consumer, the subscription's feed, detaches).  `done(None)` when it
+    is ready, `done((condition, description))` when not."""
+    exchange, key = binding
+
+    def declared(reply: Reply) -> None:
+        if not reply.ok:
+            done(_failure(f"declaring a queue for the subscription to exchange {exchange!r}", reply))
+            return
+        pair.call("POST", "/bindings", {"source": exchange, "binding_key": key, "destination_queue": queue,
+                                        "arguments": {}}, bound)
+
+    def bound(reply: Reply) -> None:
+        if reply.ok:
+            done(None)
+            return
+        done(_failure(f"binding the subscription's queue to exchange {exchange!r} with key {key!r}", reply))
+        pair.call("DELETE", queue_path(queue), None, lambda r: None)  # (never consumed: not auto-deleted)
+
+    pair.call("PUT", queue_path(queue), {"durable": False, "exclusive": True, "auto_delete": True,
+                                         "arguments": {"x-queue-type": "classic"}}, declared)

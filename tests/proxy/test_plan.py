@@ -45,7 +45,10 @@ def sender(address="q", **kw):
 RECEIVERS = [
     # (name, request, context, plan kind, condition of a refusal)
     ("filter not a map", receiver(filter=[1, 2]), context(), plan.Refuse, "amqp:invalid-field"),
-    ("dynamic, no dynamic nodes", receiver(None, dynamic=True), context(), plan.Refuse, "amqp:not-implemented"),
+    ("dynamic, no dynamic nodes: the daemon holds the reply address", receiver(None, dynamic=True), context(),
+     plan.Reply, None),
+    ("... even while the upstream is down (no broker involved)", receiver(None, dynamic=True), context(up=False),
+     plan.Reply, None),
     ("dynamic, embedded", receiver(None, dynamic=True), context(EMBEDDED), plan.Serve, None),
     ("null source: look up the kept subscription", receiver(None, null=True), context(), plan.LookUpKept, None),
     ("null source, embedded: served (named subscriptions)", receiver(None, null=True), context(EMBEDDED), plan.Serve, None),
@@ -74,6 +77,10 @@ RECEIVERS = [
      context(EMBEDDED, permissions=Table()), plan.Refuse, "amqp:unauthorized-access"),
     ("a replica's link was checked where its client logged in", receiver("alice.q", user="replica", peer=True),
      context(permissions=Table()), plan.Serve, None),
+    ("a receiver on a reply address of the daemon's", receiver("/queues/broker-filter.reply-to.x"), context(),
+     plan.Refuse, "amqp:not-allowed"),
+    ("a reply address needs consume", receiver(None, dynamic=True, user="bob"), context(permissions=Table()),
+     plan.Refuse, "amqp:unauthorized-access"),
 ]
 
 
@@ -106,6 +113,8 @@ SENDERS = [
      plan.Refuse, "amqp:unauthorized-access"),
     ("a dynamic target needs send", sender(None, dynamic=True, user="bob"), context(EMBEDDED, permissions=Table()),
      plan.Refuse, "amqp:unauthorized-access"),
+    ("a reply address of the daemon's: no permission asked (the unguessable address is)",
+     sender("/queues/broker-filter.reply-to.x", user="bob"), context(up=False, permissions=Table()), plan.ToReply, None),
 ]
 
 
