@@ -47,7 +47,7 @@ from .forwarding import ACCEPTED, RELEASED, Outcome
 from .records import ClientConnection, link_state
 from .refusal import close_link
 from .sharing import REPLY_PREFIX
-from .wire import remote_outcome, send, settle_with
+from .wire import read, remote_outcome, send, settle_with
 
 log = logging.getLogger("broker_filter.proxy")
 
@@ -222,12 +222,12 @@ class ReplyInlet:
         self.server = server
         self.link = link
         self.ptr = link.ptr
-        self.conn = conn  # (its messages in transfer count in the connection's: `sender.read`)
+        self.conn = conn  # (its messages in transfer count in the connection's: `wire.read`)
         self.node = node
         self.address = node.address
         self._closed = False
         self.unsettled = 0
-        self.oversize: set = set()  # (for `sender.read`)
+        self.oversize: set = set()  # (for `wire.read`)
 
     @property
     def closed(self) -> bool:
@@ -248,8 +248,6 @@ class ReplyInlet:
             lib.pn_link_flow(self.ptr, want)
 
     def on_transfer(self, link: Any, dlv: Any) -> None:
-        from .sender import read
-
         data = read(self, dlv)
         if data is None:
             return

@@ -30,7 +30,7 @@ from .forwarding import RELEASED, Outcome
 from .records import ClientConnection, link_state
 from .refusal import close_link
 from .upstream import ErrorInfo
-from .wire import discard, receive, settle_with
+from .wire import read, settle_with
 
 # Offered in the open frame besides the filter capabilities: a sender may attach with a null target
 # and address each message by its `properties.to` (see `Relay`).
@@ -39,44 +39,6 @@ RELAY_CAPABILITY = "ANONYMOUS-RELAY"
 # the least recently used idle one is closed when a new address needs one over the limit).
 RELAY_PUBLISHERS = 16
 RELAY_WINDOW = 1000  # credit an anonymous-relay link keeps granted (messages not yet settled count)
-
-
-def read(owner: Any, dlv: Any) -> bytes | None:
-    """The whole message of a client's transfer (a delivery pointer) on `owner`'s link (an `Inlet` or
-    a `Relay`), or None when there is nothing to publish yet: a part of one (dropped as it arrives
-    once over `limits.max_message_size`), an aborted one (settled), or one too large (rejected)."""
-    if not lib.pn_delivery_readable(dlv):
-        return None
-    limit = owner.server.max_message_size
-    unfinished = owner.conn.unfinished
-    if lib.pn_delivery_partial(dlv):
-        if limit and lib.pn_delivery_pending(dlv) > limit:
-            # Too large already: drop what arrived (memory stays bounded), refuse once complete.
-            discard(owner.ptr)
-            owner.oversize.add(dlv)
-            unfinished.done(owner, dlv)
-        elif dlv not in owner.oversize and unfinished.over(owner, dlv):
-            # The connection's messages in transfer hold too much: this one is dropped as it arrives.
-            discard(owner.ptr)
-            owner.oversize.add(dlv)
-            unfinished.dropped(owner, dlv)
-        return None
-    size = lib.pn_delivery_pending(dlv)
-    data = receive(owner.ptr, dlv)
-    crowded = unfinished.done(owner, dlv) if unfinished.pending else False
-    if lib.pn_delivery_aborted(dlv):
-        owner.oversize.discard(dlv)
-        lib.pn_delivery_settle(dlv)
-        return None
-    if (limit and size > limit) or (owner.oversize and dlv in owner.oversize):
-        owner.oversize.discard(dlv)
-        why = (f"the client's messages in transfer on this connection were over {unfinished.limit} bytes "
-               "(limits.unfinished_bytes): this one was dropped as it arrived; send it again" if crowded else
-               f"message larger than the {limit} bytes allowed (limits.max_message_size)")
-        settle_with(dlv, Outcome("rejected", error=("amqp:resource-limit-exceeded", why)))
-        owner.top_up()
-        return None
-    return data
 
 
 def open_inlet(server: Any, link: Any, conn: ClientConnection, address: str, caps: tuple, dynamic: str | None) -> None:

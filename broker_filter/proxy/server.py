@@ -159,7 +159,7 @@ class ProxyServer(Handler):
     # ---------------------------------------------------------------- upstream listener
     def on_upstream_up(self, upstream) -> None:
         if self.metrics is not None and self._was_up:
-            self.metrics.upstream_reconnected(getattr(upstream, "lost_cause", None))
+            self.metrics.upstream_reconnected(upstream.lost_cause)
         if not self._was_up:
             self.upstream.loop.call_later(1.0, self.registry.tick)
         self._was_up = True

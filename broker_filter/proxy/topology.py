@@ -98,7 +98,7 @@ class Topology:
         message_id = f"broker-filter-{next(_ids)}"
         data = encode_message(Message(properties=Properties(message_id=message_id, to=path, subject=method,
                                                             reply_to="$me"), body=body))
-        timeout = float(getattr(self.upstream, "answer_timeout", 5.0) or 5.0)
+        timeout = float(self.upstream.answer_timeout or 5.0)
         timer = self.upstream.loop.call_later(timeout, lambda: self._unanswered(message_id, method, path, timeout))
         self.waiting[message_id] = (answer, timer)
         self.queued.append(data)
@@ -148,13 +148,13 @@ class Topology:
             log.warning("upstream %s sent a management answer that cannot be read: %s", self.upstream.name, e)
             return
         props = message.properties
-        correlation = getattr(props, "correlation_id", None) if props is not None else None
+        correlation = props.correlation_id if props is not None else None
         entry = self.waiting.pop(str(correlation), None) if correlation is not None else None
         if entry is None:
             return  # an answer given up on
         answer, timer = entry
         timer.cancel()
-        subject = getattr(props, "subject", None)
+        subject = props.subject if props is not None else None
         self._answer(answer, Reply(str(subject) if subject is not None else "", message.body))
 
     def _fail_all(self, reason: str) -> None:
@@ -283,7 +283,7 @@ class HttpTopology:
         request.add_header("Authorization", f"Basic {token}")
         if data is not None:
             request.add_header("Content-Type", "application/json")
-        timeout = float(getattr(self.upstream, "answer_timeout", 5.0) or 5.0)
+        timeout = float(self.upstream.answer_timeout or 5.0)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 text = response.read()

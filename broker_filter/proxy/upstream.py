@@ -327,6 +327,7 @@ class UpstreamBase:
     management_url: str = ""  # RabbitMQ 3.x's HTTP API, when configured (`topology.HttpTopology`)
     product: str | None = None  # the open frame's `product` and `version` (None: not known)
     version: str | None = None
+    lost_cause: str | None = None  # why the upstream connection was last lost (a reconnect's metric label)
 
     def can_offer(self, entry: Any) -> bool:
         """True when the filtex entry may go on the upstream attach for its reply to decide."""
