@@ -4,6 +4,7 @@
 // OASIS SQL filter (symbolic descriptor amqp:sql-filter, under the key "sql").
 // Prints one JSON object per line: {"attached": {...}} or {"detached": {...}}, then {"message": {...}}
 // per message (accepted), then {"done": n}.  Exits 0 once COUNT messages arrived or TIMEOUT_MS passed.
+// RHEA_USER and RHEA_PASSWORD in the environment: a PLAIN login.
 'use strict';
 const rhea = require('rhea');
 
@@ -60,6 +61,11 @@ container.on('message', (ctx) => {
 });
 container.on('disconnected', (ctx) => { if (!finished) { out({ disconnected: String(ctx.error || '') }); finish(ctx.connection); } });
 
-const conn = container.connect({ host: '127.0.0.1', port: parseInt(port, 10), reconnect: false });
+const options = { host: '127.0.0.1', port: parseInt(port, 10), reconnect: false };
+if (process.env.RHEA_USER) {  // a PLAIN login (the authorization tests)
+  options.username = process.env.RHEA_USER;
+  options.password = process.env.RHEA_PASSWORD;
+}
+const conn = container.connect(options);
 conn.open_receiver({ source: source, credit_window: 100, autoaccept: true });
 setTimeout(() => finish(conn), parseInt(timeoutText, 10));

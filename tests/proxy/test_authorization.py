@@ -141,3 +141,22 @@ def test_sighup_reload_detaches_and_grants_without_dropping_connections(daemon):
         bob.create_receiver("alice.private", name=link_name(), credit=1)
     finally:
         bob.close()
+
+
+def test_rhea_is_refused_and_granted_as_proton_is(daemon, monkeypatch):
+    """rhea (its own process) logs in as bob: refused on alice's address with the refusal naming the
+    operation, served on the team's."""
+    from tests.support.clients import run_js
+
+    monkeypatch.setenv("RHEA_USER", "bob")
+    monkeypatch.setenv("RHEA_PASSWORD", "builder")
+    refused_lines = run_js("receive.js", str(daemon.port), "alice.private", "-", "1", "5000")
+    (detached,) = [line["detached"] for line in refused_lines if "detached" in line]
+    assert detached["condition"] == "amqp:unauthorized-access" and "consume" in detached["description"]
+    alice = login(daemon, "alice")
+    try:
+        alice.create_sender("shared.rhea", name=link_name()).send(Message(body="for the team"))
+    finally:
+        alice.close()
+    served = run_js("receive.js", str(daemon.port), "shared.rhea", "-", "1", "10000")
+    assert [line["message"]["body"] for line in served if "message" in line] == ["for the team"]
