@@ -2,29 +2,19 @@
 
 Theory of operation
 -------------------
-Every client receiving link becomes an `Outlet` on a `Feed` (see `broker_filter.proxy.forwarding`), and
-every feed is one upstream consumer.  Which links share a feed is one rule, in
-`broker_filter.proxy.sharing`: the plain subscription links of one address share one upstream
-subscription (`broker_filter.proxy.fanout`), durable and dynamic ones get a feed of their own (a
-named shared subscription one per name); links on the same queue (and the same pushed-down filters)
-share one.
-The attach reply is sent only once the upstream consumer is attached, so an upstream refusal
-reaches the client as an attach refusal.
+`ProxyServer` admits connections (limits, per-user and per-address quotas, the vhost asked for,
+replicas recognised by their login), dispatches each link's attach to the side that serves it —
+`receiver.Receivers` for receiving links, `sender` for sending links, `management` for RabbitMQ 4's
+`/management` pair — each deciding the attach with `plan` first, and keeps every `on_*` callback
+inside an error boundary: a failure closes the link (or, outside any link, the connection) with
+`amqp:internal-error` and is logged; nothing else is affected.  Refusals follow the wire contract
+(`refusal`): an attach reply with a null source (or target), then a detach with closed=true and
+the error.
 
-Every client sending link becomes an `Inlet` with one upstream publisher to the same address.  The
-client gets credit only as far as the upstream gives credit, and an accepted delivery
-means the upstream accepted it.  Each published message gets the origin annotation
-"<instance>/<connection>" spliced in, which is what no-local receivers are compared against.
-
-Refusals follow the wire contract: an attach reply with a null source (or target), then a detach
-with closed=true and the error.  Every `on_*` method runs inside an error boundary: a failure closes
-the link (or, outside any link, the connection) with `amqp:internal-error` and is logged; nothing
-else is affected.
-
-Upstream loss: client links are not re-attached transparently.  Each receiving and sending link
-served by the lost upstream is detached with `amqp:connection:forced`; attaches made while the
-upstream is down are refused the same way.  The client re-attaches when it wants; deliveries it had
-not settled were returned to the queue by the broker and are delivered again (at-least-once).
+What it owns besides: the feeds (`feeds.FeedRegistry`), JMS durable subscriptions it keeps
+(`durable`), queue links moving with their owner (`rehoming`), links waiting for a lost upstream
+connection (`resume`), and the permissions outside a plan (`grants.Guard`).  docs/proxy.md, "How the
+proxy is built", follows one attach and one message through these files.
 """
 
 from __future__ import annotations
