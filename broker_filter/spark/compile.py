@@ -29,7 +29,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
-from .layers import hidden_names, keep_fields, like_regex
+from .layers import hidden_names, keep_fields, like_regex, regex_literal
 from .sqlexpr import E as Column
 from .sqlexpr import functions as F
 
@@ -879,7 +879,7 @@ def topic_regex(key: str) -> str:
         elif word == "*":
             parts.append(r"\.[^.]*")
         else:
-            parts.append(r"\." + "".join(_regex_literal(c) for c in word))
+            parts.append(r"\." + "".join(regex_literal(c) for c in word))
     return r"(?s)\A" + "".join(parts) + r"\z"
 
 

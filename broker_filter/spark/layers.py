@@ -33,7 +33,7 @@ def like_regex(pattern: str, escape: str | None) -> str:
     while i < len(pattern):
         c = pattern[i]
         if c == escape and pattern[i + 1 : i + 2] in ("%", "_", escape):  # ActiveMQ / Artemis rule
-            out.append(_regex_literal(pattern[i + 1]))
+            out.append(regex_literal(pattern[i + 1]))
             i += 2
             continue
         if c == "%":
@@ -41,11 +41,11 @@ def like_regex(pattern: str, escape: str | None) -> str:
         elif c == "_":
             out.append(".")
         else:
-            out.append(_regex_literal(c))
+            out.append(regex_literal(c))
         i += 1
     out.append(r"\z")
     return "".join(out)
 
 
-def _regex_literal(c: str) -> str:
+def regex_literal(c: str) -> str:
     return c if c.isascii() and c.isalnum() else "\\x{%x}" % ord(c)

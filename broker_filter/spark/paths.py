@@ -49,12 +49,12 @@ class HadoopListing:
             yield str(child.getName()), str(child.toString()), bool(status.isDirectory())
 
     def _call(self, path: str, method: Any, *args: Any, missing: Any = ...) -> Any:
-        from py4j.protocol import Py4JJavaError
-
         try:
             return method(*args)
-        except Py4JJavaError as e:
-            error = e.java_exception
+        except Exception as e:  # py4j's Py4JJavaError carries the Java exception; anything else is not Hadoop's
+            error = getattr(e, "java_exception", None)
+            if error is None:
+                raise
             kind = str(error.getClass().getName())
             if missing is not ... and kind == "java.io.FileNotFoundException":
                 return missing

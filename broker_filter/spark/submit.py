@@ -8,19 +8,21 @@ submitted through this module's file:
         $(python -c 'import broker_filter.spark.submit as m; print(m.__file__)') \\
         backtest --archive hdfs:///archives/orders --selector "color = 'red'"
 
-The session then takes its master and settings from spark-submit (docs/backtest.md, "Spark").
+The session then takes its master and settings from spark-submit (docs/backtest.md, "Spark").  This
+file only starts the package's own `__main__` (as `python -m broker_filter` does): a launcher, not a
+part of the Spark library, which never imports the command line.
 """
 
 from __future__ import annotations
 
 import os
+import runpy
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
-    from broker_filter.cli import main as cli_main
-
-    return cli_main(sys.argv[1:] if argv is None else argv)
+def main() -> None:
+    """Run the command line exactly as `python -m broker_filter` does (arguments from sys.argv)."""
+    runpy.run_module("broker_filter", run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":
@@ -30,4 +32,4 @@ if __name__ == "__main__":
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     sys.path.insert(0, os.path.dirname(os.path.dirname(here)))
-    sys.exit(main())
+    main()
