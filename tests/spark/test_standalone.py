@@ -20,9 +20,13 @@ import pytest
 
 from broker_filter.cli import main
 from launcher import free_port
-from test_replay import receiver  # noqa: F401  (the fixture: a proton receiver on a free loopback port)
 
-pytestmark = pytest.mark.spark
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from streamkit import receivers  # noqa: E402
+
+# Three drivers and their executors on a fresh cluster: well under 2 minutes on an idle 2-core machine,
+# but each JVM start takes far longer on a loaded one.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 LINES = [
     {"address": "orders", "arrival_time": f"2026-01-01T{10 + i % 3}:{(i * 7) % 60:02d}:00Z",
@@ -32,9 +36,12 @@ LINES = [
 FILTERS = {"red": "color = 'red'", "late": "i > 6", "urgent": "JMSPriority >= 7"}
 SPARK_HOME = Path(__import__("pyspark").__file__).parent
 SUBMIT_FILE = __import__("broker_filter.spark.submit").spark.submit.__file__
-# The test's frames are tiny: interpreted expressions beat compiling Java for every projection.
+# The test's frames are tiny: interpreted expressions beat compiling Java for every projection, and
+# short-lived JVMs start faster with the client compiler only.
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark.sql.codegen.wholeStage": "false",
-        "spark.sql.codegen.factoryMode": "NO_CODEGEN", "spark.executor.memory": "512m"}
+        "spark.sql.codegen.factoryMode": "NO_CODEGEN", "spark.executor.memory": "512m",
+        "spark.driver.extraJavaOptions": QUICK_JVM, "spark.executor.extraJavaOptions": QUICK_JVM}
 
 
 def _master_state(ui: str) -> dict | None:
@@ -64,7 +71,7 @@ def cluster(tmp_path_factory):
     """spark://127.0.0.1:PORT with one worker (1 core), stopped (with its executors) at the end."""
     root = tmp_path_factory.mktemp("standalone")
     env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1",
-           "SPARK_DAEMON_MEMORY": "512m", "PYSPARK_PYTHON": sys.executable}
+           "SPARK_DAEMON_MEMORY": "512m", "SPARK_DAEMON_JAVA_OPTS": QUICK_JVM, "PYSPARK_PYTHON": sys.executable}
     port, ui_port = free_port(), free_port()
     url, ui = f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui_port}"
     log = root / "cluster.log"
@@ -140,15 +147,16 @@ def test_backtest_submitted_with_a_file_uri_counts_as_local(cluster, archive, lo
     assert json.loads(done.stdout) == local_report
 
 
-def test_replay_submitted_with_a_file_uri_sends_what_local_sends(cluster, archive, receiver, spark):
+def test_replay_submitted_with_a_file_uri_sends_what_local_sends(cluster, archive, spark):
     argv = ["replay", "--selector", "i >= 3", "--no-progress", "--window", "4"]
-    here, there = receiver(), receiver()
-    assert main([*argv, "--archive", str(archive / "archive"), "--state", str(archive / "local-state.json"),
-                 "--to", f"amqp://127.0.0.1:{here.port}/backfill"]) == 0
-    done = submit(cluster, *argv, "--archive", (archive / "archive").as_uri(), "--state",
-                  str(archive / "cluster-state.json"), "--to", f"amqp://127.0.0.1:{there.port}/backfill")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "9 message(s) sent" in done.stdout
+    with receivers() as start:
+        here, there = start(), start()
+        assert main([*argv, "--archive", str(archive / "archive"), "--state", str(archive / "local-state.json"),
+                     "--to", f"amqp://127.0.0.1:{here.port}/backfill"]) == 0
+        done = submit(cluster, *argv, "--archive", (archive / "archive").as_uri(), "--state",
+                      str(archive / "cluster-state.json"), "--to", f"amqp://127.0.0.1:{there.port}/backfill")
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "9 message(s) sent" in done.stdout
     sent = [m.properties["i"] for m in here.accepted]
     assert sorted(sent) == list(range(3, 12)) and [m.properties["i"] for m in there.accepted] == sent
 
