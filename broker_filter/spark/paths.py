@@ -89,7 +89,7 @@ def list_archive(spark: Any, path: str) -> list[str]:
     listing = HadoopListing(spark)
     qualified = listing.qualify(path)
     if listing.kind(qualified) is None:
-        where = "" if ":" in path.partition("/")[0] else f" at {qualified}"  # where a plain path led
+        where = "" if is_uri(path) else f" at {qualified}"  # where a plain path led
         raise ArchiveError(f"{path}: no such archive (file or directory{where})")
     files = archive_files(qualified, listing)
     if not files:
@@ -104,6 +104,14 @@ def check_directory(spark: Any, path: str, what: str) -> str:
     if listing.kind(qualified) == "file":
         raise ArchiveError(f"{what} {path} is a file, not a directory")
     return qualified
+
+
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
+def is_uri(path: str) -> bool:
+    """`path` names its filesystem (`scheme:/...`); a plain path does not."""
+    return bool(_URI.match(path))
 
 
 def local_path(qualified: str) -> str | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -24,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 from ..archive.parquet import row_message
 from ..amqp import encode_message
 from .compile import CompiledSelector
-from .paths import local_path
+from .paths import is_uri, local_path
 from .sqlexpr import lit
 
 STATE_VERSION = 1
@@ -102,14 +101,14 @@ class ReplayState:
 
 def archive_identity(archive: str) -> str:
     """The archive as a replay's identity names it: a URI as given, a plain path made absolute."""
-    return archive if _URI.match(archive) else os.path.abspath(archive)
+    return archive if is_uri(archive) else os.path.abspath(archive)
 
 
 def default_state_path(archive: str, identity: dict) -> str:
     """`.replay-<id>.json` in the archive's directory when the archive is local (a plain path or a
     `file:` URI), else in the current directory: the state file is the driver's, written locally."""
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-    local = local_path(archive) if _URI.match(archive) else archive
+    local = local_path(archive) if is_uri(archive) else archive
     if local is not None and os.path.isdir(local):
         base = local
     elif local is not None and os.path.isfile(local):
@@ -117,9 +116,6 @@ def default_state_path(archive: str, identity: dict) -> str:
     else:
         base = os.curdir
     return os.path.join(base, f".replay-{digest}.json")
-
-
-_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
 
 
 # ----------------------------------------------------------------------------- Spark side

@@ -86,3 +86,15 @@ def test_the_master_comes_from_spark_submit_then_sparks_configuration_then_local
     assert default_master({"SPARK_HOME": str(tmp_path / "home")}) == "local[*]"
     (tmp_path / "home" / "conf" / "spark-defaults.conf").write_text("spark.master yarn\n")
     assert default_master({"SPARK_HOME": str(tmp_path / "home")}) == "yarn"
+
+
+def test_archive_import_writes_local_paths_and_file_uris_only(tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"message": {"application_properties": {"n": 1}}}) + "\n", encoding="utf-8")
+    assert main(["archive", "import", str(src), "-o", (tmp_path / "out").as_uri(), "--no-progress"]) == 0
+    assert len(archive_files(tmp_path / "out")) == 1
+    capsys.readouterr()
+    assert main(["archive", "import", str(src), "-o", "hdfs://nn/archive", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("broker-filter archive import: -o hdfs://nn/archive: a local directory or file:// URI")
+    assert err.count("\n") == 1
