@@ -45,10 +45,12 @@ CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", "spark
 
 
 def _master_state(ui: str) -> dict | None:
+    """The master's state (its web UI's /json/), None while it does not answer it yet (while starting,
+    the UI answers every path with its HTML page)."""
     try:
         with urllib.request.urlopen(f"{ui}/json/", timeout=5) as reply:
             return json.load(reply)
-    except OSError:
+    except (OSError, ValueError):
         return None
 
 
