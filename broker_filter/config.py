@@ -1309,8 +1309,10 @@ def read_file(path: str) -> dict:
         raise ConfigError("config", f"{path}: invalid TOML: {e}") from None
 
 
-def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] = os.environ) -> Config:
-    """The effective configuration: defaults < TOML file < environment < command-line flags."""
+def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] = os.environ, *,
+         check: bool = True) -> Config:
+    """The effective configuration: defaults < TOML file < environment < command-line flags.
+    `check=False` skips the checks across settings (what `serve` would refuse to start with)."""
     for name, reason in RETIRED_ENV.items():
         if name in environ:
             raise ConfigError(f"environment variable {name}", reason)
@@ -1327,7 +1329,8 @@ def load(args: argparse.Namespace | None = None, environ: Mapping[str, str] = os
         _apply_flags(raw, args, leaves)
     config = _build_section(Config, raw, "")
     config = _read_secret_files(config)
-    _check(config)
+    if check:
+        _check(config)
     return config
 
 
@@ -1490,22 +1493,30 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--print-config",
         action="store_true",
-        help="print the effective configuration as JSON (secrets masked) and exit",
+        help="print the effective configuration as JSON (secrets masked) and exit 0; what serve would refuse "
+        "in it is said on standard error",
     )
 
 
 def load_for_cli(args: argparse.Namespace, environ: Mapping[str, str] = os.environ, *, stderr: Any = None) -> Config:
     """`load` for a command: a bad value prints `broker-filter: config error: KEY: REASON` and exits 2;
-    `--print-config` prints the effective configuration and exits 0."""
+    `--print-config` prints the effective configuration and exits 0, and when `serve` would refuse
+    to start with it (no client could log in, ...) says why on standard error."""
+    stderr = stderr or sys.stderr
+    printing = bool(getattr(args, "print_config", False))
     try:
-        config = load(args, environ)
+        config = load(args, environ, check=not printing)
     except ConfigError as e:
-        print(f"broker-filter: config error: {e}", file=stderr or sys.stderr)
+        print(f"broker-filter: config error: {e}", file=stderr)
         raise SystemExit(ConfigError.exit_code) from None
     for warning in file_warnings(getattr(args, "config", None) or environ.get(CONFIG_ENV)):
-        print(f"broker-filter: warning: {warning}", file=stderr or sys.stderr)
-    if getattr(args, "print_config", False):
+        print(f"broker-filter: warning: {warning}", file=stderr)
+    if printing:
         print(json.dumps(config.to_dict(), indent=2))
+        try:
+            _check(config)
+        except ConfigError as e:
+            print(f"broker-filter: serve would refuse this configuration: {e}", file=stderr)
         raise SystemExit(0)
     return config
 

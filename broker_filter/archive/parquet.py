@@ -302,17 +302,41 @@ def stream_batches(data: bytes) -> list[pa.RecordBatch]:
 
 
 # -------------------------------------------------------------------- files
-def archive_files(path: str | os.PathLike) -> list[str]:
-    """The published Parquet files of an archive (a file or a directory tree), sorted by name."""
+class LocalListing:
+    """The local filesystem, for `archive_files`.  A listing answers `kind(path)` ("file", "dir" or None
+    when nothing is there) and `entries(directory)`: (name, path, is_directory) of each entry.  Spark's
+    commands pass one that lists any Hadoop filesystem (broker_filter.spark.paths); this package does
+    not import Spark."""
+
+    def kind(self, path: str) -> str | None:
+        return "file" if os.path.isfile(path) else "dir" if os.path.isdir(path) else None
+
+    def entries(self, directory: str) -> Iterator[tuple[str, str, bool]]:
+        with os.scandir(directory) as found:
+            for entry in found:
+                yield entry.name, entry.path, entry.is_dir()
+
+
+def archive_files(path: str | os.PathLike, listing: Any = None) -> list[str]:
+    """The published Parquet files of an archive (a file or a directory tree), sorted by path.
+    Names starting with "." or "_" (files being written, Spark's `_temporary`, checkpoints) are
+    skipped, directories included.  `listing`: where to look (default the local filesystem)."""
+    listing = listing or LocalListing()
     path = os.fspath(path)
-    if os.path.isfile(path):
+    kind = listing.kind(path)
+    if kind == "file":
         return [path]
-    if not os.path.isdir(path):
+    if kind != "dir":
         raise ArchiveError(f"{path}: no such archive (file or directory)")
-    found = []
-    for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-        found.extend(os.path.join(root, f) for f in files if f.endswith(".parquet") and not f.startswith((".", "_")))
+    found, todo = [], [path]
+    while todo:
+        for name, entry, is_dir in listing.entries(todo.pop()):
+            if name.startswith((".", "_")):
+                continue
+            if is_dir:
+                todo.append(entry)
+            elif name.endswith(".parquet"):
+                found.append(entry)
     return sorted(found)
 
 

@@ -23,7 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "numbers; the exit code is 1 if there were any, and nothing is written unless --keep-going.",
     )
     imp.add_argument("file", metavar="FILE.jsonl", help="input file ('-' for standard input)")
-    imp.add_argument("-o", "--output", required=True, metavar="DIR", help="archive directory (created if missing)")
+    imp.add_argument("-o", "--output", required=True, metavar="DIR",
+                     help="archive directory (created if missing): a local path or file:// URI")
     imp.add_argument("--address", help="address recorded for messages whose line does not name one")
     imp.add_argument(
         "--keep-going",
@@ -38,7 +39,15 @@ def run_import(args: argparse.Namespace) -> int:
     import os
 
     from ..archive.parquet import import_jsonl, rows_table, write_table
+    from ..spark.paths import is_uri, local_path
     from .progress import read_lines
+
+    output = local_path(args.output) if is_uri(args.output) else args.output
+    if output is None:  # written here, with pyarrow: a local directory
+        print(f"broker-filter archive import: -o {args.output}: a local directory or file:// URI; copy the "
+              "archive to other filesystems with their own tools (e.g. hdfs dfs -put), where backtest and "
+              "replay read it", file=sys.stderr)
+        return 2
 
     try:
         stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
@@ -64,7 +73,11 @@ def run_import(args: argparse.Namespace) -> int:
         )
         return 1
     if rows:
-        path = write_table(rows_table(rows), args.output)
+        try:
+            path = write_table(rows_table(rows), output)
+        except OSError as e:
+            print(f"broker-filter archive import: -o {args.output}: {e.strerror or e}", file=sys.stderr)
+            return 2
         print(f"{len(rows)} message(s) written to {path}")
     else:
         print("no messages to write")

@@ -19,7 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "per filter, the messages matched, the selectivity and the counts per address and per hour. "
         "Filters compile to native Spark SQL expressions with the daemon's semantics (docs/backtest.md).",
     )
-    p.add_argument("--archive", required=True, metavar="PATH", help="archive directory or Parquet file")
+    p.add_argument("--archive", required=True, metavar="PATH",
+                   help="archive directory or Parquet file: a path or any Hadoop filesystem URI (hdfs://, s3a://, file://)")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--selector", metavar="S", help="one selector (reported as 'selector')")
     which.add_argument(
@@ -37,9 +38,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--master",
         default=None,
-        help="Spark master URL (default local[*]; under spark-submit, the master spark-submit was given)",
+        help="Spark master URL (default: under spark-submit, the master it was given; else spark.master of "
+        "Spark's configuration; else local[*])",
     )
-    p.add_argument("--output", metavar="DIR", help="write each filter's matching messages to DIR/<name>/ as Parquet")
+    p.add_argument("--output", metavar="DIR",
+                   help="write each filter's matching messages to DIR/<name>/ as Parquet (a path or a Hadoop URI)")
     p.add_argument("--json", action="store_true", help="print one JSON object keyed by filter name")
     p.add_argument(
         "--report",
@@ -97,13 +100,27 @@ def spark_filters(filters: dict[str, Any], dialect: str) -> dict[str, Any]:
 
 
 def master_of(args: argparse.Namespace) -> str | None:
+    """`--master`, else spark-submit's, else Spark's configuration's, else local[*] (spark.session)."""
     if args.master:
         return args.master
-    return None if os.environ.get("PYSPARK_GATEWAY_PORT") else "local[*]"
+    from ..spark.session import default_master
+
+    return default_master()
+
+
+def open_session(args: argparse.Namespace, command: str) -> Any:
+    """The Spark session of a command, or None after printing why it could not start (one line)."""
+    from ..spark.session import SessionError, get_session
+
+    try:
+        return get_session(master_of(args), app_name=f"broker-filter {command}")
+    except SessionError as e:
+        print(f"broker-filter {command}: {e}", file=sys.stderr)
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..archive.parquet import ArchiveError, archive_files
+    from ..archive.parquet import ArchiveError
 
     try:
         filters = load_filters(args)
@@ -114,12 +131,6 @@ def run(args: argparse.Namespace) -> int:
         if caret is not None and getattr(e, "position", None) is not None:
             print(caret(), file=sys.stderr)
         return 2
-    try:
-        if not archive_files(args.archive):
-            raise ArchiveError(f"{args.archive}: no Parquet files in the archive")
-    except ArchiveError as e:
-        print(f"broker-filter backtest: {e}", file=sys.stderr)
-        return 2
     if args.report:
         folder = os.path.dirname(os.path.abspath(args.report))  # refuse an unwritable path before the work
         problem = ("no such directory" if not os.path.isdir(folder) else
@@ -129,13 +140,21 @@ def run(args: argparse.Namespace) -> int:
             print(f"broker-filter backtest: --report {args.report}: {problem}", file=sys.stderr)
             return 2
     from ..spark.backtest import run_backtest
-    from ..spark.session import get_session, read_archive
+    from ..spark.paths import check_directory
+    from ..spark.session import read_archive
     from .progress import spark_tasks
 
-    spark = get_session(master_of(args), app_name="broker-filter backtest")
-    with spark_tasks(spark, "backtest", disable=args.no_progress):
+    spark = open_session(args, "backtest")
+    if spark is None:
+        return 2
+    try:  # the archive and the output are listed where Spark reads and writes them (any Hadoop filesystem)
         frame = read_archive(spark, args.archive)
-        reports = run_backtest(frame, spark_filters(filters, args.dialect), args.output)
+        output = check_directory(spark, args.output, "--output") if args.output else None
+    except ArchiveError as e:
+        print(f"broker-filter backtest: {e}", file=sys.stderr)
+        return 2
+    with spark_tasks(spark, "backtest", disable=args.no_progress):
+        reports = run_backtest(frame, spark_filters(filters, args.dialect), output)
     if args.report:
         from ..spark.report import render_html
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from ..filters import DIALECTS
@@ -25,7 +24,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--selector", metavar="S", help="selector (default: every message)")
     which.add_argument("--filter-set", metavar="JSON", help="a filter-set in the JSON form (docs/filters.md)")
     p.add_argument("--dialect", default="jms", choices=sorted(DIALECTS), help="selector dialect")
-    p.add_argument("--archive", required=True, metavar="DIR", help="archive directory (created if missing)")
+    p.add_argument("--archive", required=True, metavar="DIR",
+                   help="archive directory (created if missing): a path or any Hadoop filesystem URI")
     p.add_argument("--checkpoint", metavar="DIR", help="Spark checkpoint (default: DIR/_checkpoint)")
     p.add_argument("--max-messages-per-trigger", type=int, default=1000, metavar="N",
                    help="most messages per micro-batch (default 1000); at most 2N are held unsettled")
@@ -33,7 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--idle-stop", type=float, default=None, metavar="S",
                    help="stop after S seconds without a message (default: run until interrupted)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="AMQP connect/confirm timeout")
-    p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    p.add_argument("--master", default=None,
+                   help="Spark master URL (default: spark-submit's, else spark.master of Spark's configuration, else local[*])")
     p.set_defaults(func=run)
 
 
@@ -61,16 +62,28 @@ def run(args: argparse.Namespace) -> int:
                         ("--idle-stop", 1 if args.idle_stop is None else args.idle_stop)):
         if not value > 0:
             return fail(f"{flag} must be positive, got {value}")
-    if os.path.exists(args.archive) and not os.path.isdir(args.archive):
-        return fail(f"--archive: {args.archive} is not a directory")
 
+    from ..archive.parquet import ArchiveError
     from ..spark.ingest import run_until_idle, start_ingest
-    from ..spark.session import get_session
-    from .backtest import master_of
+    from ..spark.paths import check_directory
+    from ..spark.paths import java_reason
+    from .backtest import open_session
 
-    spark = get_session(master_of(args), app_name="broker-filter ingest")
-    query = start_ingest(spark, url=target.url, address=target.address, archive=args.archive,
-                         checkpoint=args.checkpoint, options=options, trigger_seconds=args.trigger_seconds)
+    spark = open_session(args, "ingest")
+    if spark is None:
+        return 2
+    try:  # where Spark writes: a path or any Hadoop filesystem URI
+        archive = check_directory(spark, args.archive, "--archive")
+        checkpoint = check_directory(spark, args.checkpoint, "--checkpoint") if args.checkpoint else None
+    except ArchiveError as e:
+        return fail(str(e))
+    try:
+        query = start_ingest(spark, url=target.url, address=target.address, archive=archive,
+                             checkpoint=checkpoint, options=options, trigger_seconds=args.trigger_seconds)
+    except RuntimeError as e:  # the data source cannot run (no PySpark 4.2, executors without broker-filter)
+        return fail(str(e).removeprefix("broker-filter: "))
+    except Exception as e:  # Spark refused the query (py4j's or PySpark's errors): one line, not a traceback
+        return fail(f"the query could not start: {java_reason(e)}")
     print(f"ingesting {args.source} into {args.archive}", file=sys.stderr, flush=True)
     try:
         totals = run_until_idle(query, args.idle_stop)
@@ -79,6 +92,6 @@ def run(args: argparse.Namespace) -> int:
         print("interrupted: committed batches are in the archive; run again to continue", file=sys.stderr)
         return 130
     except RuntimeError as e:
-        return fail(f"query failed: {e}", 1)
+        return fail(f"query failed: {java_reason(e)}", 1)
     print(f"{totals['messages']} message(s) ingested into {args.archive} in {totals['batches']} batch(es)")
     return 0

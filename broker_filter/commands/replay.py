@@ -18,12 +18,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "A message counts once the receiver accepts it; the position after the last confirmed message is "
         "kept in a state file, and running the same command again resumes there (docs/backtest.md).",
     )
-    p.add_argument("--archive", required=True, metavar="PATH", help="archive directory or Parquet file")
+    p.add_argument("--archive", required=True, metavar="PATH",
+                   help="archive directory or Parquet file: a path or any Hadoop filesystem URI (hdfs://, s3a://, file://)")
     p.add_argument("--selector", required=True, metavar="S", help="selector ('' replays every message)")
     p.add_argument("--to", required=True, metavar="URL", help="amqp://host:port/address (amqps:// for TLS)")
     p.add_argument("--dialect", default="jms", choices=sorted(DIALECTS), help="selector dialect")
-    p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
-    p.add_argument("--state", metavar="FILE", help="state file (default: .replay-<id>.json in the archive directory)")
+    p.add_argument("--master", default=None,
+                   help="Spark master URL (default: spark-submit's, else spark.master of Spark's configuration, else local[*])")
+    p.add_argument("--state", metavar="FILE", help="state file, local (default: .replay-<id>.json in the archive directory when it is local, "
+                   "else in the current directory)")
     p.add_argument("--restart", action="store_true", help="ignore a saved position and start from the beginning")
     p.add_argument("--window", type=int, default=200, help="most messages awaiting confirmation at once (default 200)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds without any confirmation before giving up")
@@ -32,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..archive.parquet import ArchiveError, archive_files
+    from ..archive.parquet import ArchiveError
     from ..filters import SelectorError, compile_selector
 
     def fail(message: str, code: int = 2) -> int:
@@ -43,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         selector = compile_selector(args.selector, args.dialect)
     except SelectorError as e:
         return fail(f"{e.describe()}\n{e.caret()}")
-    from ..spark.replay import ReplayError, ReplayState, default_state_path, parse_target
+    from ..spark.replay import ReplayError, ReplayState, archive_identity, default_state_path, parse_target
 
     try:
         target = parse_target(args.to)
@@ -51,13 +54,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(e))
     if args.window < 1 or args.timeout <= 0:
         return fail("--window and --timeout must be positive")
-    try:
-        if not archive_files(args.archive):
-            raise ArchiveError(f"{args.archive}: no Parquet files in the archive")
-    except ArchiveError as e:
-        return fail(str(e))
     identity = {
-        "archive": os.path.abspath(args.archive),
+        "archive": archive_identity(args.archive),
         "selector": args.selector,
         "dialect": args.dialect,
         "to": args.to,
@@ -77,11 +75,17 @@ def run(args: argparse.Namespace) -> int:
 
     from ..spark.compile import compile_selector as spark_selector
     from ..spark.replay import matching_rows, row_stream, send_all
-    from ..spark.session import get_session, read_archive
-    from .backtest import master_of
+    from ..spark.session import read_archive
+    from .backtest import open_session
 
-    spark = get_session(master_of(args), app_name="broker-filter replay")
-    rows = matching_rows(read_archive(spark, args.archive), spark_selector(selector.ast), state.position)
+    spark = open_session(args, "replay")
+    if spark is None:
+        return 2
+    try:
+        frame = read_archive(spark, args.archive)
+    except ArchiveError as e:
+        return fail(str(e))
+    rows = matching_rows(frame, spark_selector(selector.ast), state.position)
     remaining = rows.count()
     bar = tqdm(total=state.sent + remaining, initial=state.sent, unit="msg", disable=args.no_progress, file=sys.stderr)
     last_save = [time.monotonic()]

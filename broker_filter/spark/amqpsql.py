@@ -26,6 +26,7 @@ from typing import Any
 
 from ..filters import ast
 from ..filters.runtime import sql_like_pattern
+from .layers import hidden_names, keep_fields, like_regex
 from .sqlexpr import E as Column
 from .sqlexpr import call
 from .sqlexpr import functions as F
@@ -119,14 +120,12 @@ class SqlCompiler:
     def define(self, level: int, expr: Column) -> tuple[Column, int]:
         if expr.cheap:
             return expr, 0
-        from .compile import _names
-
         known = self.context.get(expr.sql)
         if known is None:
             # above every hidden column it reads, whatever layer the caller asked for
             levels = self.context.setdefault(_LEVELS, {})
             level = max([level] + [levels[name] + 1 for name in _REF.findall(expr.sql)])
-            known = self.context[expr.sql] = (f"__bfq{next(_names)}", level)
+            known = self.context[expr.sql] = (f"__bfq{next(hidden_names)}", level)
             levels[known[0]] = level
             self.defs.append((level, known[0], expr))
         self.top = max(self.top, known[1])
@@ -134,8 +133,6 @@ class SqlCompiler:
 
     def keep(self, v: SqlVal, level: int) -> SqlVal:
         """`v` with its components materialized in layer `level` (above what they read)."""
-        from .compile import keep_fields
-
         return keep_fields(self.define, level, v, SqlVal(v.k), ("k", "b", "i", "d", "x"))
 
     def value(self, node: Any) -> SqlVal:
@@ -249,8 +246,6 @@ class SqlCompiler:
             n = self.value(node.operand).k.isNull()
             return ~n if node.negated else n
         if isinstance(node, ast.Like):
-            from .compile import like_regex
-
             v = self.value(node.operand)
             if v.x is None:
                 return F.lit(None).cast("boolean")

@@ -25,11 +25,11 @@ The session needs `spark.sql.ansi.enabled=false` for Java's wrapping arithmetic 
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 from dataclasses import dataclass
 from typing import Any
 
+from .layers import hidden_names, keep_fields, like_regex, regex_literal
 from .sqlexpr import E as Column
 from .sqlexpr import functions as F
 
@@ -269,18 +269,6 @@ def _header_val(name: str) -> Val:
 
 
 # ----------------------------------------------------------------------------- the compiler
-def keep_fields(define: Any, level: int, v: Any, out: Any, fields: tuple) -> Any:
-    """`out` with each of `v`'s `fields` materialized by `define(level, expr)` as a hidden column;
-    `out.level` is the highest layer they landed in."""
-    for field in fields:
-        c = getattr(v, field)
-        if c is not None:
-            ref, at = define(level, c)
-            setattr(out, field, ref)
-            out.level = max(out.level, at)
-    return out
-
-
 class _Compiler:
     def __init__(self, selector: ast.Selector, context: dict | None = None):
         self.context = {} if context is None else context  # SQL text -> (hidden column, layer)
@@ -297,7 +285,7 @@ class _Compiler:
             return expr, 0
         known = self.context.get(expr.sql)
         if known is None:
-            known = self.context[expr.sql] = (f"__bf{next(_names)}", level)
+            known = self.context[expr.sql] = (f"__bf{next(hidden_names)}", level)
             self.defs.append((level, known[0], expr))
         self.top = max(self.top, known[1])
         return F.col(known[0]), known[1]
@@ -753,35 +741,7 @@ def _numeric(op: str, left: Val, right: Val) -> Column:
     return _case(branches, _direct(op, left.as_double(), right.as_double()))
 
 
-def like_regex(pattern: str, escape: str | None) -> str:
-    """The Java regex (for `rlike`) equal to SQL LIKE `pattern` over the whole (multi-line) text."""
-    out = [r"(?s)\A"]
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == escape and pattern[i + 1 : i + 2] in ("%", "_", escape):  # ActiveMQ / Artemis rule
-            out.append(_regex_literal(pattern[i + 1]))
-            i += 2
-            continue
-        if c == "%":
-            out.append(".*")
-        elif c == "_":
-            out.append(".")
-        else:
-            out.append(_regex_literal(c))
-        i += 1
-    out.append(r"\z")
-    return "".join(out)
-
-
-def _regex_literal(c: str) -> str:
-    return c if c.isascii() and c.isalnum() else "\\x{%x}" % ord(c)
-
-
 # ----------------------------------------------------------------------------- public API
-_names = itertools.count()
-
-
 class CompiledSelector:
     """A selector compiled for Spark: hidden helper columns in layers, then one boolean result column.
 
@@ -919,7 +879,7 @@ def topic_regex(key: str) -> str:
         elif word == "*":
             parts.append(r"\.[^.]*")
         else:
-            parts.append(r"\." + "".join(_regex_literal(c) for c in word))
+            parts.append(r"\." + "".join(regex_literal(c) for c in word))
     return r"(?s)\A" + "".join(parts) + r"\z"
 
 

@@ -13,11 +13,11 @@ of a batch whose commit had not reached the broker yet can appear twice.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from . import register
+from .paths import HadoopListing
 
 
 def start_ingest(
@@ -37,16 +37,17 @@ def start_ingest(
     for key, value in (options or {}).items():
         if value is not None:
             reader = reader.option(key, str(value))
-    archive = os.path.abspath(archive)
-    os.makedirs(archive, exist_ok=True)
+    listing = HadoopListing(spark)
+    archive = listing.qualify(archive).rstrip("/")  # a plain path or any Hadoop filesystem URI
+    checkpoint = listing.qualify(checkpoint) if checkpoint else f"{archive}/_checkpoint"
 
     def write_batch(frame: Any, batch_id: int) -> None:
-        frame.write.mode("overwrite").parquet(os.path.join(archive, f"batch-{batch_id:010d}"))
+        frame.write.mode("overwrite").parquet(f"{archive}/batch-{batch_id:010d}")
 
     return (
         reader.load()
         .writeStream.foreachBatch(write_batch)
-        .option("checkpointLocation", checkpoint or os.path.join(archive, "_checkpoint"))
+        .option("checkpointLocation", checkpoint)
         .trigger(processingTime=f"{int(trigger_seconds * 1000)} milliseconds")
         .queryName(f"broker-filter ingest {address}")
         .start()

@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 from ..archive.parquet import row_message
 from ..amqp import encode_message
 from .compile import CompiledSelector
+from .paths import is_uri, local_path
 from .sqlexpr import lit
 
 STATE_VERSION = 1
@@ -98,9 +99,22 @@ class ReplayState:
         os.replace(tmp, self.path)
 
 
+def archive_identity(archive: str) -> str:
+    """The archive as a replay's identity names it: a URI as given, a plain path made absolute."""
+    return archive if is_uri(archive) else os.path.abspath(archive)
+
+
 def default_state_path(archive: str, identity: dict) -> str:
+    """`.replay-<id>.json` in the archive's directory when the archive is local (a plain path or a
+    `file:` URI), else in the current directory: the state file is the driver's, written locally."""
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-    base = archive if os.path.isdir(archive) else os.path.dirname(os.path.abspath(archive))
+    local = local_path(archive) if is_uri(archive) else archive
+    if local is not None and os.path.isdir(local):
+        base = local
+    elif local is not None and os.path.isfile(local):
+        base = os.path.dirname(os.path.abspath(local))
+    else:
+        base = os.curdir
     return os.path.join(base, f".replay-{digest}.json")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -15,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from broker_filter.config import load
+from broker_filter.config import ConfigError, load
 from broker_filter.metrics import Health, Metrics, serve_http
 from opskit import DOCKERFILE, ROOT, instructions
 DOCKER = ROOT / "docker"
@@ -98,20 +99,41 @@ def test_every_copied_file_exists_and_passes_the_dockerignore():
             )
 
 
-def test_the_image_configuration_is_valid_and_refuses_anonymous_strangers():
-    """What the daemon would load inside the image: the shipped file plus the image's environment."""
+def test_the_image_configuration_prints_and_refuses_anonymous_strangers():
+    """What the daemon would load inside the image: the shipped file plus the image's environment.
+    docker/README's `serve --print-config` prints it (exit 0) and says why `serve` would not start."""
     env = dockerfile_env()
     env["BROKER_FILTER_CONFIG"] = str(ROOT / "config" / "broker-filter.toml")
     result = subprocess.run(
         [sys.executable, "-m", "broker_filter", "serve", "--print-config"],
         env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
     )
-    assert result.returncode == 2
-    assert result.stderr.startswith("broker-filter: config error: listener.users: no client could log in")
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed["listener"]["host"] == "0.0.0.0" and printed["metrics"]["listen"].endswith(":9464")
+    assert result.stderr.startswith("broker-filter: serve would refuse this configuration: listener.users: "
+                                    "no client could log in")
+    with pytest.raises(ConfigError, match="listener.users"):  # and `serve` refuses to start with it
+        load(None, {**os.environ, **env})
     env["BROKER_FILTER_LISTENER_ALLOW_ANONYMOUS"] = "true"
     config = load(None, env)
     assert config.listener.host == "0.0.0.0" and config.listener.anonymous_allowed
     assert (config.metrics.host, config.metrics.port) == ("0.0.0.0", 9464)
+    result = subprocess.run(
+        [sys.executable, "-m", "broker_filter", "serve", "--print-config"],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_the_wheels_stay_in_the_build_stage():
+    """The runtime stage copies the build stage's virtualenv only: no layer of the image holds a wheel."""
+    stage = final_stage()
+    assert [rest for keyword, rest in stage if keyword == "COPY" and "--from=" in rest] == [
+        "--from=build /opt/broker-filter /opt/broker-filter"
+    ]
+    assert not [rest for keyword, rest in stage if "wheel" in rest.lower()]
+    assert dockerfile_env()["PATH"].startswith("/opt/broker-filter/bin:")
 
 
 def compose() -> dict:

@@ -3,82 +3,26 @@
 from __future__ import annotations
 
 import json
-import threading
+import sys
+from pathlib import Path
 
 import pytest
-from proton import Message as ProtonMessage
-from proton.handlers import MessagingHandler
-from proton.reactor import ApplicationEvent, Container, EventInjector
 
 from broker_filter.cli import main
 from broker_filter.spark.replay import parse_target
 from launcher import free_port
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from streamkit import receivers  # noqa: E402
+
 pytestmark = pytest.mark.spark
-
-
-class Receiver(MessagingHandler):
-    """Accepts messages on one address; rejects the message whose `i` is in `reject` (once each)."""
-
-    def __init__(self, port: int, reject=()):
-        super().__init__(prefetch=50, auto_accept=False)
-        self.port = port
-        self.reject_ids = set(reject)
-        self.accepted: list[ProtonMessage] = []
-        self.addresses: list[str] = []
-        self.injector = EventInjector()
-        self.ready = threading.Event()
-        self.connections = []
-
-    def on_start(self, event):
-        self.container = event.container
-        event.container.selectable(self.injector)
-        self.acceptor = event.container.listen(f"127.0.0.1:{self.port}")
-        self.ready.set()
-
-    def on_link_opening(self, event):
-        if event.link.is_receiver:
-            self.addresses.append(event.link.remote_target.address)
-            event.link.target.address = event.link.remote_target.address
-
-    def on_message(self, event):
-        i = event.message.properties.get("i")
-        if i in self.reject_ids:
-            self.reject_ids.discard(i)
-            self.reject(event.delivery)
-        else:
-            self.accepted.append(event.message)
-            self.accept(event.delivery)
-
-    def on_connection_opened(self, event):
-        self.connections.append(event.connection)
-
-    def on_stop(self, event):
-        self.acceptor.close()
-        self.injector.close()
-        for conn in self.connections:
-            conn.close()
-        self.container.stop()
 
 
 @pytest.fixture
 def receiver():
-    started = []
-
-    def start(reject=()):
-        r = Receiver(free_port(), reject)
-        c = Container(r)
-        t = threading.Thread(target=c.run, daemon=True)
-        t.start()
-        assert r.ready.wait(10)
-        started.append((r, c, t))
-        return r
-
-    yield start
-    for r, _c, t in started:
-        r.injector.trigger(ApplicationEvent("stop"))
-        t.join(10)
-        assert not t.is_alive()
+    """start(reject=()) -> a Receiver on a free loopback port; all stopped at the end."""
+    with receivers() as start:
+        yield start
 
 
 @pytest.fixture(scope="module")
