@@ -34,6 +34,7 @@ from .sqlexpr import E as Column
 from .sqlexpr import functions as F
 
 from ..filters import FilterNode, FilterVisitor, ast
+from ..filters.wildcards import canonical
 
 KINDS = frozenset({"boolean", "int", "long", "double", "string", "opaque"})
 NUMERIC = frozenset({"int", "long", "double"})
@@ -884,7 +885,10 @@ def topic_regex(key: str) -> str:
 
 
 def topic_condition(key: str) -> Any:
-    """TRUE / FALSE: the subject matches the topic binding key (no subject: only `#` matches)."""
+    """TRUE / FALSE: the subject matches the topic binding key (no subject: only `#` matches).  The key
+    in its canonical form (runs of `#` collapsed, `filters.wildcards.canonical`): the regular expression
+    then has no repeated nested quantifiers for Java's engine to backtrack over."""
+    key = canonical(key) if key else key
     words = [] if key == "" else key.split(".")
     if words == ["#"]:
         return True
