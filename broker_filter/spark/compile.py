@@ -885,10 +885,10 @@ def topic_regex(key: str) -> str:
 
 
 def topic_condition(key: str) -> Any:
-    """TRUE / FALSE: the subject matches the topic binding key (no subject: only `#` matches).  The key
-    in its canonical form (runs of `#` collapsed, `filters.wildcards.canonical`): the regular expression
-    then has no repeated nested quantifiers for Java's engine to backtrack over."""
-    key = canonical(key) if key else key
+    """TRUE / FALSE: the subject matches the topic binding key (no subject: only `#` matches).  The
+    regular expression is made from the key's canonical form (runs of `#` collapsed,
+    `filters.wildcards.canonical`): it then has no repeated nested quantifiers for Java's engine to
+    backtrack over."""
     words = [] if key == "" else key.split(".")
     if words == ["#"]:
         return True
@@ -898,7 +898,7 @@ def topic_condition(key: str) -> Any:
     empty_matches = all(w == "#" for w in words)  # "" is zero words
     return _safe(
         F.when(subject == F.lit(""), F.lit(empty_matches)).otherwise(
-            F.concat(F.lit("."), subject).rlike(topic_regex(key))
+            F.concat(F.lit("."), subject).rlike(topic_regex(canonical(key)))
         )
     )
 
