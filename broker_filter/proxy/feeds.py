@@ -333,29 +333,17 @@ class FeedRegistry:
         still attached, are returned to be placed again when the upstream is back."""
         if binding.closed:
             return []
-        binding.closed = True
-        self.draining.discard(binding)
-        self.unregister(binding)
-        if binding.deciding_key is not None and self.deciding.get(binding.deciding_key) is binding:
-            del self.deciding[binding.deciding_key]
-        outlets = list(binding.feed.outlets) + binding.pending
-        binding.pending = []
-        binding.feed.close()
-        self._forget_recycler(binding.spec.address)
+        outlets = self._take_down(binding)
         for o in outlets:
             o.io_owner = None
             o.in_flight.clear()
             o.waiting_since = None
         return outlets
 
-    def fail_feed(self, binding: FeedBinding, error: ErrorInfo) -> None:
-        if binding.closed:
-            return
+    def _take_down(self, binding: FeedBinding) -> list:
+        """Close `binding` and forget it everywhere (no link may join it); its links (attached and
+        waiting), for the caller to detach or keep."""
         binding.closed = True
-        if binding.kept_name is not None and self.kept.get(binding.kept_name) is binding:
-            del self.kept[binding.kept_name]
-            log.warning("durable subscription %r kept for a detached subscriber is lost: %s", binding.kept_name,
-                        error.description)
         self.draining.discard(binding)
         self.unregister(binding)
         if binding.deciding_key is not None and self.deciding.get(binding.deciding_key) is binding:
@@ -363,9 +351,19 @@ class FeedRegistry:
         outlets = list(binding.feed.outlets) + binding.pending
         binding.pending = []
         binding.feed.close()
+        self._forget_recycler(binding.spec.address)
+        return outlets
+
+    def fail_feed(self, binding: FeedBinding, error: ErrorInfo) -> None:
+        if binding.closed:
+            return
+        if binding.kept_name is not None and self.kept.get(binding.kept_name) is binding:
+            del self.kept[binding.kept_name]
+            log.warning("durable subscription %r kept for a detached subscriber is lost: %s", binding.kept_name,
+                        error.description)
+        outlets = self._take_down(binding)
         if binding.consumer is not None:
             binding.consumer.close()
-        self._forget_recycler(binding.spec.address)
         metrics = self.server.metrics
         if error.transient and outlets and metrics is not None:
             metrics.links_detached_by_reconnect.inc(len(outlets))

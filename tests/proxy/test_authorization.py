@@ -13,8 +13,8 @@ from proton.utils import LinkDetached, SendException
 from broker_filter.security import hash_password
 from tests.support.clients import connect, link_name, receive_n
 from tests.support.launcher import Daemon
+from tests.support.users import USERS, login
 
-ALICE, BOB = hash_password("wonderland", algorithm="pbkdf2-sha256"), hash_password("builder", algorithm="pbkdf2-sha256")
 
 SETTINGS = """
 [[security.settings]]
@@ -31,12 +31,7 @@ browse = ["auditor"]
 
 
 def config(extra: str = "") -> str:
-    return f"""
-[listener.users]
-alice = "{ALICE}"
-bob = "{BOB}"
-
-[security.roles]
+    return USERS + f"""[security.roles]
 alice = ["alice", "team"]
 bob = ["team"]
 {extra}
@@ -49,11 +44,6 @@ def daemon():
     d = Daemon(config=config())
     yield d
     d.stop()
-
-
-def login(d: Daemon, user: str):
-    password = {"alice": "wonderland", "bob": "builder"}[user]
-    return connect(d.url, user=user, password=password, allowed_mechs="PLAIN")
 
 
 def refused(attach) -> str:

@@ -13,18 +13,11 @@ from proton import Message, symbol
 from proton.reactor import LinkOption
 from proton.utils import LinkDetached
 
-from broker_filter.security import hash_password
-from clients import connect, delete_queue, link_name, receive_n
+from clients import delete_queue, link_name, receive_n
 from launcher import Daemon
+from users import PASSWORDS, USERS, login
 
-ALICE, BOB = hash_password("wonderland", algorithm="pbkdf2-sha256"), hash_password("builder", algorithm="pbkdf2-sha256")
-
-CONFIG = f"""
-[listener.users]
-alice = "{ALICE}"
-bob = "{BOB}"
-
-[security.roles]
+CONFIG = USERS + """[security.roles]
 alice = ["alice", "team"]
 bob = ["team"]
 
@@ -58,10 +51,6 @@ def secured(rabbitmq):
     yield d
     d.stop()
     assert "Traceback" not in d.log(), d.log()
-
-
-def login(d: Daemon, user: str):
-    return connect(d.url, user=user, password={"alice": "wonderland", "bob": "builder"}[user], allowed_mechs="PLAIN")
 
 
 def refused(attach) -> str:
@@ -182,7 +171,7 @@ def test_a_durable_subscription_belongs_to_its_user(rabbitmq):
         c = Container()
         c.container_id = container
         return BlockingConnection(d.url, timeout=10, container=c, user=user,
-                                  password={"alice": "wonderland", "bob": "builder"}[user], allowed_mechs="PLAIN")
+                                  password=PASSWORDS[user], allowed_mechs="PLAIN")
 
     try:
         alice = login_as("alice")

@@ -12,16 +12,11 @@ from proton.utils import LinkDetached, SendException
 from broker_filter.config import Limits
 from broker_filter.proxy.quotas import Quotas, source_address
 from broker_filter.proxy.records import ClientConnection
-from broker_filter.security import Identity, hash_password
+from broker_filter.security import Identity
 from tests.support.clients import connect, link_name, receive_n
 from tests.support.launcher import Daemon
+from tests.support.users import USERS, login
 
-ALICE, BOB = hash_password("wonderland", algorithm="pbkdf2-sha256"), hash_password("builder", algorithm="pbkdf2-sha256")
-USERS = f'[listener.users]\nalice = "{ALICE}"\nbob = "{BOB}"\n'
-
-
-def login(d: Daemon, user: str):
-    return connect(d.url, user=user, password={"alice": "wonderland", "bob": "builder"}[user], allowed_mechs="PLAIN")
 
 
 def test_connections_per_user_and_links_per_user():
