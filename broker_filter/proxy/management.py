@@ -39,6 +39,7 @@ from ..amqp.sections import decode_message, encode_message
 from ..engine._cproton import lib
 from ..engine.container import Typed
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, LOCAL_UNINIT, Link, Terminus, copy_remote
+from . import remote_links
 from .records import link_state
 from .refusal import refuse_link
 from .wire import receive, remote_outcome, send, settle_with
@@ -148,13 +149,11 @@ def _copy_link(dst: Link, src: Link) -> None:
 def pair_session(upstream: Any, pair: Any) -> Any:
     """A session on `upstream`'s connection for a `/management` link pair (`pair` gets its events):
     on RabbitMQ 4 a begun session no link uses, rather than a begin that could reach a dying one."""
-    from .remote import session_state
-
     session = upstream.sessions.take_idle()
     if session is None:
         session = upstream.connection.session()
         session.open()
-    state = session_state(session)
+    state = remote_links.session_state(session)
     state.endpoint = None
     state.pair = pair
     return session
@@ -184,11 +183,9 @@ class ManagementPair:
         pair.attach(client_link, route)
 
     def attach(self, client: Link, route: Any) -> None:
-        from . import remote
-
         up = self.session.sender(client.name) if client.is_receiver else self.session.receiver(client.name)
         _copy_link(up, client)
-        state = remote.link_state(up)
+        state = remote_links.link_state(up)
         state.pair, state.peer = self, client
         mine = link_state(client)
         mine.pair, mine.peer = self, up

@@ -32,6 +32,7 @@ from ..engine.container import Typed
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, REMOTE_UNINIT, Terminus
 from .forwarding import ACCEPTED
 from .management import MANAGEMENT, pair_session
+from .remote_links import link_state
 from .wire import receive, send, settle_with
 
 log = logging.getLogger("broker_filter.proxy.topology")
@@ -68,8 +69,6 @@ class Topology:
     """The daemon's `/management` link pair on one upstream connection, and its requests in flight."""
 
     def __init__(self, upstream: Any):
-        from .remote import link_state
-
         self.upstream = upstream
         self.closed = False
         self.waiting: dict[str, tuple[Callable[[Reply], None], Any]] = {}  # message id -> (answer, timer)
