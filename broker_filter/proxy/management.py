@@ -84,7 +84,7 @@ def _calls(connection: Any) -> _Calls:
 def after_calls(connection: Any, fn: Any, call_later: Any) -> None:
     """Run `fn` (relaying a detach the broker sent) once the management requests in flight on the
     client `connection` are answered, at the latest after ORDER_WAIT seconds; at once if none is."""
-    calls = getattr(connection.context, "management_calls", None)
+    calls = connection.context.management_calls  # (a `records.ClientConnection`)
     if calls is None or not calls.waiting:
         fn()
         return
@@ -128,16 +128,15 @@ def refusal(upstream: Any) -> str | None:
     if upstream.traits.serves_management:
         return None
     return (f"/management is RabbitMQ 4's management node: it passes through only in front of RabbitMQ 4, "
-            f"and upstream {getattr(upstream, 'name', 'embedded')} is "
+            f"and upstream {upstream.name} is "
             f"{_describe(upstream)}")
 
 
 def _describe(upstream: Any) -> str:
-    product = getattr(upstream, "product", None)
+    product = upstream.product
     if product is None:
-        return "the embedded broker" if not hasattr(upstream, "connection") else "not connected"
-    version = getattr(upstream, "version", None)
-    return " ".join(p for p in (product, version) if p)
+        return "the embedded broker" if upstream.traits.in_process else "not connected"
+    return " ".join(p for p in (product, upstream.version) if p)
 
 
 def _copy_link(dst: Link, src: Link) -> None:

@@ -43,6 +43,7 @@ import logging
 from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
+from ..amqp import types as t
 from ..security import redact_url
 from ..engine.container import Typed
 from ..engine.endpoints import LOCAL_CLOSED, Connection, Handler, Link, Session, Terminus
@@ -198,7 +199,7 @@ class RemoteUpstream(SessionPlacement, LinkTraffic, Handler, UpstreamBase):
         return self.stopped and self.connection is not None
 
     def can_evaluate(self, entry: Any) -> bool:
-        kind = getattr(entry, "kind", None)
+        kind = entry.kind
         if self.configured_pushdown is not None:
             return kind in self.configured_pushdown
         if kind == "selector":
@@ -213,12 +214,13 @@ class RemoteUpstream(SessionPlacement, LinkTraffic, Handler, UpstreamBase):
         stream filters) count; another broker-filter echoes only what it applies."""
         if self.traits.chained:
             return True
-        descriptor = getattr(entry.value, "descriptor", None)
-        return self.product == "RabbitMQ" and isinstance(descriptor, str) and descriptor.startswith("rabbitmq:")
+        value = entry.value  # (a `Passthrough`: the client's value, described or not)
+        return (self.product == "RabbitMQ" and isinstance(value, t.Described) and isinstance(value.descriptor, str)
+                and value.descriptor.startswith("rabbitmq:"))
 
     def can_offer(self, entry: Any) -> bool:
         """Filter expressions go on every consumer attach: the reply decides (module docstring)."""
-        return getattr(entry, "kind", None) in FILTEX_KINDS
+        return entry.kind in FILTEX_KINDS
 
     def routing_type(self, address: str | None, capabilities: tuple[str, ...] = ()) -> str | None:
         return address_form_routing(address)
@@ -297,7 +299,7 @@ class RemoteUpstream(SessionPlacement, LinkTraffic, Handler, UpstreamBase):
         if endpoint.link is not None:
             self._endpoints.pop(endpoint.link.name, None)
             self._traced.pop(endpoint.link.name, None)
-        if getattr(endpoint, "offer_pending", False):
+        if endpoint.offer_pending:
             self._offer_answered(endpoint)
 
 
@@ -342,7 +344,7 @@ class RemoteUpstream(SessionPlacement, LinkTraffic, Handler, UpstreamBase):
         if not suspects:
             return
         suspects.sort(key=lambda ep: ep is not last)
-        why = getattr(condition, "description", None) or getattr(condition, "name", None) or "no reason given"
+        why = ((condition.description or condition.name) if condition is not None else None) or "no reason given"
         named = "; ".join(f"{len(ep.pending)} in flight to {_client_of(ep)}" for ep in suspects[:CULPRITS_LOGGED])
         more = f"; and {len(suspects) - CULPRITS_LOGGED} more publisher(s)" if len(suspects) > CULPRITS_LOGGED else ""
         log.warning("upstream %s dropped the connection (%s: %s) with publishes in flight, the last sent first: "
@@ -380,7 +382,7 @@ class RemoteUpstream(SessionPlacement, LinkTraffic, Handler, UpstreamBase):
         if self.probing is not None:
             self.probe_answered(None)
         desc = f"upstream {self.name} connection lost"
-        if condition is not None and getattr(condition, "description", None):
+        if condition is not None and condition.description:
             desc += f": {condition.description}"
         err = ErrorInfo("amqp:connection:forced", desc, transient=True, aborted=aborted)
         pairs, self.pairs = list(self.pairs), set()
@@ -485,7 +487,7 @@ class RemoteUpstream(SessionPlacement, LinkTraffic, Handler, UpstreamBase):
         if conn is self.connection or self.connection is None:
             if error is not None:
                 log.info("upstream %s: transport closed: %s: %s", self.name, error.name, error.description)
-            idle = error is not None and "idle-timeout" in (getattr(error, "description", None) or "")
+            idle = error is not None and "idle-timeout" in (error.description or "")
             self._lost(error, aborted=True, cause="heartbeat" if idle else "socket")
 
 

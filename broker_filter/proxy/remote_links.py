@@ -100,6 +100,7 @@ class _RemoteLink:
         self.session = None
         self.closed = False
         self.ready = False
+        self.offer_pending = False  # a consumer whose attach offers filters, its reply not in yet
 
     def _finish(self) -> bool:
         """Mark closed and forget; False if it already was."""
@@ -153,7 +154,6 @@ class RemoteConsumer(_RemoteLink):
     def __init__(self, upstream: Any, spec: ConsumerSpec, handler: ConsumerHandler):
         super().__init__(upstream, handler)
         self.spec = spec
-        self.offer_pending = False  # its attach offers filters and the reply is not in yet
         self.order: SettlementOrder | None = None  # ordered settlement; None: off
 
     @property
@@ -274,9 +274,9 @@ def _client_of(publisher: "RemotePublisher") -> str:
     address = getattr(handler, "address", None) or publisher.address
     if conn is None:
         return f"address {address} (the daemon's own publisher)"
-    engine = getattr(conn, "connection", None)
-    container = getattr(engine, "remote_container", None) if engine is not None else None
-    return f"address {address} from client connection {getattr(conn, 'id', '?')} (container id {container!r})"
+    engine = conn.connection  # (a `records.ClientConnection`)
+    container = engine.remote_container if engine is not None else None
+    return f"address {address} from client connection {conn.id} (container id {container!r})"
 
 
 def _endpoint(link: Link) -> Any:

@@ -18,19 +18,12 @@ import functools
 import logging
 from typing import Any, Callable
 
-from ..engine.endpoints import LOCAL_CLOSED, REMOTE_CLOSED, REMOTE_UNINIT
+from ..engine.endpoints import LOCAL_CLOSED, REMOTE_CLOSED, REMOTE_UNINIT, Condition
 from .remote_links import RemoteConsumer, _RemoteLink, link_state, session_state
 from .sessions import Sessions
 from .upstream import ErrorInfo, Loop
 
 log = logging.getLogger("broker_filter.proxy.upstream")
-
-
-class _Reason:
-    """A condition of the daemon's own for `_lost` (a reconnect it decided)."""
-
-    def __init__(self, description: str):
-        self.description = description
 
 
 class SessionPlacement:
@@ -194,7 +187,7 @@ class SessionPlacement:
             return
         log.warning("%s; reconnecting the upstream connection (its links are detached and attach again)", reason)
         self.stuck_reconnects += 1
-        self._lost(_Reason(reason), cause="unanswered")
+        self._lost(Condition("amqp:connection:forced", reason), cause="unanswered")
 
     def _drop_waiting(self, session: Any) -> bool:
         """Forget a session that never began (its endpoint closed while it waited)."""

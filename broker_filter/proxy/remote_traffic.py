@@ -213,7 +213,8 @@ class LinkTraffic:
             if attach is None:
                 return
             name, caps = attach
-            if not getattr(self._endpoints.get(name), "offer_pending", False):
+            endpoint = self._endpoints.get(name)
+            if endpoint is None or not endpoint.offer_pending:
                 return  # not a consumer attach awaiting its reply
             self._traced[name] = caps
         except Exception:

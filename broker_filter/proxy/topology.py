@@ -163,7 +163,7 @@ class Topology:
         for answer, timer in waiting.values():
             timer.cancel()
             self._answer(answer, Reply(None, error=reason))
-        if getattr(self.upstream, "topology_pair", None) is self:
+        if self.upstream.topology_pair is self:
             self.upstream.topology_pair = None
 
     # ------------------------------------------------------------------ the pair's upstream events
@@ -315,15 +315,15 @@ def topology(upstream: Any) -> Topology | HttpTopology | None:
     """What the daemon asks to declare, find and delete queues on `upstream`: its `/management`
     pair on RabbitMQ 4's connection (made now if need be), RabbitMQ 3.x's HTTP API when
     `upstream.management_url` names it; None otherwise, or while the upstream is not connected."""
-    if not getattr(upstream, "connected", False):
+    if not upstream.connected:
         return None
     if upstream.traits.serves_management:
-        pair = getattr(upstream, "topology_pair", None)
+        pair = upstream.topology_pair
         if pair is None or pair.closed:
             pair = upstream.topology_pair = Topology(upstream)
         return pair
-    if getattr(upstream, "management_url", "") and getattr(upstream, "product", None) == "RabbitMQ":
-        http = getattr(upstream, "topology_http", None)
+    if upstream.management_url and upstream.product == "RabbitMQ":
+        http = upstream.topology_http
         if http is None:
             http = upstream.topology_http = HttpTopology(upstream, upstream.management_url)
         return http
