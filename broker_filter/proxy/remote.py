@@ -33,6 +33,13 @@ and gets it unchanged (`delivery-failed` raises a quorum queue's delivery-count;
 dead-letters, as it would for a client of its own).  RabbitMQ 4's v2 addresses (`/queues/q`,
 `/exchanges/x/key`) pass through like any address; a missing queue makes RabbitMQ 4 end the
 session, which, the session being the link's own, refuses only that link with `amqp:not-found`.
+
+The upstream is built in four files, by concern: this one (`RemoteUpstream`: the connection, its
+reconnects and losses, the `Upstream` operations, the session events), `remote_links.py` (the proxy's
+own consumers and publishers, and what is kept on each engine session and link),
+`remote_sessions.py` (`SessionPlacement`: which session a link gets, their timers, the bounds on
+unanswered begins, attaches and ends) and `remote_traffic.py` (`LinkTraffic`: attach replies,
+detaches, flow, deliveries and dispositions on those links, and the answers read from the frame trace).
 """
 
 from __future__ import annotations
