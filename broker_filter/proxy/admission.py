@@ -93,18 +93,18 @@ def refusal(traits: Any, data: bytes, upstream: str = "the upstream") -> tuple[s
 
 
 def refused(upstream: Any, data: bytes) -> tuple[str, str] | None:
-    """`refusal` for the message `data` going to `upstream` (an `Upstream`; those without traits, as
-    the embedded broker, take every message)."""
-    traits = getattr(upstream, "traits", None)
-    if traits is None or not traits.closes_on_unparsable:
+    """`refusal` for the message `data` going to `upstream` (an `upstream.UpstreamBase`; those without
+    the trait, as the embedded broker, take every message)."""
+    traits = upstream.traits
+    if not traits.closes_on_unparsable:
         return None
     try:
         if _rabbitmq3(data) is None:  # (the usual case: no description to make)
             return None
     except (CodecError, IndexError, struct.error):
         pass
-    product = " ".join(str(p) for p in (getattr(upstream, "product", None), getattr(upstream, "version", None)) if p)
-    return refusal(traits, data, f"upstream {getattr(upstream, 'name', '?')} ({product or 'RabbitMQ 3'})")
+    product = " ".join(str(p) for p in (upstream.product, upstream.version) if p)
+    return refusal(traits, data, f"upstream {upstream.name} ({product or 'RabbitMQ 3'})")
 
 
 _SIZE8 = frozenset({0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0})  # constructors with a one-byte size

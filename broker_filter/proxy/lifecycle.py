@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import logs
 from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Condition, Connection, Delivery, Handler, Link, Session
+from .records import ClientConnection
 
 log = logging.getLogger("broker_filter.lifecycle")
 
@@ -104,9 +105,11 @@ def event_ids(subject: Any) -> dict[str, Any]:
     connection, session, link or delivery of the engine), as known."""
     ids: dict[str, Any] = {}
     link = subject.link if isinstance(subject, Delivery) else subject if isinstance(subject, Link) else None
-    connection = subject if isinstance(subject, Connection) else getattr(subject, "connection", None)
+    connection = (subject if isinstance(subject, Connection) else subject.connection
+                  if isinstance(subject, (Session, Link)) else None)
     if connection is not None:
-        conn_id = getattr(connection.context, "id", None)  # the proxy's per-connection state
+        state = connection.context  # the proxy's per-connection state, once admitted
+        conn_id = state.id if isinstance(state, ClientConnection) else None
         if conn_id is None and connection.io is not None:
             peer = getattr(connection.io, "peer", None)
             conn_id = f"from {peer}" if peer else None

@@ -39,6 +39,7 @@ from ..amqp.sections import decode_message, encode_message
 from ..engine._cproton import lib
 from ..engine.container import Typed
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, LOCAL_UNINIT, Link, Terminus, copy_remote
+from . import remote_links
 from .records import link_state
 from .refusal import refuse_link
 from .wire import receive, remote_outcome, send, settle_with
@@ -83,7 +84,7 @@ def _calls(connection: Any) -> _Calls:
 def after_calls(connection: Any, fn: Any, call_later: Any) -> None:
     """Run `fn` (relaying a detach the broker sent) once the management requests in flight on the
     client `connection` are answered, at the latest after ORDER_WAIT seconds; at once if none is."""
-    calls = getattr(connection.context, "management_calls", None)
+    calls = connection.context.management_calls  # (a `records.ClientConnection`)
     if calls is None or not calls.waiting:
         fn()
         return
@@ -127,16 +128,15 @@ def refusal(upstream: Any) -> str | None:
     if upstream.traits.serves_management:
         return None
     return (f"/management is RabbitMQ 4's management node: it passes through only in front of RabbitMQ 4, "
-            f"and upstream {getattr(upstream, 'name', 'embedded')} is "
+            f"and upstream {upstream.name} is "
             f"{_describe(upstream)}")
 
 
 def _describe(upstream: Any) -> str:
-    product = getattr(upstream, "product", None)
+    product = upstream.product
     if product is None:
-        return "the embedded broker" if not hasattr(upstream, "connection") else "not connected"
-    version = getattr(upstream, "version", None)
-    return " ".join(p for p in (product, version) if p)
+        return "the embedded broker" if upstream.traits.in_process else "not connected"
+    return " ".join(p for p in (product, upstream.version) if p)
 
 
 def _copy_link(dst: Link, src: Link) -> None:
@@ -148,13 +148,11 @@ def _copy_link(dst: Link, src: Link) -> None:
 def pair_session(upstream: Any, pair: Any) -> Any:
     """A session on `upstream`'s connection for a `/management` link pair (`pair` gets its events):
     on RabbitMQ 4 a begun session no link uses, rather than a begin that could reach a dying one."""
-    from .remote import session_state
-
     session = upstream.sessions.take_idle()
     if session is None:
         session = upstream.connection.session()
         session.open()
-    state = session_state(session)
+    state = remote_links.session_state(session)
     state.endpoint = None
     state.pair = pair
     return session
@@ -184,11 +182,9 @@ class ManagementPair:
         pair.attach(client_link, route)
 
     def attach(self, client: Link, route: Any) -> None:
-        from . import remote
-
         up = self.session.sender(client.name) if client.is_receiver else self.session.receiver(client.name)
         _copy_link(up, client)
-        state = remote.link_state(up)
+        state = remote_links.link_state(up)
         state.pair, state.peer = self, client
         mine = link_state(client)
         mine.pair, mine.peer = self, up

@@ -56,6 +56,7 @@ def _connection_of(subject: Any) -> Connection:
 class _Refusal:
     condition: str
     description: str
+    aborted: bool = False  # (as `upstream.ErrorInfo`, the other reason a tenant goes down)
 
 
 @dataclass
@@ -263,11 +264,10 @@ class PassThrough(Handler):
         # Never came up: the clients waiting for it cannot be served with these credentials.
         tenant.failed = error
         log.warning("pass-through: the upstream connection failed before it opened; its clients are refused: %s",
-                    getattr(error, "description", error),
+                    error.description,
                     extra={"fields": {"user": tenant.user, **({"vhost": tenant.key[2]} if tenant.key[2] is not None else {})}})
-        condition = Condition(getattr(error, "condition", "amqp:connection:forced"),
-                              getattr(error, "description", "upstream connection failed"))
-        aborted = bool(getattr(error, "aborted", False)) and self._abort is not None
+        condition = Condition(error.condition, error.description)  # (an `upstream.ErrorInfo` or a `_Refusal`)
+        aborted = bool(error.aborted) and self._abort is not None
         for connection in list(tenant.connections):
             if aborted and self._abort(connection, condition.name, condition.description):
                 # The broker refused the open by closing its socket (RabbitMQ 4: a vhost it does not
@@ -317,7 +317,7 @@ class PassThrough(Handler):
     def closing(self) -> bool:
         """A tenant upstream stopped by `stop` still closes: its last outcomes (a move's accepted
         original) are on their way to the broker."""
-        self._closing = [u for u in self._closing if getattr(u, "closing", lambda: False)()]
+        self._closing = [u for u in self._closing if u.closing()]
         return bool(self._closing)
 
     def stop(self) -> None:

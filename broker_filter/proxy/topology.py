@@ -32,6 +32,7 @@ from ..engine.container import Typed
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, REMOTE_UNINIT, Terminus
 from .forwarding import ACCEPTED
 from .management import MANAGEMENT, pair_session
+from .remote_links import link_state
 from .wire import receive, send, settle_with
 
 log = logging.getLogger("broker_filter.proxy.topology")
@@ -68,8 +69,6 @@ class Topology:
     """The daemon's `/management` link pair on one upstream connection, and its requests in flight."""
 
     def __init__(self, upstream: Any):
-        from .remote import link_state
-
         self.upstream = upstream
         self.closed = False
         self.waiting: dict[str, tuple[Callable[[Reply], None], Any]] = {}  # message id -> (answer, timer)
@@ -164,7 +163,7 @@ class Topology:
         for answer, timer in waiting.values():
             timer.cancel()
             self._answer(answer, Reply(None, error=reason))
-        if getattr(self.upstream, "topology_pair", None) is self:
+        if self.upstream.topology_pair is self:
             self.upstream.topology_pair = None
 
     # ------------------------------------------------------------------ the pair's upstream events
@@ -316,15 +315,15 @@ def topology(upstream: Any) -> Topology | HttpTopology | None:
     """What the daemon asks to declare, find and delete queues on `upstream`: its `/management`
     pair on RabbitMQ 4's connection (made now if need be), RabbitMQ 3.x's HTTP API when
     `upstream.management_url` names it; None otherwise, or while the upstream is not connected."""
-    if not getattr(upstream, "connected", False):
+    if not upstream.connected:
         return None
     if upstream.traits.serves_management:
-        pair = getattr(upstream, "topology_pair", None)
+        pair = upstream.topology_pair
         if pair is None or pair.closed:
             pair = upstream.topology_pair = Topology(upstream)
         return pair
-    if getattr(upstream, "management_url", "") and getattr(upstream, "product", None) == "RabbitMQ":
-        http = getattr(upstream, "topology_http", None)
+    if upstream.management_url and upstream.product == "RabbitMQ":
+        http = upstream.topology_http
         if http is None:
             http = upstream.topology_http = HttpTopology(upstream, upstream.management_url)
         return http

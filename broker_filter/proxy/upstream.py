@@ -328,6 +328,9 @@ class UpstreamBase:
     product: str | None = None  # the open frame's `product` and `version` (None: not known)
     version: str | None = None
     lost_cause: str | None = None  # why the upstream connection was last lost (a reconnect's metric label)
+    connected: bool = False  # between `on_upstream_up` and `on_upstream_down`
+    topology_pair: Any = None  # RabbitMQ 4: the daemon's own /management pair (`topology.Topology`)
+    topology_http: Any = None  # RabbitMQ 3.x: the daemon's client of its HTTP API (`topology.HttpTopology`)
 
     def can_offer(self, entry: Any) -> bool:
         """True when the filtex entry may go on the upstream attach for its reply to decide."""

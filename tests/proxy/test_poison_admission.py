@@ -14,6 +14,7 @@ from broker_filter.amqp.encoding import encode
 from broker_filter.amqp.sections import MESSAGE_ANNOTATIONS, encode_section, set_message_annotation
 from broker_filter.filters import ORIGIN_ANNOTATION
 from broker_filter.proxy import admission
+from broker_filter.proxy.embedded import EmbeddedUpstream
 from broker_filter.proxy.traits import traits_of
 
 R3, R4 = traits_of("RabbitMQ", "3.10.8"), traits_of("RabbitMQ", "4.0.5")
@@ -106,4 +107,4 @@ def test_the_refusal_names_what_and_the_upstream():
 def test_upstreams_without_the_trait_take_everything():
     data = sec(0x77, t.Array("float", [t.float32(1.5)]))
     assert admission.refusal(R4, data) is None
-    assert admission.refused(object(), data) is None  # the embedded broker: no traits
+    assert admission.refused(EmbeddedUpstream(), data) is None  # the embedded broker: not the trait
