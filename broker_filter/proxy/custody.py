@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..amqp import redelivery_bytes
+from ..filters.base import Filter
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,12 @@ def too_large(size: int, limit: int) -> Outcome:
                                       f"a {size}-byte message exceeds the receiving link's max-message-size {limit}"))
 
 
-def filter_identity(filter: Any, receiver: str | None = None) -> str:
+def filter_identity(filter: Filter, receiver: str | None = None) -> str:
     """A short stable name for what a filter selects: its text, and the receiving connection when
     the filter depends on it (no-local).  Equal filters on different links, or in different daemons,
     have the same identity."""
-    text = getattr(filter, "description", None) or repr(filter)
-    if getattr(filter, "no_local", False):
+    text = filter.description or repr(filter)
+    if filter.no_local:
         text += "\x00" + str(receiver)
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 

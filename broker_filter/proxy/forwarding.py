@@ -476,7 +476,7 @@ class Feed(QueueMoves, UpstreamCredit):
         self._top_up()  # (a feed walled in may go round again now)
         if search.hand_back_due(bool(self.held), self.moving):
             self._hand_back()
-        if search.look(getattr(self.io, "probe", None), self.on_available, self.moving):
+        if search.look(self.io.probe, self.on_available, self.moving):
             self.pump()
 
     def _hold(self, c: Custody) -> None:
