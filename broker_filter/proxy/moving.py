@@ -55,6 +55,7 @@ class QueueMoves:
     stopping: bool
     moving: int
     _no_room: bool
+    _nobody: bool
     _merged: dict
     _pulled_total: int
 
