@@ -32,6 +32,8 @@ class Filter:
 
     __slots__ = ("_fn", "evaluate", "matches", "reads", "description", "_ast", "terms", "hints")
 
+    no_local = False  # whether it depends on the receiving connection (a filter-set's no-local entry)
+
     def __init__(
         self,
         fn: EvalFn,

@@ -60,8 +60,9 @@ from typing import Any, Callable, Protocol
 
 from ..amqp import redelivery_bytes
 from ..filters.index import SubscriptionIndex
-from .forwarding import (ACCEPTED, EVAL_MASK, EVAL_SAMPLE, MESSAGE_SIZE_EXCEEDED, UNDECODABLE as _BAD, FeedStats,
-                         Outcome, Outlet, UpstreamCredit, _ns, decode_reads, too_large)
+from .custody import (ACCEPTED, EVAL_MASK, EVAL_SAMPLE, MESSAGE_SIZE_EXCEEDED, UNDECODABLE as _BAD, FeedStats,
+                      Outcome, Outlet, _ns, too_large)
+from .forwarding import UpstreamCredit, decode_reads
 
 SPREAD_BLOCK = 256  # upstream messages per measure of the spread
 MAX_SPREAD = 8.0  # the most upstream messages pulled per unit of client credit

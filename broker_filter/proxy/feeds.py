@@ -22,6 +22,7 @@ import logging
 from typing import Any, Callable
 
 from . import fanout, introspect, reports, sharing
+from .custody import FeedIO
 from .forwarding import Feed, Outcome, Outlet
 from .records import link_state
 from .refusal import close_link
@@ -36,7 +37,7 @@ log = logging.getLogger("broker_filter.proxy")
 VIA_WINDOW = 4
 
 
-class FeedBinding:
+class FeedBinding(FeedIO):
     """One Feed and its upstream consumer: `FeedIO` for the feed, `ConsumerHandler` for the upstream."""
 
     def __init__(self, server: Any, key: Any, spec: ConsumerSpec, subscription: bool,

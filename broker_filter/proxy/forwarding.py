@@ -34,209 +34,42 @@ no outlet selects to the queue's tail, each copy marked with the filters it was 
 pass that moved it, until a copy it moved comes round.  The theory, and every decision of the search
 (what a pass is, when one opens and ends, what is moved and what is held, when to look again, count
 the queue, go round or hand back), are in `broker_filter.proxy.search` (`QueueSearch`, the feed's
-`search`); the feed does the moving: it publishes the marked copy through the I/O layer and accepts
-the original once the broker accepted the copy.
+`search`); the feed does the moving (`broker_filter.proxy.moving`, a base class of `Feed`): it
+publishes the marked copy through the I/O layer and accepts the original once the broker accepted
+the copy.
 
 Stopping (`stop`): no move starts, nothing more is pulled or sent; moves in flight finish (the I/O
 layer waits for `moving` to reach 0, bounded by its grace) and their originals are accepted; then
 `close` returns what is held.
 
 The I/O layer implements `FeedIO` and calls the `on_*` methods; decisions come back as calls on it.
+The records (`Outcome`, `Outlet`, `Custody`, `FeedStats`, `FeedIO`) are in `broker_filter.proxy.custody`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import deque
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from ..amqp.types import symbol
-from ..amqp import CodecError, decode as _decode_value, decode_message, redelivery_bytes, set_message_annotation
-from ..amqp.sections import MESSAGE_ANNOTATIONS, annotations_section, encode_section
+from ..amqp import CodecError, decode as _decode_value, decode_message, set_message_annotation
+from ..amqp.sections import annotations_section
+from .custody import (ACCEPTED, DELIVERY_FAILED, EVAL_MASK, EVAL_SAMPLE, MESSAGE_SIZE_EXCEEDED, RELEASED,
+                      UNACQUIRED, UNDECODABLE, _NO_MARK, _ns, Custody, FeedIO, FeedStats, Outcome, Outlet,
+                      filter_identity, too_large)
+from .moving import OFFERED_ANNOTATION, QueueMoves, mark_section
 from .search import QueueSearch
 
-# On a moved copy: the identities (see `filter_identity`) of the filters it was offered to.
-OFFERED_ANNOTATION = symbol("x-opt-broker-filter-offered")
+# The feed side's records are in `custody` (a leaf); the rest of the proxy takes them from here.
+__all__ = ["ACCEPTED", "DELIVERY_FAILED", "EVAL_MASK", "EVAL_SAMPLE", "MESSAGE_SIZE_EXCEEDED", "OFFERED_ANNOTATION",
+           "RELEASED", "STREAM_OFFSET", "UNACQUIRED", "UNDECODABLE", "Custody", "Feed", "FeedIO", "FeedStats",
+           "Outcome", "Outlet", "UpstreamCredit", "decode_reads", "filter_identity", "mark_section", "too_large"]
+
+_BAD = UNDECODABLE
 # RabbitMQ 4's annotation on each message delivered from a stream (its offset in the stream)
 STREAM_OFFSET = b"x-stream-offset"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """An AMQP 1.0 terminal delivery state.
-
-    kind: "accepted" | "rejected" | "released" | "modified".
-    `error` is (condition, description) for rejected; the modified fields follow the spec.
-    """
-
-    kind: str
-    error: tuple[str, str | None] | None = None
-    delivery_failed: bool = False
-    undeliverable_here: bool = False
-    annotations: dict[Any, Any] | None = None
-    # released only: no client ever received the message (the proxy held it), so the upstream may
-    # undo the acquisition: first-acquirer stays true (AMQP 1.0 3.2.1).  An upstream that cannot
-    # (RabbitMQ) treats it as a plain release.
-    unacquired: bool = False
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("accepted", "rejected", "released", "modified"):
-            raise ValueError(f"not an AMQP outcome: {self.kind!r}")
-
-
-ACCEPTED = Outcome("accepted")
-RELEASED = Outcome("released")
-UNACQUIRED = Outcome("released", unacquired=True)
-DELIVERY_FAILED = Outcome("modified", delivery_failed=True)
-# A subscription's copy larger than every selecting link's max-message-size (AMQP 1.0 2.7.3: a sender
-# must not send it; the copy is this subscription's own, so it is rejected for it, never dropped unsaid).
-MESSAGE_SIZE_EXCEEDED = "amqp:link:message-size-exceeded"
-
-
-def too_large(size: int, limit: int) -> Outcome:
-    return Outcome("rejected", error=(MESSAGE_SIZE_EXCEEDED,
-                                      f"a {size}-byte message exceeds the receiving link's max-message-size {limit}"))
-
-
-def filter_identity(filter: Any, receiver: str | None = None) -> str:
-    """A short stable name for what a filter selects: its text, and the receiving connection when
-    the filter depends on it (no-local).  Equal filters on different links, or in different daemons,
-    have the same identity."""
-    text = getattr(filter, "description", None) or repr(filter)
-    if getattr(filter, "no_local", False):
-        text += "\x00" + str(receiver)
-    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
-class FeedIO(Protocol):
-    def send(self, outlet: "Outlet", delivery: Any, data: bytes) -> Any:
-        """Transfer `data` (the delivery's bytes, or their redelivery form) on the outlet's client
-        link; return the client delivery tag."""
-
-    def settle_upstream(self, delivery: Any, outcome: Outcome) -> None: ...
-
-    def flow_upstream(self, n: int) -> None: ...
-
-    # Optional: `probe(answer) -> bool | None`: ask the upstream how many messages the queue has
-    # ready (a drain without credit, which RabbitMQ 4 answers with `available`); False if it cannot
-    # be asked now (credit outstanding), None if this upstream is never asked.  answer(n) later:
-    # n >= 0 the count, -1 the question was withdrawn (ask again), None the upstream did not answer
-    # (see `QueueSearch.look`).
-
-    def recycle(self, delivery: Any, data: bytes, done: Callable[[bool], None]) -> bool:
-        """Publish `data` (the delivery's bytes with the offered mark) to the tail of the queue.
-        False if that cannot start now (the feed keeps the message and the I/O layer calls `pump`
-        when publishing is possible again).  Else done(True) once the broker accepted the copy (the
-        feed then accepts the original) or done(False) if it did not (the original is held again).
-        `done` is never called from inside `recycle`."""
-
-
-@dataclass
-class FeedStats:
-    delivered: int = 0  # messages sent to clients
-    redelivered: int = 0  # of those, given back by a client and sent again from the proxy
-    filtered: int = 0  # non-matches settled as consumed (subscriptions only)
-    too_large: int = 0  # subscription copies rejected: larger than every selecting link's max-message-size
-    undecodable: int = 0  # messages whose sections could not be decoded (no filter selects them)
-    recycled: int = 0  # held messages moved to the queue's tail
-    moving: int = 0  # moves in flight right now
-    passes: int = 0  # searches of the queue completed (a marked copy came round)
-    blocked: int = 0  # times a queue feed stopped pulling with outlets waiting
-    handed_back: int = 0  # held messages the feed moved to the tail for other consumers (see QueueSearch.look)
-    held: int = 0  # messages held right now
-    held_peak: int = 0
-    starved: int = 0  # outlets with credit waiting on a blocked feed right now
-
-
-class Outlet:
-    """One client receiving link.  `receiver` is its connection identity "<instance>/<connection>"."""
-
-    __slots__ = ("name", "filter", "receiver", "credit", "in_flight", "delivered", "io_ref", "io_owner",
-                 "presettled", "identity", "waiting_since", "max_size", "draining", "evaluated", "matched",
-                 "eval_ns", "shared_base")
-
-    def __init__(self, name: str, filter: Any, receiver: str | None = None, io_ref: Any = None,
-                 presettled: bool = False, max_size: int = 0):
-        self.name = name
-        # the client link's max-message-size (0: no limit): a larger message is never sent to it;
-        # it goes to another link that selects it and can take it, or stays as one nobody selects
-        self.max_size = max_size
-        self.presettled = presettled  # the client asked for pre-settled deliveries (at most once)
-        self.filter = filter
-        self.receiver = receiver
-        self.credit = 0
-        self.in_flight: dict[Any, Custody] = {}  # client tag -> what the client has unsettled
-        self.delivered = 0
-        self.io_ref = io_ref  # the I/O layer's link object
-        self.io_owner: Any = None  # what serves the link in the I/O layer (opaque here)
-        self.identity = filter_identity(filter, receiver)
-        self.waiting_since: float | None = None  # since when it has had credit and received nothing
-        self.draining: Any = None  # the I/O layer's token while it drains the link (see server `_drain`)
-        # Its filter's cost (plain ints on the message path; the metrics and /links read them):
-        # messages its filter was evaluated on, the ones it selected, and the evaluation time in ns,
-        # timed on one evaluation in EVAL_SAMPLE and scaled.
-        self.evaluated = 0
-        self.matched = 0
-        self.eval_ns = 0
-        self.shared_base: int | None = None  # a shared subscription's message count when last counted
-
-    def __repr__(self) -> str:
-        return f"<Outlet {self.name} credit={self.credit} in_flight={len(self.in_flight)}>"
-
-
-# One filter evaluation in EVAL_SAMPLE is timed (and counted EVAL_SAMPLE times): the clock costs
-# more than most evaluations.
-EVAL_SAMPLE = 32
-EVAL_MASK = EVAL_SAMPLE - 1
-_ns = time.perf_counter_ns
-
-_NO_MARK: dict = {}  # shared: a mark is never changed in place
-
-
-def mark_section(sections: dict[tuple, bytes], mark: dict) -> bytes:
-    """The message-annotations section that writes `mark` on a moved copy (a feed's search's
-    `encode`), cached in `sections` (at most 64)."""
-    key = tuple(sorted((k, v[0], v[1]) for k, v in mark.items()))
-    section = sections.get(key)
-    if section is None:
-        if len(sections) >= 64:
-            sections.clear()
-        section = sections[key] = encode_section(MESSAGE_ANNOTATIONS, {OFFERED_ANNOTATION: mark})
-    return section
-
-
-class Custody:
-    """An upstream delivery the feed holds or a client has unsettled, with what the proxy knows of it:
-    the decoded sections, the filters it was offered to (`mark`, from a moved copy's annotation),
-    outlets it must not go to again, and its redelivery state."""
-
-    __slots__ = ("delivery", "message", "reads", "excluded", "mark", "redelivered", "failed", "refused",
-                 "kept", "offered", "annotations")
-
-    def __init__(self, delivery: Any, message: Any, reads: frozenset, mark: dict | None = None):
-        self.delivery = delivery
-        self.message = message
-        self.reads = reads
-        self.mark: dict = _NO_MARK if mark is None else mark  # filter identity -> [feed token, wall-clock ms] of the offer
-        self.excluded: frozenset = frozenset()
-        self.redelivered = False  # a client had it: first-acquirer false from now on
-        self.failed = 0  # failed attempts in the proxy (added to the header's delivery-count)
-        self.refused = 0  # the pass in which the broker refused its copy (not moved again in it)
-        self.kept = False  # held for links that select it and have no credit (see `QueueSearch.keep`)
-        self.offered = -1  # the feed's `_offers` when every outlet with credit last turned it down
-        self.annotations: dict | None = None  # what clients' `modified` outcomes added (3.4.5)
-
-    def data(self) -> bytes:
-        if not self.redelivered:
-            return self.delivery.data
-        return redelivery_bytes(self.delivery.data, failed=self.failed)
-
-
-UNDECODABLE = object()  # what `decode_reads` gives for a message that could not be decoded
-_BAD = UNDECODABLE
 
 
 def decode_reads(data: bytes, reads: frozenset, stats: FeedStats, log: Callable[[str], None] | None) -> Any:
@@ -291,7 +124,7 @@ class UpstreamCredit:
             self._top_up()
 
 
-class Feed(UpstreamCredit):
+class Feed(QueueMoves, UpstreamCredit):
     def __init__(
         self,
         io: FeedIO,
@@ -576,10 +409,6 @@ class Feed(UpstreamCredit):
             self._move_held()
         self._top_up()
 
-    def _searching(self) -> bool:
-        """Moving (see `QueueSearch.searching`)."""
-        return self.recycle and not self.stopping and self.search.searching(self.outlets)
-
     def _selects(self, o: Outlet, c: Custody) -> bool:
         if o.max_size and len(c.delivery.data) > o.max_size:
             return False
@@ -647,107 +476,8 @@ class Feed(UpstreamCredit):
         self._top_up()  # (a feed walled in may go round again now)
         if search.hand_back_due(bool(self.held), self.moving):
             self._hand_back()
-        if search.look(getattr(self.io, "probe", None), self.on_available, self.moving):
+        if search.look(self.io.probe, self.on_available, self.moving):
             self.pump()
-
-    def _hand_back(self) -> None:
-        """Move the held messages no link here selects to the queue's tail (see `QueueSearch.look`)."""
-        keep: deque[Custody] = deque()
-        handed = 0
-        search = self.search
-        for c in self.held:
-            if c.message is _BAD or not search.may_hand_back(c) or self._wanted(c) or not self._move(c):
-                keep.append(c)
-            else:
-                handed += 1
-        self.held = keep
-        self._count_held()
-        self.stats.handed_back += handed
-        self._top_up()
-
-    def on_available(self, n: int | None) -> None:
-        """The upstream's count of messages ready in the queue (see `QueueSearch.counted`)."""
-        if self.search.counted(n, self.stopping or self.moving != 0, self._pulled_total):
-            self.pump()
-
-    def _place(self, c: Custody) -> None:
-        """A queue message no outlet can take now: move it while searching, else hold it."""
-        if not self.recycle or self.stopping or c.message is _BAD or not self.outlets:
-            self._hold(c)
-            return
-        search = self.search
-        if search.pulled(c.mark, self.outlets):
-            self.stats.passes += 1  # a copy this pass moved came round
-        wanted = not self._nobody and self._wanted(c)
-        if not self._searching() or not search.to_move(c, wanted) or not self._move(c, wanted):
-            self._hold(c)  # (an outlet that selects it takes it with its next credit)
-
-    def _wanted(self, c: Custody) -> bool:
-        return any(o.name not in c.excluded and self._selects(o, c) for o in self.outlets)
-
-    def _move_held(self) -> None:
-        """While searching: move the held messages the search moves (`QueueSearch.to_move`)."""
-        keep: deque[Custody] = deque()
-        search = self.search
-        search.kept = 0
-        searching = self._searching()  # (once: nothing in the loop changes it)
-        for c in self.held:
-            if self._no_room and searching:
-                # No move starts before the next pump: the rest stay as they are, unevaluated (the
-                # filters ran for each held message at every pump), kept within the reserve.
-                search.recount(c)
-                keep.append(c)
-                continue
-            c.kept = False
-            if not searching:
-                keep.append(c)
-                continue
-            wanted = self._wanted(c)
-            if not search.to_move(c, wanted, c.message is not _BAD) or not self._move(c, wanted):
-                keep.append(c)
-        self.held = keep
-        self._count_held()
-
-    def _move(self, c: Custody, wanted: bool = False) -> bool:
-        """Publish `c`'s copy with its new mark to the queue's tail; accept the original once the
-        broker accepted the copy, else hold it again.  `wanted`: links without credit select it."""
-        if self._no_room:
-            return False
-        search = self.search
-        mark, section = search.new_mark(c.mark)
-        try:
-            data = set_message_annotation(c.data(), OFFERED_ANNOTATION, mark, section, self._merged)
-        except CodecError:
-            c.message = _BAD  # cannot carry a mark: never moved
-            return False
-        moved_in = search.pass_no
-
-        def done(ok: bool) -> None:
-            self.moving -= 1
-            self.stats.moving = self.moving
-            if ok:
-                search.copy_accepted(moved_in)
-                self.stats.recycled += 1
-                self.io.settle_upstream(c.delivery, ACCEPTED)
-            else:
-                # The broker refused the copy: hold the original, not moved again in this pass.
-                c.refused = search.pass_no
-                self.held.appendleft(c)
-                self._count_held()
-            self._top_up()  # room to pull more (nothing held became deliverable)
-
-        self.moving += 1
-        self.stats.moving = self.moving
-        if not self.io.recycle(c.delivery, data, done):
-            self.moving -= 1
-            self.stats.moving = self.moving
-            self._no_room = True
-            return False
-        c.mark = mark
-        c.kept = False
-        if wanted:  # moved away from links without credit that select it
-            search.defer(o.identity for o in self.outlets if o.name not in c.excluded and self._selects(o, c))
-        return True
 
     def _hold(self, c: Custody) -> None:
         self.held.append(c)

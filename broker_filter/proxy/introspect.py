@@ -22,11 +22,11 @@ LINKS_LIMIT = 10_000  # records in one /links answer (then `truncated`)
 
 def local_kind(outlet: Outlet) -> str | None:
     """The kind the link's filter evaluated here counts under; None for a link without one."""
-    return entries_kind(getattr(outlet.filter, "entries", ()))
+    return entries_kind(outlet.filter.entries)
 
 
 def filter_text(outlet: Outlet) -> str:
-    return " AND ".join(e.filter.description for e in getattr(outlet.filter, "entries", ())) or "TRUE"
+    return " AND ".join(e.filter.description for e in outlet.filter.entries) or "TRUE"
 
 
 def short_text(text: str, width: int = 60) -> str:

@@ -75,14 +75,14 @@ def links_report(server, limit: int = introspect.LINKS_LIMIT) -> dict:
                             "anonymous_relay": relay is not None, "filters": []})
     return {"links": records, "truncated": truncated, "upstream": server.upstream.name,
             "upstream_connected": server.upstream_up,
-            "upstream_version": getattr(server.upstream, "version", None)}  # (clients may be shown another)
+            "upstream_version": server.upstream.version}  # (clients may be shown another)
 
 
 def _link_record(server, o: Outlet, b: Any, feed: dict, now: float) -> dict:
     link = o.io_ref
     conn = connection_state(link.connection) if link is not None else None
     fs = state_of(link).fs
-    local = {id(e) for e in getattr(o.filter, "entries", ())}
+    local = {id(e) for e in o.filter.entries}
     pushed = "embedded broker" if b.upstream.traits.in_process else "upstream"
     filters = [{"key": str(e.key), "kind": e.kind, "text": e.filter.description,
                 "evaluated": "here" if id(e) in local else pushed}

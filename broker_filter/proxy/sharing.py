@@ -176,8 +176,8 @@ def feed_key(decision: Decision, *, address: str | None, pushed: Iterable[Any], 
 
 
 def _canonical(filter_set: Any) -> tuple:
-    entries = getattr(filter_set, "entries", ()) or ()
-    return tuple(sorted((getattr(e, "kind", ""), repr(getattr(e, "value", None))) for e in entries))
+    """A key for the filter-set (`FilterSet`) evaluated here: its entries' kinds and values, sorted."""
+    return tuple(sorted((e.kind, repr(e.value)) for e in filter_set.entries))
 
 
 def kept_name(link_name: str | None, container_id: str | None) -> str | None:

@@ -11,12 +11,12 @@ import pytest
 
 from broker_filter.amqp import decode_message, encode_message
 from broker_filter.filters import compile_selector
-from broker_filter.proxy.forwarding import ACCEPTED, Feed, Outcome, Outlet
+from broker_filter.proxy.forwarding import ACCEPTED, Feed, FeedIO, Outcome, Outlet
 from broker_filter.amqp.message import Message
 from broker_filter.proxy.upstream import UpstreamDelivery
 
 
-class Recorder:
+class Recorder(FeedIO):
     """The I/O side of a Feed: records the decisions."""
 
     def __init__(self):
@@ -280,7 +280,7 @@ class SimQueue:
         raise AssertionError("the queue never went quiet")
 
 
-class SimConsumer:
+class SimConsumer(FeedIO):
     """FeedIO against a SimQueue; its clients accept everything and give the credit back."""
 
     def __init__(self, sim, **kw):
