@@ -170,6 +170,7 @@ class EmbeddedConsumer:
         self._upstream._consumers.discard(self)
         if self.broker_consumer is not None:
             self._upstream.broker.close_consumer(self.broker_consumer, closed=bool(closed))
+            self.broker_consumer = None  # (it refers back to this one: no cycle left for the collector)
             self._upstream.kick()
 
 

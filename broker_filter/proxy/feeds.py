@@ -28,6 +28,7 @@ from .records import link_state
 from .refusal import close_link
 from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, UpstreamDelivery
 from .wire import send
+from ..engine import heap
 from ..engine.endpoints import LOCAL_UNINIT
 
 log = logging.getLogger("broker_filter.proxy")
@@ -190,6 +191,25 @@ class FeedBinding(FeedIO):
             log.exception("consumer close handling failed")
 
 
+class _Done(FeedIO):
+    """The I/O of a feed that is done: nothing to send, settle or ask (see `FeedRegistry._release`)."""
+
+    def send(self, outlet: Outlet, delivery: UpstreamDelivery, data: bytes) -> Any:
+        return None
+
+    def settle_upstream(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
+        pass
+
+    def flow_upstream(self, n: int) -> None:
+        pass
+
+    def recycle(self, delivery: UpstreamDelivery, data: bytes, done: Callable[[bool], None]) -> bool:
+        return False
+
+
+_DONE = _Done()
+
+
 class Recycler:
     """The publisher of moved copies to one address.  A move whose publisher goes before the broker
     settled it counts as not done (its original is held again)."""
@@ -234,6 +254,7 @@ class FeedRegistry:
 
     def __init__(self, server: Any):
         self.server = server
+        self._trim_due = False  # a `heap.trim` is scheduled (`_release`)
         self.feeds: dict[Any, FeedBinding] = {}
         self._at_address: dict[str | None, set[FeedBinding]] = {}  # the feeds in `feeds` by address
         # queue feeds whose upstream turned their offered filter expressions down, under the key of
@@ -339,7 +360,25 @@ class FeedRegistry:
             o.io_owner = None
             o.in_flight.clear()
             o.waiting_since = None
+        self._release(binding)
         return outlets
+
+    def _release(self, binding: FeedBinding) -> None:
+        """A binding that is done (its feed closed, its consumer closed) lets go of what it shares
+        references with, so that it, its feed, its consumer and their filters (a compiled 4 KB
+        selector is ~85 KiB) are freed by reference counting when its last link goes, not at the
+        garbage collector's next full pass (1,000 closed links with maximal selectors held +90 MiB
+        until then).  A late call from either side finds nothing to act on."""
+        binding.feed.io = _DONE
+        binding.feed.on_stream = None
+        binding.consumer = None
+        if not self._trim_due:  # and the freed pages go back to the system, once a second at most
+            self._trim_due = True
+            self.server.upstream.loop.call_later(1.0, self._trim)
+
+    def _trim(self) -> None:
+        self._trim_due = False
+        heap.trim()
 
     def _take_down(self, binding: FeedBinding) -> list:
         """Close `binding` and forget it everywhere (no link may join it); its links (attached and
@@ -365,6 +404,7 @@ class FeedRegistry:
         outlets = self._take_down(binding)
         if binding.consumer is not None:
             binding.consumer.close()
+        self._release(binding)
         metrics = self.server.metrics
         if error.transient and outlets and metrics is not None:
             metrics.links_detached_by_reconnect.inc(len(outlets))
@@ -419,6 +459,7 @@ class FeedRegistry:
                 binding.consumer.settle(delivery, outcome)
             binding.consumer.close(closed=binding.draining_closed)
         self._forget_recycler(binding.spec.address)
+        self._release(binding)
 
     def end_feed(self, binding: FeedBinding, closed: bool) -> None:
         """The last link of `binding` went: no move starts; the ones in flight finish (their
