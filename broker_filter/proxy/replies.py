@@ -44,6 +44,7 @@ from ..engine._cproton import lib
 from ..engine.endpoints import LOCAL_CLOSED, Terminus
 from . import plan
 from .forwarding import ACCEPTED, RELEASED, Outcome
+from .links import ServedLink
 from .records import ClientConnection, link_state
 from .refusal import close_link
 from .sharing import REPLY_PREFIX
@@ -191,7 +192,7 @@ def serve(server: Any, link: Any, conn: ClientConnection) -> None:
     state.pair = node
     state.operation, state.address = plan.CONSUME, None
     conn.links.add(link)
-    server._route_link(link, node.outcome)
+    ServedLink(server, link, conn, node.outcome)  # (the link's handler: its dispositions, its flow)
     src = link.remote_source
     if link.remote_settled_mode:
         link.set_snd_settle_mode(True)
@@ -292,7 +293,7 @@ def open_inlet(server: Any, link: Any, conn: ClientConnection, address: str) -> 
         link.set_max_message_size(server.max_message_size)
     conn.links.add(link)
     conn.producers.add(link)
-    server._route_link(link, inlet.on_transfer)
+    ServedLink(server, link, conn, inlet.on_transfer)  # (the link's handler: its transfers)
     link.set_target(Terminus(address=address))
     link.copy_remote_source()
     link.open()

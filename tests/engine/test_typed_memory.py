@@ -1,4 +1,4 @@
-"""The daemon's per-message path on the engine's typed routes, driven in memory: a client engine
+"""The daemon's per-message path on the engine's link handlers, driven in memory: a client engine
 connection pumped against the proxy (`ProxyServer` on `EngineContainer`), whose upstream
 (`RemoteUpstream`) is pumped against a broker made of engine objects.  No sockets, no subprocess:
 what the broker sees is what the proxy wrote on the wire (outcomes, their order, the disposition
@@ -250,24 +250,31 @@ def test_a_client_publish_goes_upstream_with_its_origin_and_gets_the_upstream_ou
     assert relayed.client.flows - flows <= 5  # credit topped up in batches, not per message
 
 
-def test_a_failure_in_a_typed_handler_closes_that_link_only(relayed, caplog):
+def test_a_failure_in_a_link_handler_closes_that_link_only(relayed, caplog, monkeypatch):
     from broker_filter import logs
-
-    def broken(outlet, link, delivery):
-        raise RuntimeError("broken outcome handling")
+    from broker_filter.proxy.receiver import ReceiverLink
 
     caplog.handler.addFilter(logs._capture_ambient)  # (what `logs.configure` does for the daemon's handler)
 
-    relayed.server.receivers.outcome = broken  # what the route of the next outlet calls
     relayed.receiver("/topic/broken", credit=5, durable=True)  # own upstream subscriptions, as above
-    del relayed.server.receivers.outcome  # (the class's again)
     healthy = relayed.receiver("/topic/healthy", credit=5, durable=True)
     relayed.broker.senders[0].send(encode_section(0x77, "to the broken link"))
     relayed.broker.senders[1].send(encode_section(0x77, "to the healthy link"))
     relayed.settle()
     first, second = relayed.client.deliveries
+    broken_link = next(link for link in relayed.engine.links.values()
+                       if link.connection is relayed.server_conn and link.name == "r-/topic/broken")
+    assert isinstance(broken_link.handler, ReceiverLink)
+    assert broken_link.handler.state == "attached"
+
+    def broken(self, delivery):
+        raise RuntimeError("broken outcome handling")
+
+    monkeypatch.setattr(ReceiverLink, "transfer", broken)  # while the broken link's outcome arrives
     first.accept()
     relayed.settle()
+    monkeypatch.undo()
+    assert broken_link.handler.state == "gone"
     assert relayed.client.closed == [("r-/topic/broken", ("amqp:internal-error",
                                                           "proxy failure on this link; see the proxy log"))]
     assert "broken outcome handling" in caplog.text
