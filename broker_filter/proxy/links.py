@@ -46,8 +46,6 @@ ATTACHED = "attached"  # answered and served
 MOVING = "moving"  # attached, being placed on another feed (its queue's owner changed, `rehoming`)
 GONE = "gone"  # dropped: its transfers are settled without effect
 
-STATES = (ATTACHING, AWAITING_UPSTREAM, ATTACHED, MOVING, GONE)
-
 
 class ClientLinkObject(LinkHandler):
     """What every client link object shares: its server, link and connection record, its state and
@@ -130,7 +128,7 @@ class ServedLink(ClientLinkObject):
     def __init__(self, server: Any, link: Link, conn: ClientConnection, serve: Callable[[Link, Any], None]):
         self.serve = serve
         super().__init__(server, link, conn)
-        self.state = ATTACHED  # (answered by its pair)
+        self.state = ATTACHED  # (its pair answers the attach, and knows the rest of its life)
 
     def transfer(self, delivery: Any) -> None:
         self.serve(self.link, delivery)

@@ -13,7 +13,7 @@ holding the address is what allows sending to it, and no `send` permission is as
 
 A message sent to that address, by a sender attached to it (`plan.ToReply`, carried out by
 `sender.open_inlet` → `ReplyInlet`) or through the anonymous relay with `to` set to it
-(`sender.Relay.on_transfer` → `relay`), goes to the requester's link directly in the daemon: no
+(`sender.Relay.transfer` → `relay`), goes to the requester's link directly in the daemon: no
 broker is involved, and nothing is stored.  A reply address the daemon does not hold (its requester
 detached, or it never was) is refused: a sender's attach with `amqp:not-found`, a relayed message
 rejected with `amqp:not-found`.
@@ -29,8 +29,8 @@ the address goes with it: what waited and what was unsettled is released to its 
 senders attached to the address are detached with `amqp:resource-deleted`.
 
 The reply link is kept in `ClientLink.pair` (the slot of a link served by an object of its own:
-`ProxyServer.on_flow` gives it the link's flow, `_drop_link` its end), so the server needs no
-change for it.
+its `links.ServedLink` gives it the link's dispositions and flow, `ProxyServer._drop_link` its end),
+so the server needs no change for it.
 """
 
 from __future__ import annotations

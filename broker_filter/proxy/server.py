@@ -10,9 +10,9 @@ inside an error boundary: a failure closes the link (or, outside any link, the c
 `amqp:internal-error` and is logged; nothing else is affected.  A link it serves becomes one object
 (`links`: `ReceiverLink`, `SenderLink`, `Relay`, `ServedLink`), the link's `Link.handler`: its
 transfers, flow and detach go there; the server keeps the events of connections, sessions, attaches
-and the links it does not serve, and drops a link's state when it goes (`_drop_link`).  Refusals follow the wire contract
-(`refusal`): an attach reply with a null source (or target), then a detach with closed=true and
-the error.
+and the links it does not serve, and drops a link's state when it goes (`_drop_link`).  Refusals
+follow the wire contract (`refusal`): an attach reply with a null source (or target), then a detach
+with closed=true and the error.
 
 What it owns besides: the feeds (`feeds.FeedRegistry`), JMS durable subscriptions it keeps
 (`durable`), queue links moving with their owner (`rehoming`), links waiting for a lost upstream

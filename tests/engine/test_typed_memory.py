@@ -250,6 +250,45 @@ def test_a_client_publish_goes_upstream_with_its_origin_and_gets_the_upstream_ou
     assert relayed.client.flows - flows <= 5  # credit topped up in batches, not per message
 
 
+def test_each_client_link_is_one_object_its_handler_with_its_state(relayed):
+    from broker_filter.engine.endpoints import Transfers
+    from broker_filter.proxy.receiver import ReceiverLink
+    from broker_filter.proxy.sender import Relay, SenderLink
+
+    def served(name: str):
+        link = next(link for link in relayed.engine.links.values()
+                    if link.connection is relayed.server_conn and link.name == name)
+        return link, link.handler
+
+    receiver = relayed.receiver("/topic/objects", "half = 1", credit=5)
+    publisher = relayed.session.sender("s-objects", target=Terminus(address="/queue/in"))
+    anonymous = relayed.session.sender("s-relay", target=Terminus())
+    publisher.open()
+    anonymous.open()
+    relayed.settle()
+    links = {name: served(name) for name in ("r-/topic/objects", "s-objects", "s-relay")}
+    kinds = {name: (type(handler), handler.state) for name, (_, handler) in links.items()}
+    assert kinds == {"r-/topic/objects": (ReceiverLink, "attached"), "s-objects": (SenderLink, "attached"),
+                     "s-relay": (Relay, "attached")}
+    # the engine hands each its transfers by link pointer; the upstream's links have handlers of their own
+    for link, handler in links.values():
+        assert relayed.engine.link_handlers[link.ptr] is handler
+    upstream = relayed.container.pairs[0][0]
+    upstream_links = [link for link in relayed.engine.links.values() if link.connection is upstream]
+    assert upstream_links and all(isinstance(link.handler, Transfers) for link in upstream_links)
+    # its flow and detach go to it, not to the server: the server's state of it is dropped, it is gone
+    receiver.flow(5)
+    relayed.settle()
+    assert links["r-/topic/objects"][1].outlet.credit == 10
+    receiver.close()
+    publisher.close()
+    relayed.settle()
+    assert links["r-/topic/objects"][1].state == "gone" and links["s-objects"][1].state == "gone"
+    assert links["s-relay"][1].state == "attached"
+    assert links["r-/topic/objects"][0].ptr is None  # closed both ways: forgotten by the engine, its entry too
+    assert len(relayed.engine.link_handlers) == 1 + len(upstream_links) - 2  # the relay's, and the upstream's left
+
+
 def test_a_failure_in_a_link_handler_closes_that_link_only(relayed, caplog, monkeypatch):
     from broker_filter import logs
     from broker_filter.proxy.receiver import ReceiverLink
