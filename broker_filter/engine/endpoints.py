@@ -1217,6 +1217,7 @@ class Engine:
         link.unsettled.clear()
         self.links.pop(link.ptr, None)
         self.link_handlers.pop(link.ptr, None)  # before proton can reuse the address
+        link._handler = None  # (a link handler refers to its link: no cycle left for the collector)
         link.session.links.discard(link)
         link.ptr = None
 

@@ -289,6 +289,32 @@ def test_each_client_link_is_one_object_its_handler_with_its_state(relayed):
     assert len(relayed.engine.link_handlers) == 1 + len(upstream_links) - 2  # the relay's, and the upstream's left
 
 
+def test_a_closed_client_link_and_its_object_are_freed_without_the_collector(relayed):
+    import gc
+
+    from broker_filter.proxy.forwarding import Outlet
+    from broker_filter.proxy.receiver import ReceiverLink
+    from broker_filter.proxy.sender import Relay
+
+    gc.collect()
+    gc.disable()  # (a link and its handler refer to each other until the engine forgets the link)
+    try:
+        receiver = relayed.receiver("/topic/freed", "half = 1", credit=5)
+        anonymous = relayed.session.sender("s-freed", target=Terminus())
+        anonymous.open()
+        relayed.settle()
+        relayed.broker.send(0, True)
+        relayed.settle()
+        relayed.client.deliveries[-1].accept()
+        receiver.close()
+        anonymous.close()
+        relayed.settle()
+        left = [o for o in gc.get_objects() if isinstance(o, (ReceiverLink, Relay, Outlet))]
+        assert left == []
+    finally:
+        gc.enable()
+
+
 def test_a_failure_in_a_link_handler_closes_that_link_only(relayed, caplog, monkeypatch):
     from broker_filter import logs
     from broker_filter.proxy.receiver import ReceiverLink
@@ -303,8 +329,8 @@ def test_a_failure_in_a_link_handler_closes_that_link_only(relayed, caplog, monk
     first, second = relayed.client.deliveries
     broken_link = next(link for link in relayed.engine.links.values()
                        if link.connection is relayed.server_conn and link.name == "r-/topic/broken")
-    assert isinstance(broken_link.handler, ReceiverLink)
-    assert broken_link.handler.state == "attached"
+    handler = broken_link.handler
+    assert isinstance(handler, ReceiverLink) and handler.state == "attached"
 
     def broken(self, delivery):
         raise RuntimeError("broken outcome handling")
@@ -313,7 +339,7 @@ def test_a_failure_in_a_link_handler_closes_that_link_only(relayed, caplog, monk
     first.accept()
     relayed.settle()
     monkeypatch.undo()
-    assert broken_link.handler.state == "gone"
+    assert handler.state == "gone"
     assert relayed.client.closed == [("r-/topic/broken", ("amqp:internal-error",
                                                           "proxy failure on this link; see the proxy log"))]
     assert "broken outcome handling" in caplog.text
