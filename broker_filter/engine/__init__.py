@@ -1,6 +1,7 @@
 """The AMQP I/O engine: proton-c's connection engine driven from the project's own event loop.
 
-    endpoints  Engine, Connection, Session, Sender, Receiver, Delivery, Terminus, Handler (no I/O)
+    endpoints  Engine, Connection, Session, Sender, Receiver, Delivery, Terminus, Handler,
+               LinkHandler (a link's own handler: its transfers straight from the engine) (no I/O)
     loop       EventLoop: one epoll loop owning every socket, timers, a thread-safe wake-up
     streams    TLS (ssl memory BIOs) and the server's SASL exchange in front of a transport
     memory     pump(): two connections joined in memory, for tests
@@ -20,6 +21,7 @@ from .endpoints import (
     Engine,
     Handler,
     Link,
+    LinkHandler,
     Receiver,
     SaslClient,
     Sender,
@@ -38,6 +40,7 @@ __all__ = [
     "Engine",
     "Handler",
     "Link",
+    "LinkHandler",
     "Receiver",
     "SaslClient",
     "Sender",

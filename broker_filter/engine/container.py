@@ -6,14 +6,14 @@ its events go to an engine `Handler`: the client listener's `ProxyServer` (throu
 registry and, with pass-through credentials, `PassThrough`), each upstream's `RemoteUpstream`.
 The loop owns the sockets (epoll, no descriptor ceiling), TLS, the listener's SASL exchange,
 heartbeats and the limits.  `EngineContainer` adds `connect()` (a client connection from an
-amqp[s]:// URL), `abort()`, `route()`, timers and the run loop.
+amqp[s]:// URL), `abort()`, timers and the run loop.
 Timers, signals and deferred work are the engine loop's own (`container.loop`: `call_later`,
 `call_soon_threadsafe`, and `proxy.loop.EngineLoop` for `call_soon` at the end of a turn).
 
-The per-message events need no handler method at all: a handler that routes a link
-(`route(link, Typed(transfer))`) gets that link's deliveries as `transfer(delivery pointer)`
-straight from the engine's `process` (the routes are the engine's `typed`), with no object built.
-A route is dropped when the engine forgets the link (before proton can reuse its address).
+The per-message events need no connection handler method at all: a link whose `Link.handler` is an
+`endpoints.LinkHandler` (each client link's object of the proxy: `proxy.links`) gets its deliveries
+as `handler.transfer(delivery pointer)` straight from the engine's `process`, with no object built
+(one dict lookup by link pointer, `Engine.link_handlers`, dropped when the engine forgets the link).
 
     container = EngineContainer(container_id, client_tls=client_ssl_context(config.upstream.tls))
     listening = listen(container, config.listener, handler, max_connections=...)
@@ -29,7 +29,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..amqp import types as t
 from ..security import CertificateUsers, UserDatabase, server_ssl_context
-from .endpoints import Condition, Connection, Handler, Link, SaslClient
+from .endpoints import Condition, Connection, Handler, SaslClient
 from .logins import LoginPolicy
 from .loop import EventLoop, Limits
 from .streams import ServerSasl, Verify
@@ -50,25 +50,12 @@ def client_ssl_context(tls: Any) -> ssl.SSLContext:
     return context
 
 
-class Typed:
-    """The per-message handler of a routed link: `transfer(delivery)` for its PN_DELIVERY events
-    (the raw `pn_delivery_t` pointer), `failed()` when it raised: called while the exception is
-    handled, it logs it (without `failed`, the engine does)."""
-
-    __slots__ = ("transfer", "failed")
-
-    def __init__(self, transfer: Callable[[Any], None], failed: Callable[[], None] | None = None):
-        self.transfer = transfer
-        self.failed = failed
-
-
 class EngineContainer:
-    """The daemon's connections and routes on an `EventLoop` (see the module docstring)."""
+    """The daemon's connections on an `EventLoop` (see the module docstring)."""
 
     def __init__(self, container_id: str | None = None, *, client_tls: ssl.SSLContext | None = None):
         self.loop = EventLoop(container_id=container_id)
         self.client_tls = client_tls
-        self.typed: dict[Any, Typed] = self.loop.typed  # link pointer -> its per-message handler (`route`)
 
     @property
     def container_id(self) -> str:
@@ -115,18 +102,13 @@ class EngineContainer:
         """Dispatch a connection's events (one made outside `connect`, e.g. in memory) to `handler`."""
         connection.handler = handler
 
-    def route(self, link: Link, typed: Typed) -> None:
-        """Hand `link`'s deliveries to `typed` (raw pointers, no object built) until the engine
-        forgets the link."""
-        self.typed[link.ptr] = typed
-
     # running ---------------------------------------------------------------------------------------
 
     def run(self) -> None:
         loop = self.loop
         try:
             loop.run()
-            self.typed.clear()  # stopped: handlers hear nothing more
+            loop.link_handlers.clear()  # stopped: link handlers hear nothing more
             for _ in range(20):  # but the close frames of what was closed on the way out leave
                 if not any(channel.conn.ptr is not None for channel in loop.channels):
                     break

@@ -15,8 +15,15 @@ sockets, `memory.pump` with another connection in the same process.  Heartbeats:
 is ticked (`pn_transport_tick`) at the deadline proton names, by the engine's timer heap
 (`call_at`, `run_timers`).
 
-Received messages reach `Handler.on_message(delivery, data)` as a memoryview of a buffer that the
-next message overwrites (copy it to keep it).  A message the peer sent settled is settled by the
+A link may have a handler of its own (`Link.handler`, a `LinkHandler`): its control events
+(detach, flow) go there instead of to the connection's handler, and its transfers go to
+`handler.transfer(delivery pointer)` straight from `process`, with no object built: the engine keeps
+such handlers in one dict keyed by link pointer (`Engine.link_handlers`), looked up once per
+PN_DELIVERY event, and drops the entry when it forgets the link (before proton can reuse the
+address).  A transfer that raises calls `handler.failed()` while the exception is handled.
+
+Received messages on other links reach `Handler.on_message(delivery, data)` as a memoryview of a
+buffer that the next message overwrites (copy it to keep it).  A message the peer sent settled is settled by the
 engine when `on_message` returns.  Delivery tags are never decoded (`Delivery.tag` is bytes,
 `Delivery.raw_tag` the proton `pn_bytes_t` a sender can reuse as is).
 
@@ -282,6 +289,42 @@ class Handler:
         """The connection's transport closed; every object of it is gone after this call."""
 
 
+class LinkHandler:
+    """A link's own handler (`Link.handler`): its transfers as raw `pn_delivery_t` pointers
+    (`transfer`, straight from `Engine.process`: the per-message path), `failed()` when a transfer
+    raised (called while the exception is handled), and its control events, which by default go on
+    to the connection's handler as they would without one."""
+
+    __slots__ = ()
+
+    def transfer(self, delivery: Any) -> None:
+        """A PN_DELIVERY event on the link: a message received, or the peer's disposition."""
+        raise NotImplementedError
+
+    def failed(self) -> None:
+        log.exception("handling a delivery failed")
+
+    def on_link_open(self, link: Link) -> None:
+        link.connection.handler.on_link_open(link)
+
+    def on_link_close(self, link: Link) -> None:
+        link.connection.handler.on_link_close(link)
+
+    def on_flow(self, link: Link) -> None:
+        link.connection.handler.on_flow(link)
+
+
+class Transfers(LinkHandler):
+    """A link handler made of functions: `transfer(delivery pointer)` and, optionally, `failed()`;
+    its link's control events stay with the connection's handler (the upstream side's links)."""
+
+    __slots__ = ("transfer", "failed")
+
+    def __init__(self, transfer: Callable[[Any], None], failed: Callable[[], None] | None = None):
+        self.transfer = transfer  # type: ignore[method-assign]
+        self.failed = failed if failed is not None else super().failed  # type: ignore[method-assign]
+
+
 class _Endpoint:
     """What connections, sessions and links share: state, open, close with a condition."""
 
@@ -462,7 +505,8 @@ class Session(_Endpoint):
             write_data(lib.pn_link_properties(pointer), properties)
         link = self.connection.engine._adopt_link(pointer)
         assert link is not None
-        link.handler = handler
+        if handler is not None:
+            link.handler = handler
         return link
 
     def free(self) -> None:
@@ -472,9 +516,10 @@ class Session(_Endpoint):
 
 
 class Link(_Endpoint):
-    """A sender or receiver link.  `handler` (None: the connection's) gets its events."""
+    """A sender or receiver link.  `handler` (None: the connection's) gets its events; a
+    `LinkHandler` gets its transfers too, straight from the engine (see the module docstring)."""
 
-    __slots__ = ("ptr", "session", "connection", "handler", "unsettled", "context", "name", "__weakref__")
+    __slots__ = ("ptr", "session", "connection", "_handler", "unsettled", "context", "name", "__weakref__")
     is_sender = False
     is_receiver = True
 
@@ -482,10 +527,24 @@ class Link(_Endpoint):
         self.ptr = pointer
         self.session = session
         self.connection = session.connection
-        self.handler: Handler | None = None
+        self._handler: Handler | LinkHandler | None = None
         self.unsettled: dict[Any, Delivery] = {}
         self.context: Any = None
         self.name = _text(lib.pn_link_name(pointer)) or ""
+
+    @property
+    def handler(self) -> Handler | LinkHandler | None:
+        return self._handler
+
+    @handler.setter
+    def handler(self, handler: Handler | LinkHandler | None) -> None:
+        self._handler = handler
+        if self.ptr is not None:
+            handlers = self.connection.engine.link_handlers
+            if isinstance(handler, LinkHandler):
+                handlers[self.ptr] = handler
+            else:
+                handlers.pop(self.ptr, None)
 
     _state_of = lib.pn_link_state
     _open_of = lib.pn_link_open
@@ -774,10 +833,9 @@ class Engine:
         # endpoints freed before the collector handed over their events (a session never opened):
         # those events must not adopt them again (the address is reused once they are drained)
         self._freed: set[Any] = set()
-        # link pointer -> a handler's per-message handler for that link (`.transfer(delivery
-        # pointer)`, `.failed()`): its PN_DELIVERY events go there straight from `process`, the
-        # hot path of a relay (see `container.route`)
-        self.typed: dict[Any, Any] = {}
+        # link pointer -> its `LinkHandler` (`Link.handler`): its PN_DELIVERY events go to
+        # `.transfer(delivery pointer)` straight from `process`, the per-message path
+        self.link_handlers: dict[Any, LinkHandler] = {}
         self._buffer = bytearray(64 * 1024)
         self._cbuffer = ffi.from_buffer(self._buffer)
         self._view = memoryview(self._buffer)
@@ -940,7 +998,7 @@ class Engine:
         dispatch = self._dispatch
         peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
         event_connection = lib.pn_event_connection
-        typed_links, event_link = self.typed, lib.pn_event_link
+        link_handlers, event_link = self.link_handlers, lib.pn_event_link
         connections, dirty = self.connections, self.dirty
         count = 0
         while True:
@@ -955,16 +1013,16 @@ class Engine:
                     dirty.add(connection)
                 pop(collector)
                 continue
-            if kind == _DELIVERY and typed_links:  # (one a message: a routed link's, straight there)
-                typed = typed_links.get(event_link(event))
-                if typed is not None:
+            if kind == _DELIVERY and link_handlers:  # (one a message: a link handler's, straight there)
+                handler = link_handlers.get(event_link(event))
+                if handler is not None:
                     try:
-                        typed.transfer(lib.pn_event_delivery(event))
+                        handler.transfer(lib.pn_event_delivery(event))
                     except Exception:  # noqa: BLE001 - as the daemon's boundaries do: log, fail the link
-                        if typed.failed is not None:
-                            typed.failed()  # (it logs the exception, with what it knows of the link)
-                        else:
-                            log.exception("handling a delivery failed")
+                        try:
+                            handler.failed()  # (it logs the exception, with what it knows of the link)
+                        except Exception:  # noqa: BLE001
+                            log.exception("handling a failed delivery failed")
                     pop(collector)
                     continue
             method = dispatch.get(kind)
@@ -1063,12 +1121,12 @@ class Engine:
     def _on_link_remote_open(self, event: Any) -> None:
         link = self.links.get(lib.pn_event_link(event))
         if link is not None:
-            (link.handler or link.connection.handler).on_link_open(link)
+            (link._handler or link.connection.handler).on_link_open(link)
 
     def _on_link_remote_close(self, event: Any) -> None:
         link = self.links.get(lib.pn_event_link(event))
         if link is not None:
-            (link.handler or link.connection.handler).on_link_close(link)
+            (link._handler or link.connection.handler).on_link_close(link)
             self._free_if_done(link)
 
     def _on_link_local_close(self, event: Any) -> None:
@@ -1079,7 +1137,7 @@ class Engine:
     def _on_link_flow(self, event: Any) -> None:
         link = self.links.get(lib.pn_event_link(event))
         if link is not None:
-            (link.handler or link.connection.handler).on_flow(link)
+            (link._handler or link.connection.handler).on_flow(link)
 
     def _on_delivery(self, event: Any) -> None:
         pointer = lib.pn_event_delivery(event)
@@ -1089,7 +1147,7 @@ class Engine:
         delivery = link.unsettled.get(pointer)
         if delivery is not None or link.is_sender:
             if delivery is not None:
-                (link.handler or link.connection.handler).on_delivery_update(delivery)
+                (link._handler or link.connection.handler).on_delivery_update(delivery)
             return
         if lib.pn_delivery_aborted(pointer):
             if lib.pn_link_current(link.ptr) == pointer:
@@ -1109,7 +1167,7 @@ class Engine:
         settled = lib.pn_delivery_settled(pointer)
         if not settled:
             link.unsettled[pointer] = delivery
-        (link.handler or link.connection.handler).on_message(delivery, self._view[:max(received, 0)])
+        (link._handler or link.connection.handler).on_message(delivery, self._view[:max(received, 0)])
         if settled and delivery.ptr is not None:
             delivery.settle()
 
@@ -1158,7 +1216,8 @@ class Engine:
             delivery.ptr = None
         link.unsettled.clear()
         self.links.pop(link.ptr, None)
-        self.typed.pop(link.ptr, None)  # its route, before proton can reuse the address
+        self.link_handlers.pop(link.ptr, None)  # before proton can reuse the address
+        link._handler = None  # (a link handler refers to its link: no cycle left for the collector)
         link.session.links.discard(link)
         link.ptr = None
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .forwarding import Outcome
-from .sender import Inlet
+from .sender import SenderLink
 
 
 class JournalingPublisher:
@@ -45,7 +45,7 @@ class JournalingUpstream:
     def open_publisher(self, address: str | None, handler: Any, capabilities: tuple[str, ...] = (),
                        durable: int | None = None) -> Any:
         publisher = self._upstream.open_publisher(address, handler, capabilities, durable=durable)
-        if not isinstance(handler, Inlet):  # the proxy's own republishing (queue recycling): not new traffic
+        if not isinstance(handler, SenderLink):  # the proxy's own republishing (queue recycling): not new traffic
             return publisher
         return JournalingPublisher(publisher, address, self._journal)
 

@@ -37,7 +37,7 @@ from ..amqp.message import Message, Properties
 from ..authorization import PatternError, management_checks
 from ..amqp.sections import decode_message, encode_message
 from ..engine._cproton import lib
-from ..engine.container import Typed
+from ..engine.endpoints import Transfers
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, LOCAL_UNINIT, Link, Terminus, copy_remote
 from . import remote_links
 from .records import link_state
@@ -191,7 +191,7 @@ class ManagementPair:
         self.links[client] = up
         route(client, self._client_transfer)  # (its flow: ProxyServer.on_flow, `_client_credit`)
         # the broker's deliveries and outcomes on it as raw pointers (its flow: RemoteUpstream.on_flow)
-        self.upstream.loop.container.route(up, Typed(lambda dlv, up=up: self.upstream_delivery(up, dlv)))
+        up.handler = Transfers(lambda dlv, up=up: self.upstream_delivery(up, dlv))
         up.open()
 
     # ------------------------------------------------------------------ upstream events

@@ -10,14 +10,16 @@ or opens one (`FeedRegistry.open_feed`), holds a durable subscription on the bro
 (`durable.hold_on_broker`), or waits for a feed whose offered filters await the upstream's answer.
 The attach reply is sent only once the feed's upstream consumer is attached (`complete`, called by
 `FeedBinding.on_consumer_ready`), so an upstream refusal reaches the client as an attach refusal.
-The client's dispositions come straight from the engine (`outcome`); its flow sets the outlet's
-credit (`credit`), and a drain waits for what the upstream had ready (`drain`).
+The link is one object, a `ReceiverLink` (its `Link.handler`, see `links`): the client's
+dispositions come to its `transfer` straight from the engine; its flow sets the outlet's credit
+(`Receivers.credit`), and a drain waits for what the upstream had ready (`Receivers.drain`).  Its
+state goes attaching -> attached (`complete`), awaiting upstream while its upstream connection is
+down (`resume`), moving while its queue's owner changes (`rehoming`), and gone with the link.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from typing import Any
@@ -29,6 +31,7 @@ from . import plan, replies, sharing, topology
 from .feeds import FeedBinding, offer_identity
 from .forwarding import Outcome, Outlet, filter_identity
 from .durable import UNSETTLED_STATE
+from .links import ClientLinkObject
 from .records import ClientConnection, Placement, connection_state, link_state, state_of
 from .refusal import close_link
 from .upstream import ConsumerSpec, Passthrough
@@ -52,6 +55,37 @@ FILTER_CAPABILITIES = (
     "AMQP_FILTEX_PROP_V1_0",
     "AMQP_FILTEX_SQL_V1_0",
 )
+
+
+class ReceiverLink(ClientLinkObject):
+    """A client's receiving link (the proxy sends on it): its place on a feed (`outlet`), the client's
+    dispositions (`transfer`, the per-message path) and flow (`flow`).  See `links` for its states."""
+
+    __slots__ = ("outlet",)
+
+    def __init__(self, server: Any, link: Link, conn: ClientConnection, outlet: Outlet):
+        self.outlet = outlet
+        super().__init__(server, link, conn)
+
+    def transfer(self, dlv) -> None:
+        """A client's disposition of a delivery (a pointer) sent on this link (the outlet's feed is
+        None once the link was dropped)."""
+        outlet = self.outlet
+        outcome = remote_outcome(dlv)
+        if outcome is None:
+            if not lib.pn_delivery_settled(dlv):
+                return  # not a terminal state yet
+            # Settled without an outcome: never treat that as accepted.
+            outcome = Outcome("released")
+        binding = outlet.io_owner
+        if binding is not None and not binding.closed:
+            binding.feed.on_client_outcome(outlet, dlv, outcome)
+            if binding.counters is not None:
+                binding.counters.outcome(outcome.kind)
+        lib.pn_delivery_settle(dlv)
+
+    def flow(self) -> None:
+        self.server.receivers.credit(self.link)
 
 
 class Receivers:
@@ -95,7 +129,7 @@ class Receivers:
                         max_size=link.remote_max_message_size)
         state.outlet = outlet
         conn.links.add(link)
-        self.server._route_link(link, functools.partial(self.outcome, outlet))
+        ReceiverLink(self.server, link, conn, outlet)  # (the link's handler from now on)
         if outlet_presettled_requested(link):
             link.set_snd_settle_mode(True)
             outlet.presettled = True
@@ -255,8 +289,9 @@ class Receivers:
             # What the upstream evaluates for this feed is not evaluated again here.
             outlet.filter = outlet.filter.subset(lambda e: offer_identity(e) not in binding.evaluated)
             outlet.identity = filter_identity(outlet.filter, outlet.receiver)
-        if link.local_state == LOCAL_ACTIVE:  # attached before: moved to its queue's new owner
+        if link.local_state == LOCAL_ACTIVE:  # attached before: moved to its queue's new owner, or resumed
             binding.feed.add_outlet(outlet)
+            link.handler.attached()
             self.credit(link)
             return
         state = state_of(link)
@@ -285,26 +320,8 @@ class Receivers:
         link.copy_remote_target()
         link.open()
         binding.feed.add_outlet(outlet)
+        link.handler.attached()
         self.credit(link)
-
-    def outcome(self, outlet: Outlet | None, link, dlv) -> None:
-        """A client's disposition of a delivery (a pointer) sent on `outlet`'s link (its binding
-        is None once the link was dropped)."""
-        if outlet is None:
-            lib.pn_delivery_settle(dlv)
-            return
-        outcome = remote_outcome(dlv)
-        if outcome is None:
-            if not lib.pn_delivery_settled(dlv):
-                return  # not a terminal state yet
-            # Settled without an outcome: never treat that as accepted.
-            outcome = Outcome("released")
-        binding = outlet.io_owner
-        if binding is not None and not binding.closed:
-            binding.feed.on_client_outcome(outlet, dlv, outcome)
-            if binding.counters is not None:
-                binding.counters.outcome(outcome.kind)
-        lib.pn_delivery_settle(dlv)
 
     def credit(self, link: Link) -> None:
         outlet = state_of(link).outlet

@@ -1,8 +1,10 @@
 """What the proxy keeps on each client connection and link: plain slotted records, a leaf module.
 
-`ClientConnection` is a client `Connection.context`, `ClientLink` a client `Link.context`, `Placement`
-what a receiving link asked for.  They import nothing of the proxy's (the modules that act on them —
-the server, `management`, `topology` — import this one, never each other for a record)."""
+`ClientConnection` is a client `Connection.context`, `ClientLink` a client `Link.context` (what was
+asked and permitted, and the parts serving it; the link's object, which gets its events, is its
+`Link.handler`: `links`), `Placement` what a receiving link asked for.  They import nothing of the
+proxy's (the modules that act on them — the server, `management`, `topology` — import this one,
+never each other for a record)."""
 
 from __future__ import annotations
 
@@ -39,15 +41,16 @@ class ClientLink:
 
     def __init__(self) -> None:
         self.outlet: Any = None  # a receiving link's place on its feed (`forwarding.Outlet`)
-        self.inlet: Any = None  # a sending link's upstream publisher (`sender.Inlet`)
-        self.relay: Any = None  # ... or its anonymous relay (`sender.Relay`)
+        self.inlet: Any = None  # a sending link's object (`sender.SenderLink`, a `replies.ReplyInlet`)
+        self.relay: Any = None  # ... or its anonymous relay's (`sender.Relay`)
         self.place: Placement | None = None
         self.fs: Any = None  # its filter-set as attached
         self.subscription = False
         self.unsubscribe: str | None = None  # the kept durable subscription a null-source attach names
         self.unsubscribe_queue: str | None = None  # ... or the queue on the broker holding it (`topology`)
         # a link served by an object of its own (a /management link: its `management.ManagementPair`; a
-        # reply address's receiver: its `replies.ReplyNode`): it gets the link's flow and its end
+        # reply address's receiver: its `replies.ReplyNode`): it gets the link's flow (`links.ServedLink`)
+        # and its end
         self.pair: Any = None
         self.peer: Any = None  # ... and its upstream link
         self.unsettled: dict | None = None  # ... and the deliveries relayed on it -> their origins

@@ -94,4 +94,5 @@ class Rehoming:
                 continue
             o.in_flight.clear()
             o.waiting_since = None
+            link.handler.moving()  # (its `receiver.ReceiverLink`: attached again once placed)
             self.server.receivers.place(link, o)

@@ -52,7 +52,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..amqp import types as t
 from ..security import redact_url
-from ..engine.container import Typed
+from ..engine.endpoints import Transfers
 from ..engine.endpoints import LOCAL_CLOSED, Connection, Handler, Link, Session, Terminus
 from .remote_links import (RemoteConsumer, RemotePublisher, _client_of, _guarded, _key, _RemoteLink,
                            link_state, session_state)
@@ -295,9 +295,9 @@ class RemoteUpstream(SessionPlacement, LinkTraffic, Handler, UpstreamBase):
         # its deliveries straight from the engine's event loop, as raw pointers (`on_flow` takes its flow)
         failed = functools.partial(self._typed_failed, endpoint)
         if isinstance(endpoint, RemoteConsumer):
-            self.loop.container.route(link, Typed(functools.partial(self._received, endpoint, link.ptr), failed))
+            link.handler = Transfers(functools.partial(self._received, endpoint, link.ptr), failed)
         else:
-            self.loop.container.route(link, Typed(functools.partial(self._published, endpoint), failed))
+            link.handler = Transfers(functools.partial(self._published, endpoint), failed)
         if endpoint.session not in self.sessions.waiting:
             link.open()
             self._await_answer(endpoint)

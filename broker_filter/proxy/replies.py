@@ -13,7 +13,7 @@ holding the address is what allows sending to it, and no `send` permission is as
 
 A message sent to that address, by a sender attached to it (`plan.ToReply`, carried out by
 `sender.open_inlet` → `ReplyInlet`) or through the anonymous relay with `to` set to it
-(`sender.Relay.on_transfer` → `relay`), goes to the requester's link directly in the daemon: no
+(`sender.Relay.transfer` → `relay`), goes to the requester's link directly in the daemon: no
 broker is involved, and nothing is stored.  A reply address the daemon does not hold (its requester
 detached, or it never was) is refused: a sender's attach with `amqp:not-found`, a relayed message
 rejected with `amqp:not-found`.
@@ -29,8 +29,8 @@ the address goes with it: what waited and what was unsettled is released to its 
 senders attached to the address are detached with `amqp:resource-deleted`.
 
 The reply link is kept in `ClientLink.pair` (the slot of a link served by an object of its own:
-`ProxyServer.on_flow` gives it the link's flow, `_drop_link` its end), so the server needs no
-change for it.
+its `links.ServedLink` gives it the link's dispositions and flow, `ProxyServer._drop_link` its end),
+so the server needs no change for it.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from ..engine._cproton import lib
 from ..engine.endpoints import LOCAL_CLOSED, Terminus
 from . import plan
 from .forwarding import ACCEPTED, RELEASED, Outcome
+from .links import ServedLink
 from .records import ClientConnection, link_state
 from .refusal import close_link
 from .sharing import REPLY_PREFIX
@@ -191,7 +192,7 @@ def serve(server: Any, link: Any, conn: ClientConnection) -> None:
     state.pair = node
     state.operation, state.address = plan.CONSUME, None
     conn.links.add(link)
-    server._route_link(link, node.outcome)
+    ServedLink(server, link, conn, node.outcome)  # (the link's handler: its dispositions, its flow)
     src = link.remote_source
     if link.remote_settled_mode:
         link.set_snd_settle_mode(True)
@@ -292,7 +293,7 @@ def open_inlet(server: Any, link: Any, conn: ClientConnection, address: str) -> 
         link.set_max_message_size(server.max_message_size)
     conn.links.add(link)
     conn.producers.add(link)
-    server._route_link(link, inlet.on_transfer)
+    ServedLink(server, link, conn, inlet.on_transfer)  # (the link's handler: its transfers)
     link.set_target(Terminus(address=address))
     link.copy_remote_source()
     link.open()

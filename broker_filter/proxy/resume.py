@@ -11,7 +11,7 @@ error (`ErrorInfo.transient`), then the server hears `on_upstream_down`.
   not settled stay on the broker, which delivers them again (at least once) — and its client links
   stay attached, each kept to be placed again (`Receivers.place`) once the upstream is back.  An
   attach that was not answered yet waits too, at most `upstream.answer_timeout` seconds.
-* A **sending** link (`sender.Inlet`) stays attached: the deliveries it had in flight upstream are
+* A **sending** link (`sender.SenderLink`) stays attached: the deliveries it had in flight upstream are
   settled `released` (the upstream may or may not have taken them: the client sends them again, at
   least once), what it sends while the upstream is down is released too, and a publisher is opened
   again when the upstream is back.  The anonymous relay's links never depended on one publisher.
@@ -56,6 +56,9 @@ class Resumption:
         outlets = registry.suspend(binding)
         if not outlets:
             return
+        for o in outlets:
+            if o.io_ref is not None:
+                o.io_ref.handler.awaiting_upstream()  # (its `receiver.ReceiverLink`)
         self.outlets.extend(outlets)
         waiting = [o for o in outlets if o.io_ref is not None and o.io_ref.local_state == LOCAL_UNINIT]
         if waiting:

@@ -3,15 +3,18 @@ upstream's outcome.
 
 Theory of operation
 -------------------
-A sending link with a target address is an `Inlet`: one upstream publisher to the same address
-(after address rules), the client's credit as far as the upstream's (`Inlet.top_up`), an accepted
-delivery meaning the upstream accepted it.  A sending link with a null target (the anonymous relay,
+A sending link with a target address is a `SenderLink`: one upstream publisher to the same address
+(after address rules), the client's credit as far as the upstream's (`SenderLink.top_up`), an
+accepted delivery meaning the upstream accepted it.  A sending link with a null target (the anonymous relay,
 `ANONYMOUS-RELAY`) is a `Relay`: each message is published to its `properties.to`, through an
 upstream publisher kept per address (at most `RELAY_PUBLISHERS`, the least recently used idle one
 closed first), each `to` checked against the permissions.  Both read a transfer with `read` (too
 large: rejected, memory bounded while it arrives; aborted: dropped) and splice the origin
-annotation "<instance>/<connection>" in, which no-local receivers compare against.  Transfers come
-straight from the engine's event loop (`ProxyServer._route_link`).
+annotation "<instance>/<connection>" in, which no-local receivers compare against.  Each is its
+link's `Link.handler` (see `links`): transfers come to its `transfer` straight from the engine's
+event loop.  A `SenderLink` is attaching until its publisher is ready (then attached), awaiting
+upstream while its upstream connection is down (`resume`), gone with its link; a `Relay` is
+attached from its attach reply on.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, Terminus
 from ..filters import ORIGIN_ANNOTATION
 from . import admission, management, plan, replies, sharing
 from .forwarding import RELEASED, Outcome
+from .links import ATTACHED, GONE, ClientLinkObject
 from .records import ClientConnection, link_state
 from .refusal import close_link
 from .upstream import ErrorInfo
@@ -43,12 +47,13 @@ RELAY_WINDOW = 1000  # credit an anonymous-relay link keeps granted (messages no
 
 def open_inlet(server: Any, link: Any, conn: ClientConnection, address: str, caps: tuple, dynamic: str | None) -> None:
     """Serve a planned sending link (`plan.Publish`, `plan.DynamicTarget`): its upstream publisher; the
-    attach is answered when the publisher is ready (`Inlet.on_publisher_ready`).  A reply address of
+    attach is answered when the publisher is ready (`SenderLink.on_publisher_ready`).  A reply address of
     the daemon's (`plan.ToReply`) is served by `replies` instead: no upstream publisher."""
     if sharing.is_reply_address(address):
         replies.open_inlet(server, link, conn, address)
         return
-    inlet = Inlet(server, link, address, conn, server.metrics.address(address) if server.metrics is not None else None)
+    inlet = SenderLink(server, link, address, conn,
+                       server.metrics.address(address) if server.metrics is not None else None)
     inlet.dynamic = dynamic
     inlet.caps, inlet.durable = caps, link.remote_target.durability
     link_state(link).inlet = inlet
@@ -56,7 +61,6 @@ def open_inlet(server: Any, link: Any, conn: ClientConnection, address: str, cap
         link.set_max_message_size(server.max_message_size)  # advertised in the attach reply
     conn.links.add(link)
     conn.producers.add(link)
-    server._route_link(link, inlet.on_transfer)
     inlet.reopen()
 
 
@@ -68,29 +72,26 @@ def open_relay(server: Any, link: Any, conn: ClientConnection) -> None:
         link.set_max_message_size(server.max_message_size)
     conn.links.add(link)
     conn.producers.add(link)
-    server._route_link(link, relay.on_transfer)
     link.set_target(Terminus())  # a target without an address: the anonymous relay
     link.copy_remote_source()
     link.open()
+    relay.attached()
     relay.top_up()
 
 
-class Inlet:
-    """A client sending link and its upstream publisher."""
+class SenderLink(ClientLinkObject):
+    """A client sending link with a target address and its upstream publisher (its state: attaching
+    until the publisher is ready, attached, awaiting upstream while the upstream connection is down,
+    gone)."""
 
-    __slots__ = ("server", "link", "ptr", "publisher", "address", "ready", "closed", "conn", "unsettled", "counters",
-                 "oversize", "origin", "dynamic", "in_flight", "caps", "durable")
+    __slots__ = ("ptr", "publisher", "address", "unsettled", "counters", "oversize", "origin", "dynamic", "in_flight",
+                 "caps", "durable")
 
     def __init__(self, server: Any, link, address: str, conn: ClientConnection, counters: Any = None):
-        self.server = server
         self.counters = counters
-        self.link = link
         self.ptr = link.ptr  # its pn_link_t (per message: no property)
         self.address = address
-        self.conn = conn
         self.publisher = None
-        self.ready = False
-        self.closed = False
         self.unsettled = 0
         self.oversize: set = set()  # partial deliveries already over the size limit (pointers)
         self.dynamic: str | None = None  # the node made for a dynamic target (gone with the link)
@@ -99,13 +100,21 @@ class Inlet:
         self.durable: Any = None
         # the message-annotations section a message without any gets: the origin annotation alone
         self.origin = encode_section(MESSAGE_ANNOTATIONS, {ORIGIN_ANNOTATION: conn.id})
+        super().__init__(server, link, conn)
+
+    @property
+    def closed(self) -> bool:
+        return self.state is GONE
 
     # PublisherHandler
     def on_publisher_ready(self, publisher) -> None:
-        self.ready = True
-        if not self.closed and self.link.local_state == LOCAL_ACTIVE:  # (resumed: answered long ago)
+        if self.state is GONE:
+            return
+        answered = self.link.local_state == LOCAL_ACTIVE  # (resumed: answered long ago)
+        self.attached()
+        if answered:
             self.top_up()
-        elif not self.closed:
+        else:
             link = self.link
             if self.dynamic is not None:  # the node made for it (gone with the link)
                 link.set_target(dataclasses.replace(link.remote_target, address=self.dynamic, dynamic=True))
@@ -119,15 +128,16 @@ class Inlet:
         self.top_up()
 
     def on_publisher_closed(self, publisher, error: ErrorInfo | None) -> None:
-        if self.closed:
+        was = self.state
+        if was is GONE:
             return
         err = error or ErrorInfo("amqp:link:detach-forced", "upstream detached")
-        if (err.transient and self.ready and self.dynamic is None and not self.server.stopping
+        if (err.transient and was is ATTACHED and self.dynamic is None and not self.server.stopping
                 and self.server.replicas is None):
             self._suspend()
             return
-        self.closed = True
-        if not self.ready:
+        self.gone()
+        if was is not ATTACHED:
             self.link.set_target(Terminus(null=True))
             self.link.open()
         loop = self.server.upstream.loop
@@ -143,7 +153,7 @@ class Inlet:
         again: at least once), the link stays attached, and a publisher is opened again when the
         upstream is back (`reopen`)."""
         self.publisher = None
-        self.ready = False
+        self.awaiting_upstream()
         in_flight, self.in_flight = self.in_flight, set()
         self.unsettled = 0
         for dlv in in_flight:
@@ -157,13 +167,13 @@ class Inlet:
         if self.link.local_state != LOCAL_CLOSED:
             close_link(self.link, err.condition, err.description)
 
-    def on_transfer(self, link, dlv) -> None:
+    def transfer(self, dlv) -> None:
         """A client's transfer (a delivery pointer) on this link: published upstream, settled with the
         upstream's outcome."""
         data = read(self, dlv)
         if data is None:
             return
-        if self.closed or not self.ready:  # (its publisher went with the upstream connection: `_suspend`)
+        if self.state is not ATTACHED:  # (its publisher went with the upstream connection: `_suspend`)
             settle_with(dlv, RELEASED)
             return
         try:
@@ -194,7 +204,7 @@ class Inlet:
                 inlet.unsettled -= 1
                 if outcome.kind == "accepted":
                     server.registry.poke(inlet.address)
-                if not inlet.closed:  # (else the link, and the delivery with it, may be gone)
+                if inlet.state is not GONE:  # (else the link, and the delivery with it, may be gone)
                     settle_with(dlv, outcome)
                     inlet.top_up()
 
@@ -202,7 +212,7 @@ class Inlet:
         self.top_up()
 
     def top_up(self) -> None:
-        if self.closed or not self.ready or self.publisher is None:
+        if self.state is not ATTACHED or self.publisher is None:
             return
         limit = min(self.publisher.credit, 1000)
         credit = lib.pn_link_credit(self.ptr)
@@ -274,24 +284,27 @@ class _RelayTarget:
             self.publisher.send(data, settled)
 
 
-class Relay:
+class Relay(ClientLinkObject):
     """A client sending link with a null target (anonymous relay): each message is published to
     its `properties.to` through an upstream publisher kept per address, at most `RELAY_PUBLISHERS`
     of them (least recently used closed first), and settled with the outcome that address gave."""
 
+    __slots__ = ("ptr", "unsettled", "targets", "oversize", "origin")
+
     def __init__(self, server: Any, link, conn: ClientConnection):
-        self.server = server
-        self.link = link
         self.ptr = link.ptr
-        self.conn = conn
-        self.closed = False
         self.unsettled = 0
         self.targets: "collections.OrderedDict[str, _RelayTarget]" = collections.OrderedDict()
         self.oversize: set = set()
         self.origin = encode_section(MESSAGE_ANNOTATIONS, {ORIGIN_ANNOTATION: conn.id})
+        super().__init__(server, link, conn)
+
+    @property
+    def closed(self) -> bool:
+        return self.state is GONE
 
     def top_up(self) -> None:
-        if self.closed:
+        if self.state is GONE:
             return
         want = RELAY_WINDOW - lib.pn_link_credit(self.ptr) - self.unsettled
         if want > 0 and (want * 4 >= RELAY_WINDOW or lib.pn_link_credit(self.ptr) == 0):
@@ -299,7 +312,7 @@ class Relay:
 
     def settled(self, dlv, outcome: Outcome) -> None:
         self.unsettled -= 1
-        if not self.closed:
+        if self.state is not GONE:
             settle_with(dlv, outcome)
             self.top_up()
 
@@ -309,7 +322,7 @@ class Relay:
 
     def close(self) -> None:
         """The client link went: every publisher closes (no callbacks follow)."""
-        self.closed = True
+        self.gone()
         for target in list(self.targets.values()):
             target.closed = True
             if target.publisher is not None:
@@ -337,13 +350,13 @@ class Relay:
         target.publisher = server.upstream.open_publisher(upstream_address, target, caps)
         return target
 
-    def on_transfer(self, link, dlv) -> None:
+    def transfer(self, dlv) -> None:
         server = self.server
         data = read(self, dlv)
         if data is None:
             return
         presettled = bool(lib.pn_delivery_settled(dlv))
-        if self.closed or not server.upstream_up:
+        if self.state is GONE or not server.upstream_up:
             settle_with(dlv, RELEASED)
             return
         try:

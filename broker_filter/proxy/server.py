@@ -7,9 +7,12 @@ replicas recognised by their login), dispatches each link's attach to the side t
 `receiver.Receivers` for receiving links, `sender` for sending links, `management` for RabbitMQ 4's
 `/management` pair — each deciding the attach with `plan` first, and keeps every `on_*` callback
 inside an error boundary: a failure closes the link (or, outside any link, the connection) with
-`amqp:internal-error` and is logged; nothing else is affected.  Refusals follow the wire contract
-(`refusal`): an attach reply with a null source (or target), then a detach with closed=true and
-the error.
+`amqp:internal-error` and is logged; nothing else is affected.  A link it serves becomes one object
+(`links`: `ReceiverLink`, `SenderLink`, `Relay`, `ServedLink`), the link's `Link.handler`: its
+transfers, flow and detach go there; the server keeps the events of connections, sessions, attaches
+and the links it does not serve, and drops a link's state when it goes (`_drop_link`).  Refusals
+follow the wire contract (`refusal`): an attach reply with a null source (or target), then a detach
+with closed=true and the error.
 
 What it owns besides: the feeds (`feeds.FeedRegistry`), JMS durable subscriptions it keeps
 (`durable`), queue links moving with their owner (`rehoming`), links waiting for a lost upstream
@@ -28,19 +31,17 @@ from typing import Any, Callable
 from ..amqp import types as t
 from ..config import Config
 from ..engine._cproton import lib
-from ..engine.container import Typed
 from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Condition, Connection, Delivery, Handler, Link, Session
 from ..engine.splice import splice_target
-from .. import logs
 from ..security import SaslClientExchange, identity_of
 from . import introspect, plan, sender
 from .durable import DurableSubscriptions
 from .feeds import FeedRegistry
 from .grants import Granted, Guard
-from .lifecycle import event_ids
+from .links import ClientLinkObject, ServedLink
 from .management import ManagementPair, is_management, refusal
 from .receiver import FILTER_CAPABILITIES, Receivers
-from .records import ClientConnection, connection_state, link_state, links_of, state_of
+from .records import ClientConnection, connection_state, link_state, links_of
 from .quotas import Quotas, Unfinished
 from .refusal import close_link, refuse_link
 from .rehoming import Rehoming
@@ -122,23 +123,6 @@ class ProxyServer(Handler):
 
     def next_tag(self) -> bytes:
         return b"%x" % next(self._tags)
-
-    def _route_link(self, link: Link, transfer: Callable) -> None:
-        """The link's deliveries go to `transfer(link, delivery pointer)` straight from the engine's
-        event loop (`engine.container.route`); its flow comes to `on_flow`."""
-        self.upstream.loop.container.route(link, Typed(functools.partial(transfer, link),
-                                                       functools.partial(self._typed_failed, link)))
-
-    def _typed_failed(self, link) -> None:
-        """A delivery on a routed link raised (the per-message path runs outside the handlers' log
-        context): logged with the link's connection and name, then that link alone is closed."""
-        token = logs.enter(event_ids, link)
-        try:
-            log.exception("handling a delivery failed")
-        finally:
-            logs.leave(token)
-        self._drop_link(link)
-        close_link(link, "amqp:internal-error", "proxy failure on this link; see the proxy log")
 
     def feed_token(self) -> str:
         """Names a feed in the marks on the copies it moves: unique among daemons on one broker."""
@@ -301,7 +285,8 @@ class ProxyServer(Handler):
                 self._refuse(link, "amqp:not-implemented", why)
                 return
             conn.links.add(link)
-            ManagementPair.serve(self.upstream, link, self._route_link, self.guard.manage_check(conn))
+            ManagementPair.serve(self.upstream, link, lambda client, serve: ServedLink(self, client, conn, serve),
+                                 self.guard.manage_check(conn))
             return
         if link.is_sender:
             self.receivers.attach(link, conn)
@@ -328,18 +313,14 @@ class ProxyServer(Handler):
             # link (proton would otherwise hand the old, detached one back).
             link.free()
 
-    @boundary
     def on_flow(self, link: Link) -> None:
-        state = state_of(link)
-        if state.pair is not None:
-            state.pair._client_credit(link)
-        elif link.is_sender:
-            self.receivers.credit(link)
+        """(A link the proxy serves has its flow go to its object, `links`; this one it does not serve
+        yet, or at all: its credit is taken when it is served.)"""
 
     @boundary
     def on_message(self, delivery: Delivery, data: memoryview) -> None:
-        # (the proxy's links are routed: their transfers go to `_outcome`, `Inlet.on_transfer` and the
-        # relays straight from the engine; this is a link it keeps nothing on, e.g. one refused)
+        # (a link the proxy serves has its transfers go to its object, `links`, straight from the
+        # engine; this is a link it keeps nothing on, e.g. one refused)
         delivery.release()
 
     @boundary
@@ -465,6 +446,9 @@ class ProxyServer(Handler):
 
     # ---------------------------------------------------------------- cleanup
     def _drop_link(self, link, closed: bool = False) -> None:
+        handler = link.handler
+        if isinstance(handler, ClientLinkObject):
+            handler.gone()
         c = connection_state(link.connection)
         if c is not None:
             c.links.discard(link)
@@ -518,7 +502,8 @@ class ProxyServer(Handler):
         inlet = state.inlet
         if inlet is not None:
             state.inlet = None
-            inlet.closed = True
+            if inlet is not handler:  # (a reply address's `replies.ReplyInlet`; a `SenderLink` is gone above)
+                inlet.closed = True
             inlet.conn.unfinished.forget(inlet)
             if inlet.publisher is not None:
                 inlet.publisher.close()

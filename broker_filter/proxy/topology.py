@@ -28,7 +28,7 @@ from urllib.parse import quote, unquote
 from ..amqp import types as t
 from ..amqp.message import Message, Properties
 from ..amqp.sections import decode_message, encode_message
-from ..engine.container import Typed
+from ..engine.endpoints import Transfers
 from ..engine.endpoints import LOCAL_ACTIVE, LOCAL_CLOSED, REMOTE_UNINIT, Terminus
 from .forwarding import ACCEPTED
 from .management import MANAGEMENT, pair_session
@@ -82,7 +82,7 @@ class Topology:
                                              target=Terminus(address=MANAGEMENT), properties=paired)
         for link in (self.requests, self.replies):
             link_state(link).pair = self
-        upstream.loop.container.route(self.replies, Typed(self._reply))
+        self.replies.handler = Transfers(self._reply)
         self.requests.open()
         self.replies.open()
         self.replies.flow(REPLY_CREDIT)

@@ -12,7 +12,7 @@ from .forwarding import ACCEPTED, RELEASED, Outcome
 
 
 # --------------------------------------------------------------------------------------------------
-# The per-message path on raw proton-c pointers (`engine.container.Typed` routes): no wrapper built.
+# The per-message path on raw proton-c pointers (a link's `LinkHandler.transfer`): no wrapper built.
 # A delivery pointer is valid until it is settled here or its link goes (see engine/endpoints.py).
 
 _ACCEPTED_STATE, _REJECTED_STATE, _RELEASED_STATE, _MODIFIED_STATE = (
@@ -100,7 +100,7 @@ def settle_with(delivery: Any, outcome: Outcome) -> None:
 
 
 def read(owner: Any, dlv: Any) -> bytes | None:
-    """The whole message of a client's transfer (a delivery pointer) on `owner`'s link (an `Inlet` or
+    """The whole message of a client's transfer (a delivery pointer) on `owner`'s link (a `SenderLink` or
     a `Relay`), or None when there is nothing to publish yet: a part of one (dropped as it arrives
     once over `limits.max_message_size`), an aborted one (settled), or one too large (rejected)."""
     if not lib.pn_delivery_readable(dlv):

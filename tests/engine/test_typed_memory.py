@@ -1,4 +1,4 @@
-"""The daemon's per-message path on the engine's typed routes, driven in memory: a client engine
+"""The daemon's per-message path on the engine's link handlers, driven in memory: a client engine
 connection pumped against the proxy (`ProxyServer` on `EngineContainer`), whose upstream
 (`RemoteUpstream`) is pumped against a broker made of engine objects.  No sockets, no subprocess:
 what the broker sees is what the proxy wrote on the wire (outcomes, their order, the disposition
@@ -250,24 +250,96 @@ def test_a_client_publish_goes_upstream_with_its_origin_and_gets_the_upstream_ou
     assert relayed.client.flows - flows <= 5  # credit topped up in batches, not per message
 
 
-def test_a_failure_in_a_typed_handler_closes_that_link_only(relayed, caplog):
-    from broker_filter import logs
+def test_each_client_link_is_one_object_its_handler_with_its_state(relayed):
+    from broker_filter.engine.endpoints import Transfers
+    from broker_filter.proxy.receiver import ReceiverLink
+    from broker_filter.proxy.sender import Relay, SenderLink
 
-    def broken(outlet, link, delivery):
-        raise RuntimeError("broken outcome handling")
+    def served(name: str):
+        link = next(link for link in relayed.engine.links.values()
+                    if link.connection is relayed.server_conn and link.name == name)
+        return link, link.handler
+
+    receiver = relayed.receiver("/topic/objects", "half = 1", credit=5)
+    publisher = relayed.session.sender("s-objects", target=Terminus(address="/queue/in"))
+    anonymous = relayed.session.sender("s-relay", target=Terminus())
+    publisher.open()
+    anonymous.open()
+    relayed.settle()
+    links = {name: served(name) for name in ("r-/topic/objects", "s-objects", "s-relay")}
+    kinds = {name: (type(handler), handler.state) for name, (_, handler) in links.items()}
+    assert kinds == {"r-/topic/objects": (ReceiverLink, "attached"), "s-objects": (SenderLink, "attached"),
+                     "s-relay": (Relay, "attached")}
+    # the engine hands each its transfers by link pointer; the upstream's links have handlers of their own
+    for link, handler in links.values():
+        assert relayed.engine.link_handlers[link.ptr] is handler
+    upstream = relayed.container.pairs[0][0]
+    upstream_links = [link for link in relayed.engine.links.values() if link.connection is upstream]
+    assert upstream_links and all(isinstance(link.handler, Transfers) for link in upstream_links)
+    # its flow and detach go to it, not to the server: the server's state of it is dropped, it is gone
+    receiver.flow(5)
+    relayed.settle()
+    assert links["r-/topic/objects"][1].outlet.credit == 10
+    receiver.close()
+    publisher.close()
+    relayed.settle()
+    assert links["r-/topic/objects"][1].state == "gone" and links["s-objects"][1].state == "gone"
+    assert links["s-relay"][1].state == "attached"
+    assert links["r-/topic/objects"][0].ptr is None  # closed both ways: forgotten by the engine, its entry too
+    assert len(relayed.engine.link_handlers) == 1 + len(upstream_links) - 2  # the relay's, and the upstream's left
+
+
+def test_a_closed_client_link_and_its_object_are_freed_without_the_collector(relayed):
+    import gc
+
+    from broker_filter.proxy.forwarding import Outlet
+    from broker_filter.proxy.receiver import ReceiverLink
+    from broker_filter.proxy.sender import Relay
+
+    gc.collect()
+    gc.disable()  # (a link and its handler refer to each other until the engine forgets the link)
+    try:
+        receiver = relayed.receiver("/topic/freed", "half = 1", credit=5)
+        anonymous = relayed.session.sender("s-freed", target=Terminus())
+        anonymous.open()
+        relayed.settle()
+        relayed.broker.send(0, True)
+        relayed.settle()
+        relayed.client.deliveries[-1].accept()
+        receiver.close()
+        anonymous.close()
+        relayed.settle()
+        left = [o for o in gc.get_objects() if isinstance(o, (ReceiverLink, Relay, Outlet))]
+        assert left == []
+    finally:
+        gc.enable()
+
+
+def test_a_failure_in_a_link_handler_closes_that_link_only(relayed, caplog, monkeypatch):
+    from broker_filter import logs
+    from broker_filter.proxy.receiver import ReceiverLink
 
     caplog.handler.addFilter(logs._capture_ambient)  # (what `logs.configure` does for the daemon's handler)
 
-    relayed.server.receivers.outcome = broken  # what the route of the next outlet calls
     relayed.receiver("/topic/broken", credit=5, durable=True)  # own upstream subscriptions, as above
-    del relayed.server.receivers.outcome  # (the class's again)
     healthy = relayed.receiver("/topic/healthy", credit=5, durable=True)
     relayed.broker.senders[0].send(encode_section(0x77, "to the broken link"))
     relayed.broker.senders[1].send(encode_section(0x77, "to the healthy link"))
     relayed.settle()
     first, second = relayed.client.deliveries
+    broken_link = next(link for link in relayed.engine.links.values()
+                       if link.connection is relayed.server_conn and link.name == "r-/topic/broken")
+    handler = broken_link.handler
+    assert isinstance(handler, ReceiverLink) and handler.state == "attached"
+
+    def broken(self, delivery):
+        raise RuntimeError("broken outcome handling")
+
+    monkeypatch.setattr(ReceiverLink, "transfer", broken)  # while the broken link's outcome arrives
     first.accept()
     relayed.settle()
+    monkeypatch.undo()
+    assert handler.state == "gone"
     assert relayed.client.closed == [("r-/topic/broken", ("amqp:internal-error",
                                                           "proxy failure on this link; see the proxy log"))]
     assert "broken outcome handling" in caplog.text

@@ -408,15 +408,9 @@ class Timer:
         self.cancelled = True
 
 
-class Container:
-    def route(self, link, typed) -> None:
-        pass
-
-
 class Loop:
     def __init__(self) -> None:
         self.timers: list[Timer] = []
-        self.container = Container()
 
     def call_later(self, delay: float, fn) -> Timer:
         return Timer(self, delay, fn)
