@@ -17,6 +17,7 @@ class _Pipe:
     """The `io` of a connection in memory."""
 
     __slots__ = ("closed", "eof_sent", "backlog")
+    peer = "memory"  # (a socket channel's is the remote address)
 
     def __init__(self) -> None:
         self.closed = False

@@ -63,6 +63,7 @@ from ..filters.index import SubscriptionIndex
 from .custody import (ACCEPTED, EVAL_MASK, EVAL_SAMPLE, MESSAGE_SIZE_EXCEEDED, UNDECODABLE as _BAD, FeedStats,
                       Outcome, Outlet, _ns, too_large)
 from .forwarding import UpstreamCredit, decode_reads
+from .upstream import ConsumerHandler
 
 SPREAD_BLOCK = 256  # upstream messages per measure of the spread
 MAX_SPREAD = 8.0  # the most upstream messages pulled per unit of client credit
@@ -140,7 +141,7 @@ class _Member:
         self.granted = 0  # the credit its client last gave (at most the feed's max_credit)
 
 
-class OwnHandler:
+class OwnHandler(ConsumerHandler):
     """The `ConsumerHandler` of a member's own subscription: routes its events to the feed."""
 
     __slots__ = ("feed", "outlet")

@@ -26,7 +26,7 @@ from .custody import FeedIO
 from .forwarding import Feed, Outcome, Outlet
 from .records import link_state
 from .refusal import close_link
-from .upstream import ConsumerInfo, ConsumerSpec, ErrorInfo, UpstreamDelivery
+from .upstream import ConsumerHandler, ConsumerInfo, ConsumerSpec, ErrorInfo, PublisherHandler, UpstreamDelivery
 from .wire import send
 from ..engine import heap
 from ..engine.endpoints import LOCAL_UNINIT
@@ -38,7 +38,7 @@ log = logging.getLogger("broker_filter.proxy")
 VIA_WINDOW = 4
 
 
-class FeedBinding(FeedIO):
+class FeedBinding(FeedIO, ConsumerHandler):
     """One Feed and its upstream consumer: `FeedIO` for the feed, `ConsumerHandler` for the upstream."""
 
     def __init__(self, server: Any, key: Any, spec: ConsumerSpec, subscription: bool,
@@ -210,7 +210,7 @@ class _Done(FeedIO):
 _DONE = _Done()
 
 
-class Recycler:
+class Recycler(PublisherHandler):
     """The publisher of moved copies to one address.  A move whose publisher goes before the broker
     settled it counts as not done (its original is held again)."""
 
@@ -222,6 +222,9 @@ class Recycler:
         self.closed = False
         self.pending: dict[int, Callable[[bool], None]] = {}
         self._ids = itertools.count(1)
+
+    def publishing_client(self) -> tuple[Any, str | None]:
+        return None, self.address  # (the daemon's own publisher)
 
     def send(self, data: bytes, done: Callable[[bool], None]) -> None:
         n = next(self._ids)

@@ -111,8 +111,7 @@ def event_ids(subject: Any) -> dict[str, Any]:
         state = connection.context  # the proxy's per-connection state, once admitted
         conn_id = state.id if isinstance(state, ClientConnection) else None
         if conn_id is None and connection.io is not None:
-            peer = getattr(connection.io, "peer", None)
-            conn_id = f"from {peer}" if peer else None
+            conn_id = f"from {connection.io.peer}"
         if conn_id is not None:
             ids["conn"] = conn_id
     if link is not None:

@@ -39,6 +39,7 @@ from typing import Any
 from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, Condition, Connection, Delivery, Handler
 from ..security import identity_of
 from . import reports
+from .upstream import UpstreamListener
 from .routing import vhost_asked
 
 log = logging.getLogger("broker_filter.passthrough")
@@ -74,7 +75,7 @@ class _Tenant:
     idle_timer: Any = None
 
 
-class _UpstreamTap:
+class _UpstreamTap(UpstreamListener):
     """The upstream listener of a tenant's server, telling PassThrough when the upstream is up."""
 
     def __init__(self, owner: PassThrough, tenant: _Tenant):

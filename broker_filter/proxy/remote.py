@@ -407,14 +407,16 @@ class RemoteUpstream(SessionPlacement, LinkTraffic, Handler, UpstreamBase):
             except Exception:
                 pass
         if was_connected:
-            log.warning("%s", desc)
+            if self.stopped:  # (the daemon closed it: shutting down)
+                log.info("upstream %s connection closed", self.name)
+            else:
+                log.warning("%s", desc)
             self.listener.on_upstream_down(self, err)
         else:
             # An attempt that never opened: a listener that would rather give up than wait for the
             # next (a pass-through client whose vhost or login the broker refuses) is told.
-            failed = getattr(self.listener, "on_upstream_failed", None)
-            if failed is not None and conn is not None:
-                failed(self, err)
+            if conn is not None:
+                self.listener.on_upstream_failed(self, err)
         self._schedule_reconnect()
 
     # ------------------------------------------------------------------ the connection's engine events

@@ -269,9 +269,8 @@ class RemotePublisher(_RemoteLink):
 def _client_of(publisher: "RemotePublisher") -> str:
     """Who publishes through `publisher`: its client's address, connection id and container id, read
     from its handler (a client link's inlet, or an anonymous relay's target), else the daemon itself."""
-    handler = publisher.handler
-    conn = getattr(handler, "conn", None) or getattr(getattr(handler, "relay", None), "conn", None)
-    address = getattr(handler, "address", None) or publisher.address
+    conn, address = publisher.handler.publishing_client()
+    address = address or publisher.address
     if conn is None:
         return f"address {address} (the daemon's own publisher)"
     engine = conn.connection  # (a `records.ClientConnection`)

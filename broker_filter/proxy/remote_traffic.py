@@ -132,10 +132,8 @@ class LinkTraffic:
         without sending), so the feed takes the link's word over its own count."""
         if ep is None or not ep.ready or ep.closed:
             return
-        credit = getattr(ep.handler, "on_consumer_credit", None)
-        if credit is not None:
-            # (deliveries that arrived and were not handled yet still count as credit to the feed)
-            credit(ep, lib.pn_link_credit(link) + lib.pn_link_queued(link))
+        # (deliveries that arrived and were not handled yet still count as credit to the feed)
+        ep.handler.on_consumer_credit(ep, lib.pn_link_credit(link) + lib.pn_link_queued(link))
 
     def _received(self, ep: Any, link: Any, dlv: Any) -> None:
         """A transfer (pointers) on a consumer's link."""

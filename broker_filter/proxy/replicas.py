@@ -39,6 +39,7 @@ from urllib.parse import quote
 
 from ..config import split_hostport
 from .remote import RemoteUpstream
+from .upstream import UpstreamListener
 
 log = logging.getLogger("broker_filter.replicas")
 
@@ -79,7 +80,7 @@ class _Peer:
         return self.upstream is not None and self.upstream.connected and self.settled and not self.leaving
 
 
-class _PeerListener:
+class _PeerListener(UpstreamListener):
     """`UpstreamListener` of one peer connection: its ups and downs change the owners."""
 
     def __init__(self, replicas: "Replicas", peer: _Peer):

@@ -33,7 +33,7 @@ from .forwarding import RELEASED, Outcome
 from .links import ATTACHED, GONE, ClientLinkObject
 from .records import ClientConnection, link_state
 from .refusal import close_link
-from .upstream import ErrorInfo
+from .upstream import ErrorInfo, PublisherHandler
 from .wire import read, settle_with
 
 # Offered in the open frame besides the filter capabilities: a sender may attach with a null target
@@ -79,7 +79,7 @@ def open_relay(server: Any, link: Any, conn: ClientConnection) -> None:
     relay.top_up()
 
 
-class SenderLink(ClientLinkObject):
+class SenderLink(ClientLinkObject, PublisherHandler):
     """A client sending link with a target address and its upstream publisher (its state: attaching
     until the publisher is ready, attached, awaiting upstream while the upstream connection is down,
     gone)."""
@@ -105,6 +105,9 @@ class SenderLink(ClientLinkObject):
     @property
     def closed(self) -> bool:
         return self.state is GONE
+
+    def publishing_client(self) -> tuple[Any, str | None]:
+        return self.conn, self.address
 
     # PublisherHandler
     def on_publisher_ready(self, publisher) -> None:
@@ -222,7 +225,7 @@ class SenderLink(ClientLinkObject):
             lib.pn_link_flow(self.ptr, want)
 
 
-class _RelayTarget:
+class _RelayTarget(PublisherHandler):
     """One `to` address of an anonymous-relay link and its upstream publisher."""
 
     __slots__ = ("relay", "address", "publisher", "ready", "closed", "waiting", "in_flight")
@@ -239,6 +242,9 @@ class _RelayTarget:
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.in_flight
+
+    def publishing_client(self) -> tuple[Any, str | None]:
+        return self.relay.conn, self.address
 
     def on_publisher_ready(self, publisher) -> None:
         self.ready = True

@@ -49,7 +49,7 @@ from .resume import Resumption
 from .replicas import PROPERTY as REPLICA_PROPERTY
 from .routing import Routing, vhost_asked
 from .sender import RELAY_CAPABILITY
-from .upstream import ErrorInfo, Upstream
+from .upstream import ErrorInfo, Upstream, UpstreamListener
 
 log = logging.getLogger("broker_filter.proxy")
 
@@ -71,7 +71,7 @@ def boundary(fn: Callable) -> Callable:
     return wrapper
 
 
-class ProxyServer(Handler):
+class ProxyServer(Handler, UpstreamListener):
     """Handler for every client connection accepted by the proxy's listener."""
 
     def __init__(
@@ -335,7 +335,7 @@ class ProxyServer(Handler):
                 self._drop_link(link)
                 close_link(link, "amqp:internal-error", "proxy failure on this link; see the proxy log")
                 return
-            conn = subject if isinstance(subject, Connection) else getattr(subject, "connection", None)
+            conn = subject if isinstance(subject, Connection) else subject.connection if isinstance(subject, Session) else None
             if conn is not None:
                 self._drop_connection(conn)
                 if conn.local_state != LOCAL_CLOSED:

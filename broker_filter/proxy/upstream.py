@@ -198,27 +198,46 @@ class Loop(Protocol):
 
 
 # ---------------------------------------------------------------------------- callbacks
-class ConsumerHandler(Protocol):
+# Base classes, not protocols: what is optional is declared here with its default, so an upstream
+# calls it without asking whether the handler has it.
+class ConsumerHandler:
+    __slots__ = ()
+
     def on_consumer_ready(self, consumer: "Consumer", info: ConsumerInfo) -> None: ...
 
     def on_delivery(self, consumer: "Consumer", delivery: UpstreamDelivery) -> None: ...
 
     def on_consumer_closed(self, consumer: "Consumer", error: ErrorInfo | None) -> None: ...
 
-    # Optional: `on_consumer_credit(consumer, credit)`, the link's credit as a flow from the broker
-    # left it (lower than granted when the broker used credit up without delivering).
+    def on_consumer_credit(self, consumer: "Consumer", credit: int) -> None:
+        """The link's credit as a flow from the broker left it (lower than granted when the broker
+        used credit up without delivering).  Optional."""
 
 
-class PublisherHandler(Protocol):
+class PublisherHandler:
+    __slots__ = ()
+
     def on_publisher_ready(self, publisher: "Publisher") -> None: ...
 
     def on_publisher_credit(self, publisher: "Publisher") -> None: ...
 
     def on_publisher_closed(self, publisher: "Publisher", error: ErrorInfo | None) -> None: ...
 
+    def publishing_client(self) -> tuple[Any, str | None]:
+        """(the client connection record publishing through this handler, None for the daemon's own
+        publisher; the address it publishes to, None: the publisher's): named in the log when the
+        broker drops the connection with publishes in flight."""
+        return None, None
 
-class UpstreamListener(Protocol):
+
+class UpstreamListener:
     """Connection-level events of the upstream as a whole."""
+
+    __slots__ = ()
+
+    def on_upstream_failed(self, upstream: "Upstream", error: ErrorInfo) -> None:
+        """An attempt that never opened (optional): a listener that would rather give up than wait
+        for the next attempt (a pass-through client whose vhost or login the broker refuses)."""
 
     def on_upstream_up(self, upstream: "Upstream") -> None:
         """Connected (again).  Consumers/publishers opened before are gone; open new ones."""

@@ -12,7 +12,8 @@ PROXY = Path(__file__).resolve().parents[2] / "broker_filter" / "proxy"
 MAX_FILE, MAX_CLASS = 800, 500
 NOT_YET_FILES: dict[str, int] = {}  # (none left)
 NOT_YET_CLASSES: dict[str, int] = {}
-MAX_PROBES = 17  # getattr/hasattr calls under proxy/ (the target is 15; 101 at the start of this work)
+MAX_PROBES = 9  # getattr/hasattr calls under proxy/: by name (pass-through dispatch, journaling wrappers), a
+# reason on any exception, and the tests' default handlers' vhost (101 at the start of this work; the aim was 15)
 
 
 def _trees():

@@ -9,7 +9,7 @@ from broker_filter.filters.base import Filter, FilterEntry
 from broker_filter.proxy.forwarding import ACCEPTED, Outcome
 from broker_filter.amqp.message import Message, Properties
 from broker_filter.proxy.embedded import EmbeddedUpstream, broker_config
-from broker_filter.proxy.upstream import ConsumerSpec
+from broker_filter.proxy.upstream import ConsumerHandler, ConsumerSpec, PublisherHandler, UpstreamListener
 
 
 class StepLoop:
@@ -36,7 +36,7 @@ class StepLoop:
         raise AssertionError("loop never went idle")
 
 
-class Recorder:
+class Recorder(ConsumerHandler, PublisherHandler, UpstreamListener):
     """Consumer, publisher and upstream listener callbacks, recorded."""
 
     def __init__(self):

@@ -395,6 +395,7 @@ def test_giving_up_is_logged_as_the_docs_say(caplog):
 # The same decisions through `RemoteUpstream`, its engine objects and loop replaced by records.
 from broker_filter.engine import endpoints as Endpoint  # noqa: E402  (LOCAL_*, REMOTE_* as the engine has them)
 from broker_filter.proxy.remote import RemoteUpstream  # noqa: E402
+from broker_filter.proxy.upstream import PublisherHandler, UpstreamListener  # noqa: E402
 
 ACTIVE = Endpoint.LOCAL_ACTIVE | Endpoint.REMOTE_ACTIVE
 
@@ -487,7 +488,7 @@ class Connection(_States):
         self.record.append(("close",))
 
 
-class Handler:
+class Handler(PublisherHandler):
     def __init__(self) -> None:
         self.closed: list = []
 
@@ -495,7 +496,7 @@ class Handler:
         self.closed.append(error.condition)
 
 
-class Listener:
+class Listener(UpstreamListener):
     def __init__(self) -> None:
         self.down = 0
 
