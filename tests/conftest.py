@@ -27,6 +27,17 @@ if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
     _hypothesis_settings.load_profile("ci")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Scale runs (`@pytest.mark.scale`: the deepest queues, the longest runs) only when asked for
+    with `-m scale`; the suite keeps a bounded variant of each."""
+    if "scale" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="a scale run: pytest -m scale (the suite runs its bounded variant)")
+    for item in items:
+        if item.get_closest_marker("scale") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session (local[2]) for every test that needs one: starting one costs ~10 s."""

@@ -147,7 +147,7 @@ TYPED_MESSAGES = [_message_of(a=5.0), _message_of(a="5"), _message_of(a=t.ubyte(
                   _message_of(subject="c1.x", b=t.float32(2.0))]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(filters(), st.none()), min_size=1, max_size=12), st.lists(index_messages(), min_size=1, max_size=6),
        st.lists(st.booleans(), max_size=12))
 @example(TYPED_FILTERS, TYPED_MESSAGES, [False, True, False, True, True])

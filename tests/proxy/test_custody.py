@@ -90,7 +90,7 @@ def test_killed_consumers_messages_reach_the_other_consumer_at_once(upstream):
     assert "Traceback" not in proxy.log()
 
 
-@pytest.mark.parametrize("depth,window", [(5000, 100), (5000, 500), (50000, 5000)])
+@pytest.mark.parametrize("depth,window", [(5000, 100), (5000, 500), pytest.param(50000, 5000, marks=pytest.mark.scale)])
 def test_a_match_behind_any_depth_is_found_and_a_graceful_stop_duplicates_nothing(upstream, depth, window):
     q = fresh_queue()
     publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)]
