@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from . import introspect
+from .links import ClientLinkObject
 from .forwarding import FeedStats, Outlet
 from .records import connection_state, state_of
 
@@ -70,12 +71,19 @@ def links_report(server, limit: int = introspect.LINKS_LIMIT) -> dict:
                 truncated = True
                 break
             records.append({"connection": c.id, "container": link.connection.remote_container,
-                            "link": link.name, "direction": "publisher",
+                            "link": link.name, "direction": "publisher", "state": _state(link),
                             "address": inlet.address if inlet is not None else None,
                             "anonymous_relay": relay is not None, "filters": []})
     return {"links": records, "truncated": truncated, "upstream": server.upstream.name,
             "upstream_connected": server.upstream_up,
             "upstream_version": server.upstream.version}  # (clients may be shown another)
+
+
+def _state(link: Any) -> str | None:
+    """The client link's state (`links.ClientLinkObject`): attaching, awaiting upstream, attached,
+    moving, gone; None for a link the proxy does not serve itself."""
+    handler = link.handler
+    return handler.state if isinstance(handler, ClientLinkObject) else None
 
 
 def _link_record(server, o: Outlet, b: Any, feed: dict, now: float) -> dict:
@@ -95,6 +103,7 @@ def _link_record(server, o: Outlet, b: Any, feed: dict, now: float) -> dict:
     return {"connection": conn.id if conn is not None else None,
             "container": link.connection.remote_container if link is not None else None,
             "link": link.name if link is not None else o.name, "direction": "consumer",
+            "state": _state(link) if link is not None else None,
             "address": link.remote_source.address if link is not None else b.spec.address,
             "filters": filters, "credit": o.credit, "unsettled": len(o.in_flight),
             "delivered": o.delivered, "evaluated": evaluated, "matched": matched,

@@ -96,6 +96,7 @@ def test_links_and_filter_metrics_in_front_of_rabbitmq(rabbitmq3):
             assert on_queue["filters"] == [{"key": "selector", "kind": "selector", "text": "n >= 7",
                                             "evaluated": "here"}]
             assert on_queue["feed"]["kind"] == "queue"
+            assert on_queue["state"] == low["state"] == odd["state"] == "attached"
             assert (low["matched"], odd["evaluated"], odd["matched"]) == (2, 10, 2)
             assert low["feed"]["kind"] == odd["feed"]["kind"] == "shared subscription"
             assert low["feed"]["links"] == 2  # one upstream subscription for both
