@@ -398,9 +398,10 @@ class Limits:
         "beyond, what arrives is dropped and the message refused with amqp:resource-limit-exceeded when "
         "complete (0: no limit)", kind="int", minimum=0)
     idle_timeout: float = setting(
-        60.0,
+        120.0,
         "seconds a client connection may stay silent (not even a heartbeat) before the daemon closes it; its "
-        "open frame announces half of it as its idle time-out, so clients heartbeat in time (0: none)",
+        "open frame announces half of it as its idle time-out, so clients heartbeat in time (0: none); the "
+        "default has clients heartbeat every 30 s, as RabbitMQ's default heartbeat does",
         kind="float", minimum=0)
     handshake_timeout: float = setting(
         10.0,
