@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -523,6 +524,9 @@ class _Builder:
         return self.at(ast.Ident(key, "annotation", key), tok.start_pos)
 
     def _name(self, name: str) -> ast.Ident:
+        # Interned: a property named in many selectors (links) is one string, not one per selector
+        # (a maximal selector's names were ~24 KiB of its compiled form, issue 43).
+        name = sys.intern(name)
         if self.d.filtex_sql and "." in name:  # checked by the lexer: header.priority, p.subject, a.key
             section, _, field = name.partition(".")
             if section in ("application_properties", "a"):
