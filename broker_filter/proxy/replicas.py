@@ -169,9 +169,9 @@ class Replicas:
         each when its reason is new, else at most once a FAILURE_LOG seconds."""
         if self.stopping or upstream is not peer.upstream:
             return
-        description = getattr(error, "description", "") or ""
+        description = error.description or ""  # (an `upstream.ErrorInfo`)
         why = description.split(" connection lost: ", 1)[1] if " connection lost: " in description else description
-        why = why or getattr(error, "condition", "") or "closed"
+        why = why or error.condition or "closed"
         now = time.monotonic()
         if why == peer.failure and now - peer.failure_logged < FAILURE_LOG:
             peer.failures += 1
