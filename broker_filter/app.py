@@ -115,7 +115,10 @@ class App:
         if config.replicas.enabled:  # one owner per queue among the replicas (proxy/replicas.py)
             from .proxy.replicas import Replicas
 
-            self.replicas = Replicas(config.replicas, self.server)
+            from .security import replica_ssl_context
+
+            tls = replica_ssl_context(config.replicas.tls, config.listener.tls) if config.listener.tls.enabled else None
+            self.replicas = Replicas(config.replicas, self.server, tls=tls)
             self.server.replicas = self.replicas
         self.acceptor = None
         self.port: int | None = None

@@ -555,6 +555,37 @@ class Journal:
 
 
 @dataclass(frozen=True)
+class ReplicasTLS:
+    """How the replicas reach each other's listener when it speaks TLS (`listener.tls`): they connect
+    as clients of that listener, so what they check and present is set here."""
+
+    ca_file: str = setting(
+        "", "PEM CA certificates the peers' listener certificates must chain to; empty: `listener.tls.ca_file`, "
+        "else the system's trusted CAs", kind="str")
+    verify: str = setting(
+        "peer-name",
+        "the peers' certificate check: `peer-name` (chain, and the peer's host as `replicas.peers` names it, "
+        "or `server_name`, in the certificate) or `peer` (chain only)",
+        kind="str", choices=("peer-name", "peer"))
+    server_name: str = setting(
+        "", "the name every peer's certificate must carry, checked instead of the peer's host (e.g. the one name "
+        "a certificate the replicas share carries); with `replicas.dns`, empty: its NAME", kind="str")
+    cert_file: str = setting(
+        "", "PEM client certificate the replicas present to each other (a listener with `verify_client` asks "
+        "for one); empty: the listener's own (`listener.tls.cert_file`, which must then allow client use)",
+        kind="str")
+    key_file: str = setting("", "PEM private key of `cert_file`", kind="str")
+    key_password: str = setting("", "password of an encrypted `key_file`", kind="str", secret=True)
+    min_version: str = setting("TLSv1.2", "oldest TLS version offered", kind="str", choices=tuple(TLS_VERSIONS))
+    ciphers: str = setting(
+        INTERMEDIATE_CIPHERS, "TLS 1.2 cipher suites offered, in OpenSSL's cipher-list syntax (TLS 1.3 suites "
+        "are OpenSSL's defaults); the default is Mozilla's intermediate profile, as on the listener",
+        kind="str", shown_default="Mozilla intermediate (ECDHE+AESGCM, ECDHE+CHACHA20)")
+    groups: tuple[str, ...] = setting(
+        INTERMEDIATE_GROUPS, "key exchange groups (curves) offered, OpenSSL names", kind="list")
+
+
+@dataclass(frozen=True)
 class Replicas:
     peers: tuple[str, ...] = setting(
         (),
@@ -583,6 +614,7 @@ class Replicas:
         "otherwise, the link is served through the owner (a second AMQP hop, which carries on when the owner "
         "goes)",
         kind="bool")
+    tls: ReplicasTLS = section(ReplicasTLS, "TLS between the replicas (with `listener.tls` on)")
 
     @property
     def enabled(self) -> bool:
@@ -1174,8 +1206,12 @@ def _check_replicas_with(config: Config) -> None:
     """What replicas cannot be combined with."""
     replicas = config.replicas
     if config.listener.tls.enabled:
-        raise ConfigError("replicas.peers", "the replicas reach each other's AMQP listener without TLS, and "
-                          "listener.tls turns it on: they could not connect")
+        _check_replicas_tls(config)
+    else:
+        for f in dataclasses.fields(ReplicasTLS):
+            if getattr(replicas.tls, f.name) != getattr(_REPLICAS_TLS_DEFAULTS, f.name):
+                raise ConfigError(f"replicas.tls.{f.name}", "needs listener.tls: the replicas reach each other's "
+                                  "listener, and speak TLS to it only when it does")
     if not config.upstream.urls:
         raise ConfigError("replicas.peers", "replicas need an upstream broker (upstream.urls): the embedded "
                           "broker's queues live in one process")
@@ -1210,6 +1246,64 @@ def _check_replicas_with(config: Config) -> None:
                           "other (remove that entry to have the listener take replicas.password alone)")
 
 
+_REPLICAS_TLS_DEFAULTS = ReplicasTLS()
+
+
+def _check_replicas_tls(config: Config) -> None:
+    """With `listener.tls`, the replicas connect to each other over TLS (`replicas.tls`): what they
+    check and present must load, as the daemon will load it (`security.replica_ssl_context`)."""
+    import ssl
+
+    from .security import replica_ssl_context
+
+    replicas, tls = config.replicas, config.replicas.tls
+    if replicas.splice:
+        raise ConfigError("replicas.splice", "cannot be combined with listener.tls: a spliced connection's bytes "
+                          "would go to the owner as they came, and its TLS ends on the replica that accepted it "
+                          "(turn replicas.splice off: links are then served through the owner, over the "
+                          "replicas' TLS connections)")
+    if tls.cert_file and not tls.key_file:
+        raise ConfigError("replicas.tls.key_file", "is required with replicas.tls.cert_file")
+    if tls.key_file and not tls.cert_file:
+        raise ConfigError("replicas.tls.cert_file", "is required with replicas.tls.key_file")
+    if tls.key_password and not tls.key_file:
+        raise ConfigError("replicas.tls.key_file", "is required with replicas.tls.key_password")
+    if tls.verify == "peer" and tls.server_name:
+        raise ConfigError("replicas.tls.server_name", "is not checked with replicas.tls.verify = peer (set "
+                          "verify = peer-name, or leave server_name empty)")
+    for name in ("ca_file", "cert_file", "key_file"):
+        _check_file(f"replicas.tls.{name}", getattr(tls, name))
+    _check_tls(tls, "replicas.tls")
+    ca = tls.ca_file or config.listener.tls.ca_file
+    ca_key = "replicas.tls.ca_file" if tls.ca_file else "listener.tls.ca_file"
+    cert = tls.cert_file or config.listener.tls.cert_file
+    cert_key = "replicas.tls.cert_file" if tls.cert_file else "listener.tls.cert_file"
+    key_key = "replicas.tls.key_file" if tls.cert_file else "listener.tls.key_file"
+    if ca:
+        try:
+            ssl.create_default_context(cafile=ca)
+        except (ssl.SSLError, OSError, ValueError):
+            raise ConfigError(ca_key, f"{ca} holds no PEM CA certificate (the replicas check each other's "
+                              "certificates against it)") from None
+    if not _holds_pem(cert, "CERTIFICATE"):
+        raise ConfigError(cert_key, f"{cert} holds no PEM certificate (the replicas present it to each other)")
+    try:
+        replica_ssl_context(tls, config.listener.tls)
+    except (ssl.SSLError, OSError, ValueError):
+        raise ConfigError(key_key, f"does not hold the private key of {cert} (or its key password does not "
+                          "open it): the replicas present that certificate to each other") from None
+    except TlsSettingError as e:
+        raise ConfigError(f"replicas.tls.{e.key}", e.reason) from None
+
+
+def _holds_pem(path: str, label: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f"-----BEGIN {label}-----".encode() in f.read(1 << 20)
+    except OSError:
+        return False
+
+
 def _check_tls(tls: Any, prefix: str) -> None:
     """The TLS settings OpenSSL must accept (`ciphers`, `groups`), tried on a context of their own."""
     import ssl
@@ -1221,7 +1315,7 @@ def _check_tls(tls: Any, prefix: str) -> None:
         harden(context, tls)
     except TlsSettingError as e:
         raise ConfigError(f"{prefix}.{e.key}", e.reason) from None
-    if tls.crl_file:
+    if getattr(tls, "crl_file", ""):
         try:
             context.load_verify_locations(tls.crl_file)
         except (ssl.SSLError, OSError):
@@ -1368,7 +1462,7 @@ def _read_secret(key: str, path: str, other: str, given: str) -> str:
 
 
 _SECRET_KEYS = ("listener.tls.key_password", "listener.users", "upstream.password", "replicas.password",
-                "metrics.token")
+                "replicas.tls.key_password", "metrics.token")
 
 
 def file_warnings(path: str | None) -> list[str]:

@@ -214,6 +214,7 @@ def config_secrets(config: Any) -> list[str]:
         config.upstream.password,
         config.upstream.tls.key_password,
         config.listener.tls.key_password,
+        config.replicas.tls.key_password,
         *config.listener.users.values(),
     ]
     for url in config.upstream.urls:

@@ -104,6 +104,27 @@ def server_ssl_context(tls: Any) -> ssl.SSLContext:
     return context
 
 
+def replica_ssl_context(tls: Any, listener: Any) -> ssl.SSLContext:
+    """An `ssl.SSLContext` for the replicas' connections to each other's TLS listener, from
+    `[replicas.tls]` (`tls`) and `[listener.tls]` (`listener`): the peers' certificates checked against
+    `ca_file` (else the listener's `ca_file`, else the system's CAs), with their name too unless
+    `verify = "peer"`; the client certificate `cert_file` (else the listener's own); `min_version`,
+    `ciphers` and `groups` as the listener's (`harden`)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # the chain is checked, and the name
+    harden(context, tls)
+    ca_file = tls.ca_file or listener.ca_file
+    if ca_file:
+        context.load_verify_locations(ca_file)
+    else:
+        context.load_default_certs()
+    if tls.cert_file:
+        context.load_cert_chain(tls.cert_file, tls.key_file or None, password=tls.key_password or None)
+    elif listener.cert_file:
+        context.load_cert_chain(listener.cert_file, listener.key_file or None, password=listener.key_password or None)
+    context.check_hostname = tls.verify != "peer"
+    return context
+
+
 def harden(context: ssl.SSLContext, tls: Any) -> None:
     """Apply `min_version`, `ciphers` (TLS 1.2's; TLS 1.3 keeps OpenSSL's suites) and `groups` of a
     TLS settings section to `context`; TlsSettingError names the setting OpenSSL refused.  No

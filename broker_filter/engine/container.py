@@ -69,15 +69,19 @@ class EngineContainer:
 
     def connect(self, url: str, handler: Handler, *, properties: dict | None = None, heartbeat: float | None = None,
                 user: str | None = None, password: str | None = None, allowed_mechs: str | None = None,
-                virtual_host: str | None = None, **ignored: Any) -> Connection:
+                virtual_host: str | None = None, tls: ssl.SSLContext | None = None,
+                server_hostname: str | None = None, **ignored: Any) -> Connection:
         """A client connection to an amqp[s]://host:port URL, opened (the caller reconnects; a
         failure reaches `handler.on_disconnected`).  Without `user`, the URL's; without either,
-        SASL `allowed_mechs` (ANONYMOUS by default)."""
+        SASL `allowed_mechs` (ANONYMOUS by default).  amqps: `tls` if given (the replicas' own
+        context), else the container's; the certificate must name `server_hostname` (default: the
+        URL's host)."""
         parts = urlsplit(url)
         user = user if user is not None else (unquote(parts.username) if parts.username else None)
         password = password if password is not None else (unquote(parts.password) if parts.password else None)
         secure = parts.scheme == "amqps"
-        if secure and self.client_tls is None:
+        tls = tls or self.client_tls
+        if secure and tls is None:
             raise ValueError(f"{url}: amqps needs [upstream.tls] for the engine's TLS")
         if user is not None:
             sasl = SaslClient("PLAIN", user, password or "")
@@ -85,8 +89,8 @@ class EngineContainer:
             sasl = SaslClient(allowed_mechs or "ANONYMOUS")
         host = parts.hostname or "127.0.0.1"
         port = int(parts.port or (5671 if secure else 5672))
-        connection = self.loop.connect(host, port, handler, sasl=sasl, tls=self.client_tls if secure else None,
-                                       idle_timeout=heartbeat or 0.0)
+        connection = self.loop.connect(host, port, handler, sasl=sasl, tls=tls if secure else None,
+                                       server_hostname=server_hostname, idle_timeout=heartbeat or 0.0)
         connection.open(hostname=virtual_host or host, properties=_symbol_keys(properties))
         return connection
 

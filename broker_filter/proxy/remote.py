@@ -104,8 +104,13 @@ class RemoteUpstream(SessionPlacement, LinkTraffic, Handler, UpstreamBase):
         properties: dict[str, str] | None = None,
         answer_timeout: float = ANSWER_TIMEOUT,
         management_url: str = "",
+        tls: Any = None,
+        server_hostname: str | None = None,
     ):
         super().__init__()
+        # amqps: this upstream's own `ssl.SSLContext` (the replicas'), else the container's; the name
+        # the certificate must carry, else the URL's host
+        self.tls, self.server_hostname = tls, server_hostname
         self.properties = dict(properties or {})  # more connection properties (a replica's name)
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
@@ -318,7 +323,7 @@ class RemoteUpstream(SessionPlacement, LinkTraffic, Handler, UpstreamBase):
         self._reconnect_timer = None
         if self.stopped:
             return
-        address, user, password, _tls, vhost = self._targets[self.connects % len(self._targets)]
+        address, user, password, secure, vhost = self._targets[self.connects % len(self._targets)]
         self.connects += 1
         kwargs: dict[str, Any] = {
             "url": address,
@@ -328,6 +333,10 @@ class RemoteUpstream(SessionPlacement, LinkTraffic, Handler, UpstreamBase):
         }
         if vhost != "/":
             kwargs["virtual_host"] = f"vhost:{vhost}"
+        if secure and self.tls is not None:
+            kwargs["tls"] = self.tls
+        if secure and self.server_hostname:
+            kwargs["server_hostname"] = self.server_hostname
         if self.heartbeat:
             kwargs["heartbeat"] = self.heartbeat
         if user is not None:

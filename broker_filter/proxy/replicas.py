@@ -9,6 +9,14 @@ whose own upstream is down closes its peer connections and refuses new ones, so 
 either, and a peer that drains (SIGTERM) detaches every link with `amqp:connection:forced`: it
 counts as gone from then on, until its connection opens again.
 
+With `listener.tls` on, the peer connections speak TLS too (`replicas.tls`, the context made by
+`security.replica_ssl_context`, hardened as the listener is): each peer's certificate is checked
+against `replicas.tls.ca_file` (else the listener's CA file) and must carry the peer's host as
+`replicas.peers` names it (or `replicas.tls.server_name`; with `replicas.dns`, its NAME).  A peer
+whose certificate does not verify never opens, so it is never live; why is logged as a warning
+naming the peer, again when the reason changes and otherwise at most once a `FAILURE_LOG` seconds
+(with the count of attempts that failed alike in between).
+
 The owner of a queue is the live peer with the highest weight `hash(peer, queue)` (rendezvous
 hashing): every replica computes it alone, from the same list and the same liveness, and when a
 peer leaves only the queues it owned move (each to the next highest weight), and only those it
@@ -34,6 +42,7 @@ import hashlib
 import logging
 import socket
 import threading
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -49,6 +58,7 @@ RECONNECT = 1.0  # at most this long between attempts to reach a peer
 # once (its own upstream is down, see `ProxyServer.on_connection_remote_open`) never owns a queue.
 SETTLE = 0.3
 RESOLVE = 5.0  # `replicas.dns` is resolved this often
+FAILURE_LOG = 60.0  # a peer that keeps failing alike is logged at most this often (`Replicas.failed`)
 
 
 def normal(peer: str) -> str:
@@ -74,6 +84,9 @@ class _Peer:
         self.upstream: RemoteUpstream | None = None
         self.leaving = False  # it detached our links as it drains: gone until it connects again
         self.settled = False  # its connection stayed open SETTLE seconds
+        self.failure: str | None = None  # why the last attempts to connect failed (logged: `Replicas.failed`)
+        self.failure_logged = 0.0  # when (monotonic) it was last logged
+        self.failures = 0  # attempts that failed alike since
 
     @property
     def live(self) -> bool:
@@ -87,7 +100,11 @@ class _PeerListener(UpstreamListener):
         self.replicas = replicas
         self.peer = peer
 
+    def on_upstream_failed(self, upstream: Any, error: Any) -> None:
+        self.replicas.failed(self.peer, upstream, error)
+
     def on_upstream_up(self, upstream: Any) -> None:
+        self.peer.failure = None
         connection = upstream.connection
 
         def settled() -> None:
@@ -110,10 +127,15 @@ class _PeerListener(UpstreamListener):
 class Replicas:
     """This replica's view of the others, and the owner of each queue."""
 
-    def __init__(self, settings: Any, server: Any):
+    def __init__(self, settings: Any, server: Any, *, tls: Any = None):
         self.self = normal(settings.self)
         self.server = server
         self.settings = settings
+        # with `listener.tls`: the peers are reached over TLS with this `ssl.SSLContext`, their
+        # certificates checked for `server_name` (None: each peer's own host)
+        self.tls = tls
+        self.server_name = (settings.tls.server_name or (split_hostport(settings.dns)[0] if settings.dns else None)
+                            if tls is not None and settings.tls.verify != "peer" else None)
         self.heartbeat = settings.heartbeat
         self.peers = {p: _Peer(p) for p in map(normal, settings.peers) if p != self.self}
         self.stopping = False
@@ -131,13 +153,42 @@ class Replicas:
         user = self.settings.user
         login = f"{quote(user, safe='')}:{quote(self.settings.password, safe='')}@" if user else ""
         peer.upstream = RemoteUpstream(
-            f"amqp://{login}{peer.address}",
+            f"{'amqps' if self.tls is not None else 'amqp'}://{login}{peer.address}",
             max_backoff=RECONNECT,
             backoff=lambda attempt: min(RECONNECT, 0.1 * 2 ** attempt),
             heartbeat=self.settings.heartbeat,
             properties={PROPERTY: self.self},
+            tls=self.tls,
+            server_hostname=self.server_name,
         )
         peer.upstream.start(self.loop, _PeerListener(self, peer))
+
+    def failed(self, peer: _Peer, upstream: Any, error: Any) -> None:
+        """An attempt to connect to `peer` failed before its open (it is not live): a TLS failure or
+        a refused login is logged as a warning, anything else (a peer not listening yet) at info;
+        each when its reason is new, else at most once a FAILURE_LOG seconds."""
+        if self.stopping or upstream is not peer.upstream:
+            return
+        description = error.description or ""  # (an `upstream.ErrorInfo`)
+        why = description.split(" connection lost: ", 1)[1] if " connection lost: " in description else description
+        why = why or error.condition or "closed"
+        now = time.monotonic()
+        if why == peer.failure and now - peer.failure_logged < FAILURE_LOG:
+            peer.failures += 1
+            return
+        again = f" ({peer.failures} more attempts failed alike)" if why == peer.failure and peer.failures else ""
+        peer.failure, peer.failure_logged, peer.failures = why, now, 0
+        if "certificate verify failed" in why:
+            log.warning("replica %s is not live: its TLS certificate does not verify (%s; replicas.tls.ca_file, "
+                        "replicas.tls.verify and replicas.tls.server_name decide what is accepted)%s",
+                        peer.address, why, again)
+        elif "TLS failed" in why:
+            log.warning("replica %s is not live: TLS with it failed (%s)%s", peer.address, why, again)
+        elif "unauthorized" in why or "authentication" in why.lower():
+            log.warning("replica %s is not live: it refused this replica's login (%s; replicas.user and "
+                        "replicas.password)%s", peer.address, why, again)
+        else:
+            log.info("replica %s cannot be reached: %s%s", peer.address, why, again)
 
     # ---------------------------------------------------------------- replicas.dns
     def _resolve(self) -> None:

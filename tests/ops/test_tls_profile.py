@@ -214,11 +214,37 @@ def test_bad_tls_settings_name_the_key(pki):
         ([f"listener.tls.crl_file={pki / 'ca.pem'}"], "listener.tls.crl_file", "needs listener.tls.verify_client"),
         ([f"listener.tls.ca_file={pki / 'ca.pem'}", "listener.tls.verify_client=true",
           f"listener.tls.crl_file={pki / 'server.key'}"], "listener.tls.crl_file", "holds no PEM certificate"),
-        (["replicas.peers=a:1,b:1", "replicas.self=a:1", "upstream.urls=amqp://rabbit"], "replicas.peers",
-         "without TLS"),
+        (["replicas.peers=a:1,b:1", "replicas.self=a:1", "upstream.urls=amqp://rabbit", "replicas.splice=true"],
+         "replicas.splice", "cannot be combined with listener.tls"),
+        (["replicas.peers=a:1,b:1", "replicas.self=a:1", "upstream.urls=amqp://rabbit",
+          "replicas.tls.ciphers=NO-SUCH-CIPHER"], "replicas.tls.ciphers", "OpenSSL selects no cipher"),
     ):
         err = config_error(*tls, *extra)
         assert (err.key, reason in err.reason) == (key, True), (extra, str(err))
+
+
+def test_replicas_take_the_listener_tls_and_its_profile(pki):
+    """Replicas behind a TLS listener reach each other over TLS (they were refused once), hardened as
+    the listener is: Mozilla's intermediate profile unless `replicas.tls` says otherwise."""
+    import argparse
+
+    from broker_filter.config import add_serve_arguments, load
+    from broker_filter.security import INTERMEDIATE_CIPHERS, replica_ssl_context
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    argv = []
+    for item in (f"listener.tls.cert_file={pki / 'server.pem'}", f"listener.tls.key_file={pki / 'server.key'}",
+                 f"listener.tls.ca_file={pki / 'ca.pem'}", "replicas.peers=a:1,b:1", "replicas.self=a:1",
+                 "upstream.urls=amqp://rabbit"):
+        argv += ["--set", item]
+    config = load(parser.parse_args(argv), {})
+    assert config.replicas.tls.ciphers == INTERMEDIATE_CIPHERS
+    context = replica_ssl_context(config.replicas.tls, config.listener.tls)
+    assert context.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    tls12 = {c["name"] for c in context.get_ciphers() if c["protocol"] == "TLSv1.2"}
+    assert tls12 == set(INTERMEDIATE_CIPHERS.split(":"))
 
 
 def test_the_groups_are_set_as_a_list_on_this_python():
