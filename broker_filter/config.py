@@ -249,6 +249,13 @@ class UpstreamTLS:
         kind="str",
         choices=("peer-name", "peer", "none"),
     )
+    min_version: str = setting("TLSv1.2", "oldest TLS version offered to the upstream broker", kind="str",
+                               choices=tuple(TLS_VERSIONS))
+    ciphers: str = setting(
+        INTERMEDIATE_CIPHERS, "TLS 1.2 cipher suites offered to the upstream broker, in OpenSSL's cipher-list "
+        "syntax (TLS 1.3 suites are OpenSSL's defaults); the default is Mozilla's intermediate profile, as on "
+        "the listener (a broker that accepts only older suites needs them named here)",
+        kind="str", shown_default="Mozilla intermediate (ECDHE+AESGCM, ECDHE+CHACHA20)")
 
 
 @dataclass(frozen=True)
@@ -581,8 +588,6 @@ class ReplicasTLS:
         INTERMEDIATE_CIPHERS, "TLS 1.2 cipher suites offered, in OpenSSL's cipher-list syntax (TLS 1.3 suites "
         "are OpenSSL's defaults); the default is Mozilla's intermediate profile, as on the listener",
         kind="str", shown_default="Mozilla intermediate (ECDHE+AESGCM, ECDHE+CHACHA20)")
-    groups: tuple[str, ...] = setting(
-        INTERMEDIATE_GROUPS, "key exchange groups (curves) offered, OpenSSL names", kind="list")
 
 
 @dataclass(frozen=True)
@@ -1135,6 +1140,7 @@ def _check(config: Config) -> None:
         raise ConfigError("upstream.user", "is required with upstream.password")
     for name in ("ca_file", "cert_file", "key_file"):
         _check_file(f"upstream.tls.{name}", getattr(upstream.tls, name))
+    _check_tls(upstream.tls, "upstream.tls")
     if upstream.reconnect.max_delay < upstream.reconnect.initial_delay:
         raise ConfigError("upstream.reconnect.max_delay", "must be >= upstream.reconnect.initial_delay")
     if listener.workers > 1 and not config.upstream.urls:

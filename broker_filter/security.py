@@ -128,7 +128,13 @@ def replica_ssl_context(tls: Any, listener: Any) -> ssl.SSLContext:
 def harden(context: ssl.SSLContext, tls: Any) -> None:
     """Apply `min_version`, `ciphers` (TLS 1.2's; TLS 1.3 keeps OpenSSL's suites) and `groups` of a
     TLS settings section to `context`; TlsSettingError names the setting OpenSSL refused.  No
-    compression, no renegotiation, a fresh ECDHE key per handshake."""
+    compression, no renegotiation, a fresh ECDHE key per handshake.
+
+    A client's section has no `groups`: a client context keeps OpenSSL's own list of groups.  A
+    client whose list was set here (`X25519:prime256v1:secp384r1`) failed TLS 1.2 handshakes with an
+    OpenSSL 3.0 server holding a P-256 ECDSA certificate ("no shared cipher"), where OpenSSL's own
+    list, which names the same groups first, succeeds; the listener's list restricts what the daemon
+    accepts, which is what the profile is about."""
     context.minimum_version = TLS_VERSIONS.get(getattr(tls, "min_version", "TLSv1.2"), ssl.TLSVersion.TLSv1_2)
     context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_SINGLE_ECDH_USE | getattr(ssl, "OP_NO_RENEGOTIATION", 0)
     ciphers = getattr(tls, "ciphers", INTERMEDIATE_CIPHERS)
@@ -136,7 +142,8 @@ def harden(context: ssl.SSLContext, tls: Any) -> None:
         context.set_ciphers(ciphers)
     except ssl.SSLError:
         raise TlsSettingError("ciphers", f"OpenSSL selects no cipher from {ciphers!r}") from None
-    set_groups(context, tuple(getattr(tls, "groups", INTERMEDIATE_GROUPS)))
+    if hasattr(tls, "groups"):
+        set_groups(context, tuple(tls.groups))
 
 
 def set_groups(context: ssl.SSLContext, groups: tuple[str, ...]) -> None:

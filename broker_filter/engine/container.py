@@ -38,7 +38,8 @@ log = logging.getLogger("broker_filter.engine")
 
 
 def client_ssl_context(tls: Any) -> ssl.SSLContext:
-    """An `ssl.SSLContext` for amqps:// upstreams from `[upstream.tls]` (verify: peer-name, peer, none)."""
+    """An `ssl.SSLContext` for amqps:// upstreams from `[upstream.tls]` (verify: peer-name, peer, none;
+    `min_version`, `ciphers` and `groups` applied by the caller: `security.harden`)."""
     context = ssl.create_default_context(cafile=tls.ca_file or None)
     if tls.cert_file:
         context.load_cert_chain(tls.cert_file, tls.key_file or None, password=tls.key_password or None)

@@ -256,3 +256,64 @@ def test_the_groups_are_set_as_a_list_on_this_python():
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     assert setter(context, "X25519:prime256v1:secp384r1") is True
     assert setter(context, "X25519:nonsense") is False
+
+
+def _handshake(client: ssl.SSLContext, server: ssl.SSLContext) -> str | None:
+    """A TLS handshake in memory between the two contexts: the cipher agreed, or None when it failed."""
+    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    c = client.wrap_bio(c_in, c_out, server_hostname="localhost")
+    s = server.wrap_bio(s_in, s_out, server_side=True)
+    for _ in range(10):
+        done = 0
+        for side, out, peer_in in ((c, c_out, s_in), (s, s_out, c_in)):
+            try:
+                side.do_handshake()
+                done += 1
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLError:
+                return None
+            peer_in.write(out.read())
+        if done == 2:
+            return c.cipher()[0]
+    return None
+
+
+def test_the_upstream_connection_offers_the_intermediate_profile_unless_told_otherwise(pki):
+    """`[upstream.tls]` has the listener's `min_version`, `ciphers` and `groups`: a broker that offers
+    only a CBC suite of TLS 1.2 is not reached with the defaults, and is once `upstream.tls.ciphers`
+    names that suite; a bad value names its key."""
+    import argparse
+
+    from broker_filter.app import upstream_ssl_context
+    from broker_filter.config import add_serve_arguments, load
+    from broker_filter.security import INTERMEDIATE_CIPHERS
+
+    def upstream_tls(*items: str):
+        parser = argparse.ArgumentParser()
+        add_serve_arguments(parser)
+        argv = ["--set", "upstream.urls=amqps://localhost", "--set", f"upstream.tls.ca_file={pki / 'ca.pem'}"]
+        for item in items:
+            argv += ["--set", item]
+        return load(parser.parse_args(argv), {}).upstream.tls
+
+    old_broker = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    old_broker.load_cert_chain(pki / "server.pem", pki / "server.key")
+    old_broker.maximum_version = ssl.TLSVersion.TLSv1_2
+    old_broker.set_ciphers("ECDHE-ECDSA-AES128-SHA")
+    modern = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    modern.load_cert_chain(pki / "server.pem", pki / "server.key")
+
+    default = upstream_ssl_context(upstream_tls())
+    assert {c["name"] for c in default.get_ciphers() if c["protocol"] == "TLSv1.2"} == set(INTERMEDIATE_CIPHERS.split(":"))
+    assert default.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert _handshake(default, modern) is not None
+    tls12_only = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # a P-256 ECDSA certificate, TLS 1.2 (see `harden`)
+    tls12_only.load_cert_chain(pki / "server.pem", pki / "server.key")
+    tls12_only.maximum_version = ssl.TLSVersion.TLSv1_2
+    assert _handshake(default, tls12_only) is not None
+    assert _handshake(default, old_broker) is None
+    widened = upstream_ssl_context(upstream_tls(f"upstream.tls.ciphers={INTERMEDIATE_CIPHERS}:ECDHE-ECDSA-AES128-SHA"))
+    assert _handshake(widened, old_broker) == "ECDHE-ECDSA-AES128-SHA"
+    err = config_error("upstream.urls=amqps://localhost", "upstream.tls.ciphers=NO-SUCH-CIPHER")
+    assert (err.key, "OpenSSL selects no cipher" in err.reason) == ("upstream.tls.ciphers", True), str(err)

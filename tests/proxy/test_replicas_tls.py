@@ -191,7 +191,6 @@ def config_error(pki, *settings: str) -> ConfigError:
     (["replicas.tls.cert_file={pki}/client.pem", "replicas.tls.key_file={pki}/server.key"],
      "replicas.tls.key_file", "does not hold the private key of"),
     (["replicas.tls.ciphers=NO-SUCH-CIPHER"], "replicas.tls.ciphers", "OpenSSL selects no cipher"),
-    (["replicas.tls.groups=X25519,no-such-group"], "replicas.tls.groups", "does not know one of"),
     (["replicas.tls.min_version=TLSv1.1"], "replicas.tls.min_version", "must be one of TLSv1.2, TLSv1.3"),
     (["replicas.tls.verify=none"], "replicas.tls.verify", "must be one of peer-name, peer"),
     (["replicas.tls.verify=peer", "replicas.tls.server_name=bf"], "replicas.tls.server_name", "is not checked"),
