@@ -2,7 +2,9 @@
 between the daemon and RabbitMQ (3.10 and 4.0) cuts the daemon's connection; a consumer on a queue
 and a producer through the daemon stay attached, nothing is lost (what was in flight comes again: at
 least once), and an attach made while the broker is unreachable is answered when the daemon is
-connected again."""
+connected again.  On RabbitMQ 4.0 a subscription to an exchange stays attached too, and gets what
+was published while the daemon was cut off; where its queue is gone by then, it is detached with
+the reason.  On RabbitMQ 3.10 a subscription is detached with the reason."""
 
 from __future__ import annotations
 
@@ -14,29 +16,46 @@ import uuid
 import pytest
 from proton import Message
 from proton.reactor import Selector
+from proton.utils import LinkDetached
 
 from amqp_relay import Relay
-from clients import connect, link_name, send_at_least_once
-from launcher import Daemon
+from clients import connect, delete_queue, link_name, queue_exists, send_at_least_once
+from launcher import Daemon, http_get, metric_value
 
 pytestmark = pytest.mark.rabbitmq
 
 RECONNECTED = "connected ("
 
 
-@pytest.fixture
-def relayed(rabbitmq):
-    port = int(rabbitmq.rsplit(":", 1)[1])
+def _relayed(url: str, *settings: str):
+    port = int(url.rsplit(":", 1)[1])
     relay = Relay(("127.0.0.1", port))
     d = Daemon("--set", "upstream.reconnect.initial_delay=0.05", "--set", "upstream.reconnect.max_delay=0.5",
-               "--set", "upstream.answer_timeout=20", "--set", "metrics.listen=127.0.0.1:0",
+               "--set", "upstream.answer_timeout=20", "--set", "metrics.listen=127.0.0.1:0", *settings,
                upstream=relay.url())
     d.relay = relay
-    d.broker_url = rabbitmq
+    d.broker_url = url
     yield d
     d.stop()
     relay.close()
     assert "Traceback" not in d.log(), d.log()
+
+
+@pytest.fixture
+def relayed(rabbitmq):
+    yield from _relayed(rabbitmq)
+
+
+@pytest.fixture
+def relayed4(rabbitmq4):
+    """A daemon in front of RabbitMQ 4.0 through a relay."""
+    yield from _relayed(rabbitmq4.url)
+
+
+@pytest.fixture
+def relayed3(rabbitmq3):
+    """A daemon in front of RabbitMQ 3.10 through a relay."""
+    yield from _relayed(rabbitmq3.url)
 
 
 def connected_times(d: Daemon) -> int:
@@ -139,4 +158,119 @@ def test_an_attach_while_the_broker_is_unreachable_waits_for_it(relayed):
         assert rcv.receive(timeout=20).body == 1
     finally:
         relayed.relay.paused = False
+        c.close()
+
+
+# ----------------------------------------------------------------------------- subscriptions
+SUSPENDED = r"link\(s\) of /queues/(broker-filter\.subscription\.[0-9a-f]+) wait for it"
+
+
+def detached_by_reconnect(d: Daemon) -> float:
+    status, text = http_get(d.metrics_url() + "/metrics")
+    assert status == 200, text
+    return metric_value(text, "broker_filter_links_detached_by_reconnect_total")
+
+
+def publish_colours(url: str, address: str, numbers, colour: str) -> None:
+    c = connect(url)
+    try:
+        s = c.create_sender(address)
+        for n in numbers:
+            s.send(Message(body=n, properties={"n": n, "colour": colour}))
+    finally:
+        c.close()
+
+
+def cut_off(d: Daemon) -> str:
+    """Cut the daemon's upstream connection and keep the broker unreachable (the relay refuses new
+    connections until `d.relay.paused` is cleared); the name of the subscription queue whose link
+    waits for the upstream."""
+    d.relay.paused = True
+    d.relay.cut()
+    return d.wait_for(SUSPENDED, 20)
+
+
+@pytest.mark.rabbitmq4
+def test_a_subscription_stays_attached_across_a_cut_and_gets_what_was_published_meanwhile(relayed4):
+    key = f"resume.{uuid.uuid4().hex[:8]}"
+    address = f"/exchanges/amq.topic/{key}"
+    c = connect(relayed4.url)
+    try:
+        rcv = c.create_receiver(address, name=link_name(), credit=50, options=Selector("colour = 'red'"))
+        publish_colours(relayed4.broker_url, address, range(0, 5), "red")
+        publish_colours(relayed4.broker_url, address, range(100, 105), "blue")
+        assert sorted(receive_all(rcv, set(range(5)))) == list(range(5))
+        publish_colours(relayed4.broker_url, address, [5], "red")
+        unsettled = rcv.receive(timeout=20)  # taken, not settled when the connection goes
+        assert unsettled.body == 5
+        before = connected_times(relayed4)
+        queue = cut_off(relayed4)
+        assert queue_exists(relayed4.broker_url, queue)  # it outlives the daemon's connection
+        # published while the daemon is cut off: the queue collects them
+        publish_colours(relayed4.broker_url, address, range(6, 16), "red")
+        publish_colours(relayed4.broker_url, address, range(106, 116), "blue")
+        relayed4.relay.paused = False
+        wait_reconnected(relayed4, before)
+        relayed4.wait_for(re.escape(f"resumed on its queue {queue}"), 20)
+        rcv.accept()  # (the delivery of 5 from before the cut: the daemon no longer holds it)
+        got = receive_all(rcv, set(range(5, 16)))  # (raises LinkDetached if the link were detached)
+        assert set(got) == set(range(5, 16)), got  # 5 came again (at least once), no blue one
+        assert rcv.link.state & rcv.link.REMOTE_ACTIVE
+        publish_colours(relayed4.broker_url, address, [16], "red")  # and it carries on
+        assert receive_all(rcv, {16}) == [16]
+        assert detached_by_reconnect(relayed4) == 0
+        rcv.close()
+        deadline = time.monotonic() + 20
+        while queue_exists(relayed4.broker_url, queue):  # the subscription ended: its queue goes
+            assert time.monotonic() < deadline, f"queue {queue} left on the broker"
+            time.sleep(0.1)
+    finally:
+        relayed4.relay.paused = False
+        c.close()
+
+
+@pytest.mark.rabbitmq4
+def test_a_subscription_whose_queue_went_meanwhile_is_detached_with_the_reason(relayed4):
+    key = f"resume.{uuid.uuid4().hex[:8]}"
+    address = f"/exchanges/amq.topic/{key}"
+    c = connect(relayed4.url)
+    try:
+        rcv = c.create_receiver(address, name=link_name(), credit=50, options=Selector("colour = 'red'"))
+        publish_colours(relayed4.broker_url, address, range(3), "red")
+        receive_all(rcv, set(range(3)))
+        before = connected_times(relayed4)
+        detached = detached_by_reconnect(relayed4)
+        queue = cut_off(relayed4)
+        delete_queue(relayed4.broker_url, queue)  # (as if it had expired, or the broker restarted)
+        relayed4.relay.paused = False
+        wait_reconnected(relayed4, before)
+        with pytest.raises(LinkDetached) as detach:
+            rcv.receive(timeout=30)
+        condition = rcv.link.remote_condition
+        assert condition.name == "amqp:connection:forced"
+        assert f"its queue {queue}" in condition.description and "was gone" in condition.description
+        assert "lost" in condition.description, condition.description
+        assert detach.value is not None
+        assert detached_by_reconnect(relayed4) == detached + 1
+    finally:
+        relayed4.relay.paused = False
+        c.close()
+
+
+def test_a_subscription_on_rabbitmq3_is_detached_by_a_cut(relayed3):
+    """RabbitMQ 3.10's AMQP 1.0 plugin makes a subscription's queue, exclusive to the connection: it
+    goes with it, and the link is detached with the reason."""
+    key = f"resume.{uuid.uuid4().hex[:8]}"
+    c = connect(relayed3.url)
+    try:
+        rcv = c.create_receiver(f"/topic/{key}", name=link_name(), credit=10, options=Selector("colour = 'red'"))
+        publish_colours(relayed3.broker_url, f"/topic/{key}", range(3), "red")
+        receive_all(rcv, set(range(3)))
+        detached = detached_by_reconnect(relayed3)
+        relayed3.relay.cut()
+        with pytest.raises(LinkDetached):
+            rcv.receive(timeout=30)
+        assert rcv.link.remote_condition.name == "amqp:connection:forced"
+        assert detached_by_reconnect(relayed3) == detached + 1
+    finally:
         c.close()
