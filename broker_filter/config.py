@@ -308,7 +308,7 @@ class Upstream:
     )
     subscription_expiry: float = setting(
         60.0,
-        "RabbitMQ 4: seconds the queue the daemon declares for a subscription (`/exchanges/X/KEY`, `/topic/K`) "
+        "RabbitMQ 4: seconds the queue the daemon declares for a subscription to `/exchanges/X[/KEY]` "
         "outlives the loss of the upstream connection, collecting what is routed to it (its `x-expires`): back "
         "within it, the subscriber's link is served again with nothing missed; later, it is detached with the "
         "reason.  Also how long such a queue is left on the broker when the daemon dies without deleting it",

@@ -506,6 +506,16 @@ class FeedRegistry:
         binding.consumer = binding.upstream.open_consumer(spec, binding)
         return binding
 
+    def end_subscription_queues(self) -> None:
+        """The daemon stops (its client links are closed): the queues it declared for subscriptions
+        (`FeedBinding.own_queue`) are deleted before its upstream connection closes."""
+        queues = []
+        for b in self.feeds.values():
+            if b.own_queue is not None and not b.closed:
+                queues.append(b.own_queue)
+                b.own_queue = None
+        topology.end_subscriptions(self.server.upstream, queues)
+
     def moves_in_flight(self) -> int:
         return sum(b.feed.moving for b in list(self.feeds.values())) + sum(b.feed.moving for b in self.draining)
 

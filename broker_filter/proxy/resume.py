@@ -11,9 +11,9 @@ error (`ErrorInfo.transient`), then the server hears `on_upstream_down`.
   not settled stay on the broker, which delivers them again (at least once) — and its client links
   stay attached, each kept to be placed again (`Receivers.place`) once the upstream is back.  An
   attach that was not answered yet waits too, at most `upstream.answer_timeout` seconds.
-* A **subscription** on RabbitMQ 4 (`/exchanges/X/KEY`, `/topic/K`, ...) is a queue the daemon
-  declared for it (`Receivers.subscribe_exchange`): not exclusive to the connection, not
-  auto-delete, expiring `upstream.subscription_expiry` seconds after its last consumer went.  Its
+* A **subscription** to RabbitMQ 4's `/exchanges/X[/KEY]` is a queue the daemon declared for it
+  (`Receivers.subscribe_exchange`): not exclusive to the connection, not auto-delete, expiring
+  `upstream.subscription_expiry` seconds after its last consumer went.  Its
   feed is suspended the same way (`FeedBinding.own_queue`); while the daemon is away the queue
   keeps collecting what is routed to it, and when the upstream is back the link is served from
   the same queue again (`Receivers.resume_subscription`): nothing routed meanwhile is missed, and
@@ -26,10 +26,11 @@ error (`ErrorInfo.transient`), then the server hears `on_upstream_down`.
   settled `released` (the upstream may or may not have taken them: the client sends them again, at
   least once), what it sends while the upstream is down is released too, and a publisher is opened
   again when the upstream is back.  The anonymous relay's links never depended on one publisher.
-* Links that cannot be resumed are detached with the reason, as before: a subscription in front
-  of RabbitMQ 3.x (its queue is made by RabbitMQ's AMQP 1.0 plugin, exclusive to the connection:
-  it went with the connection, and with it what was routed to the subscription meanwhile, so a
-  resumed link would hide that gap), a dynamic node, a browser, and every link of a replica
+* Links that cannot be resumed are detached with the reason, as before: a subscription whose queue
+  RabbitMQ makes — every one in front of RabbitMQ 3.x (its AMQP 1.0 plugin's queue is exclusive to
+  the connection: it went with it, and with it what was routed to the subscription meanwhile, so a
+  resumed link would hide that gap), and `/topic/K`, `/exchange/X/K` on RabbitMQ 4 (an `amq.gen-`
+  queue the daemon cannot find again) —, a dynamic node, a browser, and every link of a replica
   (`[replicas]`: a replica without its upstream owns nothing, and the others take its queues over).
 * An **attach** that arrives while the upstream is reconnecting waits for it (`await_attach`), at
   most `upstream.answer_timeout` seconds, instead of being refused at once.

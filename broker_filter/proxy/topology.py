@@ -181,6 +181,8 @@ class Topology:
     def upstream_closed(self, link: Any) -> None:
         if link.local_state != LOCAL_CLOSED:
             link.close()
+        if self.closed:
+            return  # (the answer to the pair's own detach, or after it failed)
         c = link.remote_condition
         reason = (f"upstream {self.upstream.name} detached the daemon's /management link"
                   + (f": {c.name}: {c.description}" if c is not None else ""))
@@ -522,3 +524,17 @@ def end_subscription(upstream: Any, queue: str) -> None:
                      reply.describe())
 
     pair.call("DELETE", queue_path(queue), None, deleted)
+
+
+def end_subscriptions(upstream: Any, queues: list[str]) -> None:
+    """The daemon stops: the queues of its subscriptions (`declare_subscription`) are deleted, and
+    its `/management` pair closed after the requests, so that the upstream connection's close waits
+    for the pair's session's end, which RabbitMQ answers after the requests (`RemoteUpstream.stop`)."""
+    pair = topology(upstream) if queues else None
+    if pair is None:
+        return
+    for queue in queues:
+        pair.call("DELETE", queue_path(queue), None, lambda reply: None)
+    log.info("%d subscription queue(s) deleted on upstream %s at shutdown", len(queues), upstream.name)
+    if isinstance(pair, Topology):
+        pair.close()
