@@ -352,6 +352,7 @@ class App:
             self.passthrough.stop()
         if self.replicas is not None:
             self.replicas.stop()
+        self.server.registry.end_subscription_queues()  # (before the upstream connection closes)
         self.upstream.stop()
 
     def _refused(self, reason: str, mechanism: str) -> None:

@@ -313,6 +313,15 @@ class Upstream:
         kind="float",
         minimum=0.1,
     )
+    subscription_expiry: float = setting(
+        60.0,
+        "RabbitMQ 4: seconds the queue the daemon declares for a subscription to `/exchanges/X[/KEY]` "
+        "outlives the loss of the upstream connection, collecting what is routed to it (its `x-expires`): back "
+        "within it, the subscriber's link is served again with nothing missed; later, it is detached with the "
+        "reason.  Also how long such a queue is left on the broker when the daemon dies without deleting it",
+        kind="float",
+        minimum=1,
+    )
     management_url: str = setting(
         "",
         "RabbitMQ 3.x: its management plugin's HTTP API (`http[s]://host:15672`, the upstream's login), over which "

@@ -247,11 +247,12 @@ class Metrics:
         )
         self.links_resumed = Counter(
             "broker_filter_links_resumed", "Client links served again, still attached, after their upstream "
-            "connection was lost and re-established (queues and senders)", registry=r
+            "connection was lost and re-established (queues, RabbitMQ 4 exchange subscriptions, senders)", registry=r
         )
         self.links_detached_by_reconnect = Counter(
             "broker_filter_links_detached_by_reconnect", "Client links detached because their upstream connection "
-            "was lost and they cannot be resumed (subscriptions, dynamic nodes, browsers)", registry=r
+            "was lost and they cannot be resumed (subscriptions whose queue RabbitMQ made or that expired meanwhile, "
+            "dynamic nodes, browsers)", registry=r
         )
         self.shared_subscribers = Gauge(
             "broker_filter_shared_subscribers",

@@ -21,7 +21,7 @@ import itertools
 import logging
 from typing import Any, Callable
 
-from . import fanout, introspect, reports, sharing
+from . import fanout, introspect, reports, sharing, topology
 from .custody import FeedIO
 from .forwarding import Feed, Outcome, Outlet
 from .records import link_state
@@ -79,6 +79,9 @@ class FeedBinding(FeedIO, ConsumerHandler):
         # the queue on the broker (RabbitMQ 4) that holds the durable subscription (`topology`): the
         # subscription outlives this feed, which consumes the queue while its subscriber is attached
         self.broker_queue: str | None = None
+        # the queue the daemon declared for this subscription (RabbitMQ 4's `/exchanges/X/KEY`,
+        # `topology.declare_subscription`): kept while the feed is suspended (`resume`), deleted when it ends
+        self.own_queue: str | None = None
         self.consumer = None
         self.info: ConsumerInfo | None = None
         self.evaluated: frozenset = frozenset()  # `offer_identity` of each offered filter the upstream evaluates
@@ -407,6 +410,8 @@ class FeedRegistry:
         outlets = self._take_down(binding)
         if binding.consumer is not None:
             binding.consumer.close()
+        if binding.own_queue is not None:
+            topology.end_subscription(binding.upstream, binding.own_queue)
         self._release(binding)
         metrics = self.server.metrics
         if error.transient and outlets and metrics is not None:
@@ -461,6 +466,8 @@ class FeedRegistry:
             for delivery, outcome in returns:  # unacquired (3.2.1), or modified with a client's annotations
                 binding.consumer.settle(delivery, outcome)
             binding.consumer.close(closed=binding.draining_closed)
+        if binding.own_queue is not None:
+            topology.end_subscription(binding.upstream, binding.own_queue)
         self._forget_recycler(binding.spec.address)
         self._release(binding)
 
@@ -498,6 +505,16 @@ class FeedRegistry:
         outlet.io_owner = binding
         binding.consumer = binding.upstream.open_consumer(spec, binding)
         return binding
+
+    def end_subscription_queues(self) -> None:
+        """The daemon stops (its client links are closed): the queues it declared for subscriptions
+        (`FeedBinding.own_queue`) are deleted before its upstream connection closes."""
+        queues = []
+        for b in self.feeds.values():
+            if b.own_queue is not None and not b.closed:
+                queues.append(b.own_queue)
+                b.own_queue = None
+        topology.end_subscriptions(self.server.upstream, queues)
 
     def moves_in_flight(self) -> int:
         return sum(b.feed.moving for b in list(self.feeds.values())) + sum(b.feed.moving for b in self.draining)

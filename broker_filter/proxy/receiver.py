@@ -244,9 +244,11 @@ class Receivers:
     def subscribe_exchange(self, link, outlet: Outlet, spec: ConsumerSpec, address: str) -> None:
         """A subscription to RabbitMQ 4's `/exchanges/X[/KEY]`, which RabbitMQ 4 does not consume
         from: a queue of the daemon's own, declared and bound over its `/management` pair
-        (`topology.declare_subscription`: exclusive, auto-delete), consumed by a feed of the link's
-        own (a subscription: what its filters do not select is accepted and dropped), gone when the
-        link goes."""
+        (`topology.declare_subscription`: not exclusive, not auto-delete, `x-expires`
+        `upstream.subscription_expiry`), consumed by a feed of the link's own (a subscription: what
+        its filters do not select is accepted and dropped).  The queue goes when the feed ends
+        (`topology.end_subscription`); it outlives a lost upstream connection, to be consumed again
+        when the upstream is back (`resume_subscription`)."""
         upstream = self.server.upstream
         pair = topology.topology(upstream)
         if pair is None:
@@ -260,7 +262,7 @@ class Receivers:
         def ready(failure: tuple[str, str] | None) -> None:
             if state.outlet is not outlet or self.server.stopping:
                 if failure is None:  # the subscriber went meanwhile: its queue goes too
-                    pair.call("DELETE", topology.queue_path(queue), None, lambda reply: None)
+                    topology.end_subscription(upstream, queue)
                 return
             if failure is not None:
                 self.server._drop_link(link)
@@ -268,10 +270,56 @@ class Receivers:
                 return
             consumed = dataclasses.replace(spec, address=topology.queue_path(queue), capabilities=(),
                                            distribution_mode=None, durable=None, expiry_policy=None)
-            key = ("subscription", next(self.server._sub_ids))
-            self.server.registry.open_feed(key, consumed, True, outlet, upstream)
+            self._consume_subscription(outlet, consumed, queue)
 
-        topology.declare_subscription(pair, queue, topology.exchange_binding(address), ready)
+        topology.declare_subscription(pair, queue, topology.exchange_binding(address),
+                                      self.server.config.upstream.subscription_expiry, ready)
+
+    def _consume_subscription(self, outlet: Outlet, spec: ConsumerSpec, queue: str) -> None:
+        key = ("subscription", next(self.server._sub_ids))
+        opened = self.server.registry.open_feed(key, spec, True, outlet, self.server.upstream)
+        opened.own_queue = queue
+
+    def resume_subscription(self, link, outlet: Outlet, spec: ConsumerSpec, queue: str) -> None:
+        """The upstream is back under a subscription's link whose feed was suspended (`resume`): its
+        queue (`subscribe_exchange`) is looked up and, still there with what was routed to it
+        meanwhile, consumed again; gone (expired, the broker restarted), the link is detached with
+        the reason, never left with a silent gap."""
+        upstream = self.server.upstream
+        resumption = self.server.resumption
+        pair = topology.topology(upstream)
+        if pair is None:  # (lost again already)
+            resumption.suspend_subscription(outlet, spec, queue)
+            return
+        state = state_of(link)
+
+        def found(reply: topology.Reply) -> None:
+            if (state.outlet is not outlet or link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED
+                    or self.server.stopping):
+                topology.end_subscription(upstream, queue)  # the subscriber went meanwhile
+                return
+            if reply.ok:
+                self._consume_subscription(outlet, spec, queue)
+                resumption.resumed(1)
+                log.info("upstream %s is back: subscription link %r resumed on its queue %s", upstream.name,
+                         link.name, queue)
+                return
+            if reply.status is None and not upstream.connected:  # the upstream went again: wait again
+                resumption.suspend_subscription(outlet, spec, queue)
+                return
+            address = link.remote_source.address
+            if reply.status == "404":
+                why = (f"subscription to {address} ended: its queue {queue} on upstream {upstream.name} was gone "
+                       f"when the upstream connection came back (expired after "
+                       f"{self.server.config.upstream.subscription_expiry:g} s, upstream.subscription_expiry, "
+                       "or deleted with a broker restart): what was routed to it meanwhile is lost; subscribe again")
+            else:
+                why = (f"subscription to {address} ended: its queue {queue} on upstream {upstream.name} could not be "
+                       f"found again after the upstream connection came back ({reply.describe()})")
+                topology.end_subscription(upstream, queue)
+            resumption.detach(link, "amqp:connection:forced", why)
+
+        pair.call("GET", topology.queue_path(queue), None, found)
 
     def join(self, binding: FeedBinding, outlet: Outlet) -> None:
         """The outlet is served by an open feed: at once if its upstream consumer is ready."""

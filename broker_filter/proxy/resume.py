@@ -11,13 +11,26 @@ error (`ErrorInfo.transient`), then the server hears `on_upstream_down`.
   not settled stay on the broker, which delivers them again (at least once) — and its client links
   stay attached, each kept to be placed again (`Receivers.place`) once the upstream is back.  An
   attach that was not answered yet waits too, at most `upstream.answer_timeout` seconds.
+* A **subscription** to RabbitMQ 4's `/exchanges/X[/KEY]` is a queue the daemon declared for it
+  (`Receivers.subscribe_exchange`): not exclusive to the connection, not auto-delete, expiring
+  `upstream.subscription_expiry` seconds after its last consumer went.  Its
+  feed is suspended the same way (`FeedBinding.own_queue`); while the daemon is away the queue
+  keeps collecting what is routed to it, and when the upstream is back the link is served from
+  the same queue again (`Receivers.resume_subscription`): nothing routed meanwhile is missed, and
+  what was unsettled comes again.  Where the queue is gone by then (it expired, the broker
+  restarted), the link is detached with `amqp:connection:forced` and a description saying so:
+  never a silent gap.  The daemon deletes the queue when the subscription ends
+  (`topology.end_subscription`), and a link that went while the upstream was down has its queue
+  deleted when it is back; what the daemon cannot delete expires.
 * A **sending** link (`sender.SenderLink`) stays attached: the deliveries it had in flight upstream are
   settled `released` (the upstream may or may not have taken them: the client sends them again, at
   least once), what it sends while the upstream is down is released too, and a publisher is opened
   again when the upstream is back.  The anonymous relay's links never depended on one publisher.
-* Links that cannot be resumed are detached with the reason, as before: a subscription (its queue on
-  the broker went with the connection, and with it what was routed to the subscription meanwhile: a
-  resumed link would hide that gap), a dynamic node, a browser, and every link of a replica
+* Links that cannot be resumed are detached with the reason, as before: a subscription whose queue
+  RabbitMQ makes — every one in front of RabbitMQ 3.x (its AMQP 1.0 plugin's queue is exclusive to
+  the connection: it went with it, and with it what was routed to the subscription meanwhile, so a
+  resumed link would hide that gap), and `/topic/K`, `/exchange/X/K` on RabbitMQ 4 (an `amq.gen-`
+  queue the daemon cannot find again) —, a dynamic node, a browser, and every link of a replica
   (`[replicas]`: a replica without its upstream owns nothing, and the others take its queues over).
 * An **attach** that arrives while the upstream is reconnecting waits for it (`await_attach`), at
   most `upstream.answer_timeout` seconds, instead of being refused at once.
@@ -31,8 +44,10 @@ import logging
 from typing import Any, Callable
 
 from ..engine.endpoints import LOCAL_CLOSED, LOCAL_UNINIT, REMOTE_CLOSED
+from . import topology
 from .forwarding import Outlet
 from .records import state_of
+from .refusal import close_link
 
 log = logging.getLogger("broker_filter.proxy")
 
@@ -43,13 +58,15 @@ class Resumption:
     def __init__(self, server: Any):
         self.server = server
         self.outlets: list[Outlet] = []  # receiving links of suspended feeds, to be placed again
+        # ... those of them on a subscription's own queue (`FeedBinding.own_queue`): its consumer's spec and queue
+        self.subscriptions: dict[Outlet, tuple[Any, str]] = {}
         self.inlets: list = []  # sending links whose publisher went with the connection
         self.attaches: list[tuple[Any, Any, Callable]] = []  # (link, connection record, attach again)
 
     def resumable(self, binding: Any) -> bool:
         """Whether a feed's links can outlive its upstream connection (a queue, not through a replica)."""
         return (binding.via is None and not self.server.stopping and self.server.replicas is None
-                and (binding.key[0] == "queue" or binding.broker_queue is not None))
+                and (binding.key[0] == "queue" or binding.broker_queue is not None or binding.own_queue is not None))
 
     def suspend_feed(self, binding: Any) -> None:
         registry = self.server.registry
@@ -59,6 +76,8 @@ class Resumption:
         for o in outlets:
             if o.io_ref is not None:
                 o.io_ref.handler.awaiting_upstream()  # (its `receiver.ReceiverLink`)
+            if binding.own_queue is not None:
+                self.subscriptions[o] = (binding.spec, binding.own_queue)
         self.outlets.extend(outlets)
         waiting = [o for o in outlets if o.io_ref is not None and o.io_ref.local_state == LOCAL_UNINIT]
         if waiting:
@@ -66,6 +85,27 @@ class Resumption:
                                                  lambda: self._give_up(waiting))
         log.info("upstream %s lost: %d link(s) of %s wait for it", self.server.upstream.name, len(outlets),
                  binding.spec.address)
+
+    def suspend_subscription(self, outlet: Outlet, spec: Any, queue: str) -> None:
+        """A subscription's link whose queue was being looked up again when the upstream went again."""
+        self.subscriptions[outlet] = (spec, queue)
+        self.outlets.append(outlet)
+
+    def resumed(self, n: int) -> None:
+        if n and self.server.metrics is not None:
+            self.server.metrics.links_resumed.inc(n)
+
+    def detach(self, link: Any, condition: str, description: str) -> None:
+        """A suspended link that cannot be served again after all: detached (refused if its attach
+        was never answered) with the reason, counted as detached by the reconnect."""
+        self.server._drop_link(link)
+        if link.local_state == LOCAL_UNINIT:
+            self.server._refuse(link, condition, description)
+        else:
+            close_link(link, condition, description)
+            log.info("link %r detached: %s", link.name, description)
+        if self.server.metrics is not None:
+            self.server.metrics.links_detached_by_reconnect.inc()
 
     def suspend_inlet(self, inlet: Any) -> None:
         self.inlets.append(inlet)
@@ -98,6 +138,7 @@ class Resumption:
             if link is None or link.local_state != LOCAL_UNINIT:
                 continue
             self.outlets.remove(o)
+            self.subscriptions.pop(o, None)
             self.server._drop_link(link)
             self.server._refuse(link, "amqp:connection:forced",
                                 f"upstream {self.server.upstream.name} is not connected; retry later")
@@ -108,11 +149,18 @@ class Resumption:
         outlets, self.outlets = self.outlets, []
         inlets, self.inlets = self.inlets, []
         attaches, self.attaches = self.attaches, []
+        subscriptions, self.subscriptions = self.subscriptions, {}
         resumed = 0
         for o in outlets:
             link = o.io_ref
+            own = subscriptions.get(o)
             if (link is None or link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED
                     or state_of(link).outlet is not o):
+                if own is not None:  # its subscriber went while the upstream was down
+                    topology.end_subscription(server.upstream, own[1])
+                continue
+            if own is not None:
+                server.receivers.resume_subscription(link, o, *own)  # (counted once its queue is found)
                 continue
             server.receivers.place(link, o)
             resumed += 1
@@ -125,5 +173,4 @@ class Resumption:
                 attach(link, conn)
         if resumed:
             log.info("upstream %s is back: %d link(s) resumed", server.upstream.name, resumed)
-            if server.metrics is not None:
-                server.metrics.links_resumed.inc(resumed)
+            self.resumed(resumed)

@@ -181,6 +181,8 @@ class Topology:
     def upstream_closed(self, link: Any) -> None:
         if link.local_state != LOCAL_CLOSED:
             link.close()
+        if self.closed:
+            return  # (the answer to the pair's own detach, or after it failed)
         c = link.remote_condition
         reason = (f"upstream {self.upstream.name} detached the daemon's /management link"
                   + (f": {c.name}: {c.description}" if c is not None else ""))
@@ -478,11 +480,14 @@ def subscription_queue() -> str:
     return SUBSCRIPTION_PREFIX + uuid.uuid4().hex
 
 
-def declare_subscription(pair: Topology, queue: str, binding: tuple[str, str],
+def declare_subscription(pair: Topology, queue: str, binding: tuple[str, str], expires: float,
                          done: Callable[[tuple[str, str] | None], None]) -> None:
-    """Declare `queue` for one non-durable subscription and bind it to `binding` (exchange, key): a
-    queue exclusive to the daemon's upstream connection (gone if that connection goes) and
-    auto-delete (gone when its consumer, the subscription's feed, detaches).  `done(None)` when it
+    """Declare `queue` for one non-durable subscription and bind it to `binding` (exchange, key).  It
+    is neither exclusive nor auto-delete, so that it outlives the daemon's upstream connection and
+    the subscription's feed is consumed again from it after a reconnect (`resume`), with what was
+    routed to it meanwhile; unused for `expires` seconds (`x-expires`: no consumer, the daemon
+    gone or cut off) the broker deletes it, and it is not durable (a broker restart ends it).  The
+    daemon deletes it itself when the subscription ends (`end_subscription`).  `done(None)` when it
     is ready, `done((condition, description))` when not."""
     exchange, key = binding
 
@@ -498,7 +503,38 @@ def declare_subscription(pair: Topology, queue: str, binding: tuple[str, str],
             done(None)
             return
         done(_failure(f"binding the subscription's queue to exchange {exchange!r} with key {key!r}", reply))
-        pair.call("DELETE", queue_path(queue), None, lambda r: None)  # (never consumed: not auto-deleted)
+        pair.call("DELETE", queue_path(queue), None, lambda r: None)  # (never consumed)
 
-    pair.call("PUT", queue_path(queue), {"durable": False, "exclusive": True, "auto_delete": True,
-                                         "arguments": {"x-queue-type": "classic"}}, declared)
+    pair.call("PUT", queue_path(queue), {"durable": False, "exclusive": False, "auto_delete": False,
+                                         "arguments": {"x-queue-type": "classic",
+                                                       "x-expires": max(1, int(expires * 1000))}}, declared)
+
+
+def end_subscription(upstream: Any, queue: str) -> None:
+    """A subscription's queue (`declare_subscription`) whose subscription ended: deleted, with what
+    it held.  Not connected, or the broker could not do it: its `x-expires` deletes it later."""
+    pair = topology(upstream)
+    if pair is None:
+        log.info("subscription queue %s is left to expire on upstream %s (not connected)", queue, upstream.name)
+        return
+
+    def deleted(reply: Reply) -> None:
+        if not (reply.ok or reply.status == "404"):
+            log.info("deleting subscription queue %s failed (%s); it expires on the broker", queue,
+                     reply.describe())
+
+    pair.call("DELETE", queue_path(queue), None, deleted)
+
+
+def end_subscriptions(upstream: Any, queues: list[str]) -> None:
+    """The daemon stops: the queues of its subscriptions (`declare_subscription`) are deleted, and
+    its `/management` pair closed after the requests, so that the upstream connection's close waits
+    for the pair's session's end, which RabbitMQ answers after the requests (`RemoteUpstream.stop`)."""
+    pair = topology(upstream) if queues else None
+    if pair is None:
+        return
+    for queue in queues:
+        pair.call("DELETE", queue_path(queue), None, lambda reply: None)
+    log.info("%d subscription queue(s) deleted on upstream %s at shutdown", len(queues), upstream.name)
+    if isinstance(pair, Topology):
+        pair.close()

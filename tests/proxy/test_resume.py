@@ -2,7 +2,10 @@
 between the daemon and RabbitMQ (3.10 and 4.0) cuts the daemon's connection; a consumer on a queue
 and a producer through the daemon stay attached, nothing is lost (what was in flight comes again: at
 least once), and an attach made while the broker is unreachable is answered when the daemon is
-connected again."""
+connected again.  On RabbitMQ 4.0 a subscription to an exchange stays attached too, and gets what
+was published while the daemon was cut off; where its queue is gone by then, it is detached with
+the reason.  A subscription whose queue RabbitMQ makes (`/topic/K`; on 3.10, every one) is detached
+with the reason."""
 
 from __future__ import annotations
 
@@ -14,29 +17,46 @@ import uuid
 import pytest
 from proton import Message
 from proton.reactor import Selector
+from proton.utils import LinkDetached
 
 from amqp_relay import Relay
-from clients import connect, link_name, send_at_least_once
-from launcher import Daemon
+from clients import connect, delete_queue, link_name, queue_exists, send_at_least_once
+from launcher import Daemon, http_get, metric_value
 
 pytestmark = pytest.mark.rabbitmq
 
 RECONNECTED = "connected ("
 
 
-@pytest.fixture
-def relayed(rabbitmq):
-    port = int(rabbitmq.rsplit(":", 1)[1])
+def _relayed(url: str, *settings: str):
+    port = int(url.rsplit(":", 1)[1])
     relay = Relay(("127.0.0.1", port))
     d = Daemon("--set", "upstream.reconnect.initial_delay=0.05", "--set", "upstream.reconnect.max_delay=0.5",
-               "--set", "upstream.answer_timeout=20", "--set", "metrics.listen=127.0.0.1:0",
+               "--set", "upstream.answer_timeout=20", "--set", "metrics.listen=127.0.0.1:0", *settings,
                upstream=relay.url())
     d.relay = relay
-    d.broker_url = rabbitmq
+    d.broker_url = url
     yield d
     d.stop()
     relay.close()
     assert "Traceback" not in d.log(), d.log()
+
+
+@pytest.fixture
+def relayed(rabbitmq):
+    yield from _relayed(rabbitmq)
+
+
+@pytest.fixture
+def relayed4(rabbitmq4):
+    """A daemon in front of RabbitMQ 4.0 through a relay."""
+    yield from _relayed(rabbitmq4.url)
+
+
+@pytest.fixture
+def relayed4_expiring(rabbitmq4):
+    """... whose subscription queues expire one second after the daemon's connection went."""
+    yield from _relayed(rabbitmq4.url, "--set", "upstream.subscription_expiry=1")
 
 
 def connected_times(d: Daemon) -> int:
@@ -140,3 +160,172 @@ def test_an_attach_while_the_broker_is_unreachable_waits_for_it(relayed):
     finally:
         relayed.relay.paused = False
         c.close()
+
+
+# ----------------------------------------------------------------------------- subscriptions
+SUSPENDED = r"link\(s\) of /queues/(broker-filter\.subscription\.[0-9a-f]+) wait for it"
+
+
+def detached_by_reconnect(d: Daemon) -> float:
+    status, text = http_get(d.metrics_url() + "/metrics")
+    assert status == 200, text
+    return metric_value(text, "broker_filter_links_detached_by_reconnect_total")
+
+
+def publish_colours(url: str, address: str, numbers, colour: str) -> None:
+    c = connect(url)
+    try:
+        s = c.create_sender(address)
+        for n in numbers:
+            s.send(Message(body=n, properties={"n": n, "colour": colour}))
+    finally:
+        c.close()
+
+
+def cut_off(d: Daemon) -> str:
+    """Cut the daemon's upstream connection and keep the broker unreachable (the relay refuses new
+    connections until `d.relay.paused` is cleared); the name of the subscription queue whose link
+    waits for the upstream."""
+    d.relay.paused = True
+    d.relay.cut()
+    return d.wait_for(SUSPENDED, 20)
+
+
+@pytest.mark.rabbitmq4
+def test_a_subscription_stays_attached_across_a_cut_and_gets_what_was_published_meanwhile(relayed4):
+    key = f"resume.{uuid.uuid4().hex[:8]}"
+    address = f"/exchanges/amq.topic/{key}"
+    c = connect(relayed4.url)
+    try:
+        rcv = c.create_receiver(address, name=link_name(), credit=50, options=Selector("colour = 'red'"))
+        publish_colours(relayed4.broker_url, address, range(0, 5), "red")
+        publish_colours(relayed4.broker_url, address, range(100, 105), "blue")
+        assert sorted(receive_all(rcv, set(range(5)))) == list(range(5))
+        publish_colours(relayed4.broker_url, address, [5], "red")
+        unsettled = rcv.receive(timeout=20)  # taken, not settled when the connection goes
+        assert unsettled.body == 5
+        before = connected_times(relayed4)
+        queue = cut_off(relayed4)
+        assert queue_exists(relayed4.broker_url, queue)  # it outlives the daemon's connection
+        # published while the daemon is cut off: the queue collects them
+        publish_colours(relayed4.broker_url, address, range(6, 16), "red")
+        publish_colours(relayed4.broker_url, address, range(106, 116), "blue")
+        relayed4.relay.paused = False
+        wait_reconnected(relayed4, before)
+        relayed4.wait_for(re.escape(f"resumed on its queue {queue}"), 20)
+        rcv.accept()  # (the delivery of 5 from before the cut: the daemon no longer holds it)
+        got = receive_all(rcv, set(range(5, 16)))  # (raises LinkDetached if the link were detached)
+        # 5 came again (at least once; so may one whose accept had not reached the broker), no blue one
+        assert set(range(5, 16)) <= set(got) <= set(range(16)), got
+        assert rcv.link.state & rcv.link.REMOTE_ACTIVE
+        publish_colours(relayed4.broker_url, address, [16], "red")  # and it carries on
+        assert receive_all(rcv, {16}) == [16]
+        assert detached_by_reconnect(relayed4) == 0
+        rcv.close()
+        deadline = time.monotonic() + 20
+        while queue_exists(relayed4.broker_url, queue):  # the subscription ended: its queue goes
+            assert time.monotonic() < deadline, f"queue {queue} left on the broker"
+            time.sleep(0.1)
+    finally:
+        relayed4.relay.paused = False
+        c.close()
+
+
+@pytest.mark.rabbitmq4
+@pytest.mark.parametrize("gone", ["deleted", "expired"])
+def test_a_subscription_whose_queue_went_meanwhile_is_detached_with_the_reason(gone, request, rabbitmq4):
+    d = request.getfixturevalue("relayed4" if gone == "deleted" else "relayed4_expiring")
+    key = f"resume.{uuid.uuid4().hex[:8]}"
+    address = f"/exchanges/amq.topic/{key}"
+    c = connect(d.url)
+    try:
+        rcv = c.create_receiver(address, name=link_name(), credit=50, options=Selector("colour = 'red'"))
+        publish_colours(d.broker_url, address, range(3), "red")
+        receive_all(rcv, set(range(3)))
+        before = connected_times(d)
+        detached = detached_by_reconnect(d)
+        queue = cut_off(d)
+        if gone == "deleted":  # (as if the broker had restarted)
+            delete_queue(d.broker_url, queue)
+        else:  # its x-expires (upstream.subscription_expiry = 1 s) is over
+            # (looked for with rabbitmqctl: a GET on /management would count as a use, and delay it)
+            deadline = time.monotonic() + 30
+            while queue in rabbitmq4.ctl("list_queues", "name", "--no-table-headers").stdout.split():
+                assert time.monotonic() < deadline, f"queue {queue} did not expire"
+                time.sleep(0.2)
+        d.relay.paused = False
+        wait_reconnected(d, before)
+        with pytest.raises(LinkDetached):
+            rcv.receive(timeout=30)
+        condition = rcv.link.remote_condition
+        assert condition.name == "amqp:connection:forced"
+        assert f"its queue {queue}" in condition.description and "was gone" in condition.description
+        assert "routed to it meanwhile is lost" in condition.description, condition.description
+        assert detached_by_reconnect(d) == detached + 1
+    finally:
+        d.relay.paused = False
+        c.close()
+
+
+@pytest.mark.rabbitmq4
+def test_a_subscription_that_ends_while_the_daemon_is_cut_off_has_its_queue_deleted(relayed4):
+    key = f"resume.{uuid.uuid4().hex[:8]}"
+    c = connect(relayed4.url)
+    try:
+        rcv = c.create_receiver(f"/exchanges/amq.topic/{key}", name=link_name(), credit=10)
+        before = connected_times(relayed4)
+        queue = cut_off(relayed4)
+        rcv.close()  # (the daemon cannot delete its queue now)
+        assert queue_exists(relayed4.broker_url, queue)
+        relayed4.relay.paused = False
+        wait_reconnected(relayed4, before)
+        deadline = time.monotonic() + 20
+        while queue_exists(relayed4.broker_url, queue):  # deleted once the daemon is back
+            assert time.monotonic() < deadline, f"queue {queue} left on the broker"
+            time.sleep(0.1)
+    finally:
+        relayed4.relay.paused = False
+        c.close()
+
+
+@pytest.mark.rabbitmq4
+def test_the_daemon_deletes_its_subscription_queues_when_it_stops(relayed4, rabbitmq4):
+    key = f"stop.{uuid.uuid4().hex[:8]}"
+    c = connect(relayed4.url)
+    try:
+        for _ in range(2):
+            c.create_receiver(f"/exchanges/amq.topic/{key}", name=link_name(), credit=10)
+        out = rabbitmq4.ctl("list_bindings", "-q", "source_name", "destination_name", "routing_key").stdout
+        queues = [cols[1] for cols in (line.split("\t") for line in out.splitlines())
+                  if len(cols) == 3 and cols[0] == "amq.topic" and cols[2] == key]
+        assert len(queues) == 2 and all(q.startswith("broker-filter.subscription.") for q in queues), out
+        assert relayed4.stop() == 0
+        assert "2 subscription queue(s) deleted" in relayed4.log()
+        assert not any(queue_exists(relayed4.broker_url, q) for q in queues)
+    finally:
+        c.close()
+
+
+def test_a_subscription_on_a_topic_address_is_detached_by_a_cut(relayed, rabbitmq_broker):
+    """`/topic/K` is a subscription RabbitMQ's AMQP 1.0 support makes a queue for (3.10's plugin: one
+    exclusive to the connection; 4.0: an `amq.gen-` queue the daemon cannot find again): what was
+    routed while the daemon was away is out of reach, so the link is detached with the reason."""
+    key = f"resume.{uuid.uuid4().hex[:8]}"
+    c = connect(relayed.url)
+    try:
+        rcv = c.create_receiver(f"/topic/{key}", name=link_name(), credit=10, options=Selector("colour = 'red'"))
+        publish_colours(relayed.broker_url, f"/topic/{key}", range(3), "red")
+        receive_all(rcv, set(range(3)))
+        detached = detached_by_reconnect(relayed)
+        relayed.relay.cut()
+        with pytest.raises(LinkDetached):
+            rcv.receive(timeout=30)
+        assert rcv.link.remote_condition.name == "amqp:connection:forced"
+        assert detached_by_reconnect(relayed) == detached + 1
+    finally:
+        c.close()
+        # (RabbitMQ 4.0 leaves its `amq.gen-` queue of a `/topic/` subscription behind: removed here)
+        out = rabbitmq_broker.ctl("list_bindings", "-q", "source_name", "destination_name", "routing_key").stdout
+        for cols in (line.split("\t") for line in out.splitlines()):
+            if len(cols) == 3 and cols[0] == "amq.topic" and cols[2] == key:
+                rabbitmq_broker.ctl("delete_queue", cols[1])
