@@ -206,7 +206,7 @@ class App:
                         settings.host, port, e.strerror or e)
             self.metrics.links = None
             return
-        self.loop.call_later(1.0, self._publish_snapshot)
+        self.loop.call_later(self.config.metrics.snapshot_interval, self._publish_snapshot)
 
     def _install_reload(self) -> None:
         """SIGHUP reads the configuration again: its users, roles and security settings (`reload`)."""
@@ -310,7 +310,7 @@ class App:
         if self.health is not None and not self._stopping and not draining:
             self.health.set_ready(bool(snap["upstream_connected"]), "" if snap["upstream_connected"] else "upstream down")
         if not self._stopping:
-            self.loop.call_later(1.0, self._publish_snapshot)
+            self.loop.call_later(self.config.metrics.snapshot_interval, self._publish_snapshot)
 
     def run(self) -> int:
         """Run until stopped.  SIGTERM / SIGINT drain gracefully (exit 0); a second signal forces."""

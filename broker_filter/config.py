@@ -485,6 +485,10 @@ class Metrics:
         kind="float", minimum=0,
     )
     links_limit: int = setting(1000, "links in one `/links` report (then `truncated`)", kind="int", minimum=1)
+    snapshot_interval: float = setting(
+        1.0, "seconds between two snapshots of the gauges (connections, links, held, credit, moves per "
+        "address, upstream status): each walks every feed and link on the daemon's loop", kind="float",
+        minimum=0.05)
     http_threads: int = setting(
         8, "requests the HTTP exporter answers at once (one thread each); more wait", kind="int", minimum=1,
         maximum=256,
