@@ -9,6 +9,7 @@ from proton.utils import BlockingConnection
 url, address, selector, take, accept = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 conn = BlockingConnection(url, timeout=10)
 receiver = conn.create_receiver(address, credit=take, options=Selector(selector) if selector != "-" else None)
+print("attached", flush=True)  # (the attach was answered)
 for i in range(take):
     message = receiver.receive(timeout=10)
     if i < accept:

@@ -49,6 +49,8 @@ def start_killed_client(url: str, q: str, selector: str, take: int) -> tuple[sub
         line = child.stdout.readline()
         if not line or line.strip() == "ready":
             break
+        if line.strip() == "attached":
+            continue
         word, body = line.split()
         assert word == "holding"
         held.add(int(body))

@@ -136,12 +136,14 @@ def test_a_killed_client_does_not_lose_the_others_messages(fanout_daemon):
     try:
         others = [receiver(conns[0], f"/topic/{topic}", credit=100, selector="k >= 0"),
                   receiver(conns[0], f"/topic/{topic}", credit=100, selector="k < 10")]
-        assert wait_until(lambda: consumers(subscription_queues(topic)) == 1, 15)
-        time.sleep(0.5)  # the killed client's link is attached too (one subscription for all three)
-        snd = conns[1].create_sender(f"/topic/{topic}")
-        send_messages(snd, [Message(id=f"m{i}", body=i, properties={"k": i}) for i in range(20)])
         lines = []
         deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "attached" not in lines:  # (its attach answered: one subscription for all three)
+            lines.append(killed.stdout.readline().strip())
+        assert "attached" in lines, lines
+        assert wait_until(lambda: consumers(subscription_queues(topic)) == 1, 15)
+        snd = conns[1].create_sender(f"/topic/{topic}")
+        send_messages(snd, [Message(id=f"m{i}", body=i, properties={"k": i}) for i in range(20)])
         while time.monotonic() < deadline and "ready" not in lines:
             lines.append(killed.stdout.readline().strip())
         assert "ready" in lines, lines
