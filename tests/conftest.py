@@ -29,13 +29,19 @@ if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
 
 def pytest_collection_modifyitems(config, items):
     """Scale runs (`@pytest.mark.scale`: the deepest queues, the longest runs) only when asked for
-    with `-m scale`; the suite keeps a bounded variant of each."""
-    if "scale" in (config.getoption("-m") or ""):
+    with `-m scale`; the suite keeps a bounded variant of each.  A module marked `broker_agnostic`
+    tests the daemon's own logic (the replicas' ownership), the same whichever RabbitMQ is behind
+    it: the suite runs it on RabbitMQ 3.10, and `-m broker_agnostic` (or `-m scale`) on 4.0 too."""
+    marks = config.getoption("-m") or ""
+    if "scale" in marks or "broker_agnostic" in marks:
         return
     skip = pytest.mark.skip(reason="a scale run: pytest -m scale (the suite runs its bounded variant)")
+    skip4 = pytest.mark.skip(reason="broker-agnostic: the suite runs it on RabbitMQ 3.10 (pytest -m broker_agnostic: on 4.0 too)")
     for item in items:
         if item.get_closest_marker("scale") is not None:
             item.add_marker(skip)
+        elif item.get_closest_marker("broker_agnostic") is not None and "rabbitmq4" in item.keywords:
+            item.add_marker(skip4)
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from replicas import (Consumer, Forwarder, ReplicaSet, all_arrive, expected, no_
 
 from broker_filter.proxy.replicas import owner_of
 
-pytestmark = pytest.mark.rabbitmq
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.broker_agnostic]
 
 N = 3
 

@@ -20,7 +20,7 @@ from replicas import (Consumer, Forwarder, PipelinedConsumer, ReplicaSet, all_ar
 
 from broker_filter.proxy.replicas import owner_of
 
-pytestmark = [pytest.mark.rabbitmq,
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.broker_agnostic,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (ip netns add)")]
 
 N = 3

@@ -20,7 +20,7 @@ from replicas import Consumer, PipelinedConsumer, ReplicaSet, expected, parts, p
 
 from broker_filter.proxy.replicas import owner_of
 
-pytestmark = pytest.mark.rabbitmq
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.broker_agnostic]
 
 
 def running(rabbitmq: str, n: int):
