@@ -1102,10 +1102,7 @@ def _check(config: Config) -> None:
     if not listener.sasl_mechanisms:
         raise ConfigError("listener.sasl_mechanisms", "must offer at least one mechanism")
     tls = listener.tls
-    if tls.cert_file and not tls.key_file:
-        raise ConfigError("listener.tls.key_file", "is required with listener.tls.cert_file")
-    if tls.key_file and not tls.cert_file:
-        raise ConfigError("listener.tls.cert_file", "is required with listener.tls.key_file")
+    _check_cert_and_key(tls, "listener.tls")
     if tls.verify_client and not tls.ca_file:
         raise ConfigError("listener.tls.ca_file", "is required with listener.tls.verify_client")
     if "EXTERNAL" in listener.sasl_mechanisms and not tls.verify_client:
@@ -1281,10 +1278,7 @@ def _check_replicas_tls(config: Config) -> None:
                           "would go to the owner as they came, and its TLS ends on the replica that accepted it "
                           "(turn replicas.splice off: links are then served through the owner, over the "
                           "replicas' TLS connections)")
-    if tls.cert_file and not tls.key_file:
-        raise ConfigError("replicas.tls.key_file", "is required with replicas.tls.cert_file")
-    if tls.key_file and not tls.cert_file:
-        raise ConfigError("replicas.tls.cert_file", "is required with replicas.tls.key_file")
+    _check_cert_and_key(tls, "replicas.tls")
     if tls.key_password and not tls.key_file:
         raise ConfigError("replicas.tls.key_file", "is required with replicas.tls.key_password")
     if tls.verify == "peer" and tls.server_name:
@@ -1321,6 +1315,14 @@ def _holds_pem(path: str, label: str) -> bool:
             return f"-----BEGIN {label}-----".encode() in f.read(1 << 20)
     except OSError:
         return False
+
+
+def _check_cert_and_key(tls: Any, prefix: str) -> None:
+    """A certificate needs its key, and a key its certificate."""
+    if tls.cert_file and not tls.key_file:
+        raise ConfigError(f"{prefix}.key_file", f"is required with {prefix}.cert_file")
+    if tls.key_file and not tls.cert_file:
+        raise ConfigError(f"{prefix}.cert_file", f"is required with {prefix}.key_file")
 
 
 def _check_tls(tls: Any, prefix: str) -> None:

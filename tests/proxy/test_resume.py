@@ -191,6 +191,14 @@ def cut_off(d: Daemon) -> str:
     return d.wait_for(SUSPENDED, 20)
 
 
+
+def wait_queue_gone(url: str, queue: str, timeout: float = 20) -> None:
+    """Until `queue` is no longer on the broker (bounded: `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while queue_exists(url, queue):
+        assert time.monotonic() < deadline, f"queue {queue} left on the broker"
+        time.sleep(0.1)
+
 @pytest.mark.rabbitmq4
 def test_a_subscription_stays_attached_across_a_cut_and_gets_what_was_published_meanwhile(relayed4):
     key = f"resume.{uuid.uuid4().hex[:8]}"
@@ -222,10 +230,7 @@ def test_a_subscription_stays_attached_across_a_cut_and_gets_what_was_published_
         assert receive_all(rcv, {16}) == [16]
         assert detached_by_reconnect(relayed4) == 0
         rcv.close()
-        deadline = time.monotonic() + 20
-        while queue_exists(relayed4.broker_url, queue):  # the subscription ended: its queue goes
-            assert time.monotonic() < deadline, f"queue {queue} left on the broker"
-            time.sleep(0.1)
+        wait_queue_gone(relayed4.broker_url, queue)  # the subscription ended: its queue goes
     finally:
         relayed4.relay.paused = False
         c.close()
@@ -279,10 +284,7 @@ def test_a_subscription_that_ends_while_the_daemon_is_cut_off_has_its_queue_dele
         assert queue_exists(relayed4.broker_url, queue)
         relayed4.relay.paused = False
         wait_reconnected(relayed4, before)
-        deadline = time.monotonic() + 20
-        while queue_exists(relayed4.broker_url, queue):  # deleted once the daemon is back
-            assert time.monotonic() < deadline, f"queue {queue} left on the broker"
-            time.sleep(0.1)
+        wait_queue_gone(relayed4.broker_url, queue)  # deleted once the daemon is back
     finally:
         relayed4.relay.paused = False
         c.close()
