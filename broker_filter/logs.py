@@ -215,6 +215,8 @@ def config_secrets(config: Any) -> list[str]:
         config.upstream.tls.key_password,
         config.listener.tls.key_password,
         config.replicas.tls.key_password,
+        config.replicas.password,
+        config.metrics.token,
         *config.listener.users.values(),
     ]
     for url in config.upstream.urls:

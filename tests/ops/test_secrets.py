@@ -95,6 +95,32 @@ def test_no_secret_in_other_errors():
         assert_secret_free(cli_error(args))
 
 
+def test_every_secret_setting_is_masked_in_the_log():
+    """Whatever a log line quotes, the configured secrets read `***`: the upstream's, the replicas' and
+    the key passwords, the metrics token, the users' hashes."""
+    import logging
+
+    from broker_filter.logs import configure_from, unconfigure
+
+    secrets = {"upstream.password": "s3cret-upstream", "replicas.password": "s3cret-replicas",
+               "metrics.token": "s3cret-token", "listener.tls.key_password": "s3cret-key"}
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    argv = ["--upstream", "amqp://rabbit", "--set", "upstream.user=u", "--set", "replicas.user=r"]
+    for key, value in secrets.items():
+        argv += ["--set", f"{key}={value}"]
+    config = load_for_cli(parser.parse_args(argv), {})
+    out = io.StringIO()
+    configure_from(config, stream=out)
+    try:
+        logging.getLogger("broker_filter.test").warning("quoted: %s", " ".join(secrets.values()))
+    finally:
+        unconfigure()
+    text = out.getvalue()
+    assert "quoted:" in text
+    assert not [value for value in secrets.values() if value in text], text
+
+
 @pytest.mark.rabbitmq
 def test_no_password_in_the_log_when_the_upstream_refuses_or_is_away(rabbitmq3):
     port = rabbitmq3.url.rsplit(":", 1)[1]
