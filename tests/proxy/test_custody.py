@@ -98,8 +98,7 @@ def test_a_match_behind_any_depth_is_found_and_a_graceful_stop_duplicates_nothin
     publish_many(upstream, q, [Message(body=i, properties={"half": 0}) for i in range(depth)]
                  + [Message(body=depth, properties={"half": 1})])
     mport = free_port()
-    proxy = Daemon("--metrics", f"127.0.0.1:{mport}", "--set", f"limits.upstream_window={window}",
-                   "--set", f"metrics.snapshot_interval={snapshots}", upstream=upstream)
+    proxy = Daemon("--metrics", f"127.0.0.1:{mport}", "--set", f"limits.upstream_window={window}", upstream=upstream)
     c = connect(proxy.url)
     try:
         r = c.create_receiver(q, credit=10, options=Selector("half = 1"))
