@@ -80,23 +80,13 @@ class StartError(Exception):
     """A socket the configuration names cannot be opened (the message names the setting)."""
 
 
-def upstream_ssl_context(tls: Any) -> Any:
-    """`[upstream.tls]`'s context: its certificates and checks, and its TLS versions, ciphers and groups
-    (Mozilla's intermediate profile unless set otherwise), as on the listener."""
-    from .security import harden
-
-    context = client_ssl_context(tls)
-    harden(context, tls)
-    return context
-
-
 class App:
     def __init__(self, config: Any, *, instance: str | None = None, args: Any = None):
         self.config = config
         self.args = args  # the command line the configuration was read with (read again on SIGHUP)
         self.instance = instance or f"{socket.gethostname()}-{os.getpid()}"
         secure = any(u.startswith("amqps:") for u in config.upstream.urls)
-        self.container = EngineContainer(self.instance, client_tls=upstream_ssl_context(config.upstream.tls) if secure else None)
+        self.container = EngineContainer(self.instance, client_tls=client_ssl_context(config.upstream.tls) if secure else None)
         self.worker = worker_index()
         if self.worker is not None:  # one of `listener.workers`: the port is shared (broker_filter.workers)
             self.container.loop.reuse_port = True

@@ -1120,7 +1120,7 @@ def _check(config: Config) -> None:
         raise ConfigError("listener.tls.crl_file", "needs listener.tls.verify_client = true (it is checked against "
                           "client certificates)")
     if tls.enabled:
-        _check_tls(tls, "listener.tls")
+        _check_tls(tls, "listener.tls", groups=tls.groups, crl_file=tls.crl_file)
     upstream = config.upstream
     if upstream.credentials == "pass-through" and "PLAIN" not in listener.sasl_mechanisms:
         raise ConfigError("upstream.credentials", "pass-through needs PLAIN in listener.sasl_mechanisms")
@@ -1325,22 +1325,23 @@ def _check_cert_and_key(tls: Any, prefix: str) -> None:
         raise ConfigError(f"{prefix}.cert_file", f"is required with {prefix}.key_file")
 
 
-def _check_tls(tls: Any, prefix: str) -> None:
-    """The TLS settings OpenSSL must accept (`ciphers`, `groups`), tried on a context of their own."""
+def _check_tls(tls: Any, prefix: str, *, groups: tuple[str, ...] = (), crl_file: str = "") -> None:
+    """The TLS settings OpenSSL must accept (`ciphers`; a listener's `groups` and `crl_file`), tried
+    on a context of their own."""
     import ssl
 
     from .security import harden
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
-        harden(context, tls)
+        harden(context, tls, groups)
     except TlsSettingError as e:
         raise ConfigError(f"{prefix}.{e.key}", e.reason) from None
-    if getattr(tls, "crl_file", ""):
+    if crl_file:
         try:
-            context.load_verify_locations(tls.crl_file)
+            context.load_verify_locations(crl_file)
         except (ssl.SSLError, OSError):
-            raise ConfigError(f"{prefix}.crl_file", f"{tls.crl_file} holds no PEM certificate revocation list") from None
+            raise ConfigError(f"{prefix}.crl_file", f"{crl_file} holds no PEM certificate revocation list") from None
 
 
 def _check_metrics(metrics: Metrics) -> None:

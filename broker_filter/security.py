@@ -89,7 +89,7 @@ def server_ssl_context(tls: Any) -> ssl.SSLContext:
     """An `ssl.SSLContext` for `[listener.tls]`: its certificate, `min_version`, `ciphers`, `groups`,
     and client certificates checked against `ca_file` (and `crl_file`, leaf certificates)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    harden(context, tls)
+    harden(context, tls, tls.groups)
     context.load_cert_chain(tls.cert_file, tls.key_file, password=tls.key_password or None)
     if tls.ca_file:
         context.load_verify_locations(tls.ca_file)
@@ -108,8 +108,8 @@ def replica_ssl_context(tls: Any, listener: Any) -> ssl.SSLContext:
     """An `ssl.SSLContext` for the replicas' connections to each other's TLS listener, from
     `[replicas.tls]` (`tls`) and `[listener.tls]` (`listener`): the peers' certificates checked against
     `ca_file` (else the listener's `ca_file`, else the system's CAs), with their name too unless
-    `verify = "peer"`; the client certificate `cert_file` (else the listener's own); `min_version`,
-    `ciphers` and `groups` as the listener's (`harden`)."""
+    `verify = "peer"`; the client certificate `cert_file` (else the listener's own); `min_version`
+    and `ciphers` as the listener's (`harden`)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # the chain is checked, and the name
     harden(context, tls)
     ca_file = tls.ca_file or listener.ca_file
@@ -125,12 +125,13 @@ def replica_ssl_context(tls: Any, listener: Any) -> ssl.SSLContext:
     return context
 
 
-def harden(context: ssl.SSLContext, tls: Any) -> None:
-    """Apply `min_version`, `ciphers` (TLS 1.2's; TLS 1.3 keeps OpenSSL's suites) and `groups` of a
-    TLS settings section to `context`; TlsSettingError names the setting OpenSSL refused.  No
-    compression, no renegotiation, a fresh ECDHE key per handshake.
+def harden(context: ssl.SSLContext, tls: Any, groups: tuple[str, ...] = ()) -> None:
+    """Apply `min_version` and `ciphers` (TLS 1.2's; TLS 1.3 keeps OpenSSL's suites) of a TLS
+    settings section, and the key exchange `groups` a listener restricts itself to, to `context`;
+    TlsSettingError names the setting OpenSSL refused.  No compression, no renegotiation, a fresh
+    ECDHE key per handshake.
 
-    A client's section has no `groups`: a client context keeps OpenSSL's own list of groups.  A
+    A client context (upstream, replicas) keeps OpenSSL's own list of groups.  A
     client whose list was set here (`X25519:prime256v1:secp384r1`) failed TLS 1.2 handshakes with an
     OpenSSL 3.0 server holding a P-256 ECDSA certificate ("no shared cipher"), where OpenSSL's own
     list, which names the same groups first, succeeds; the listener's list restricts what the daemon
@@ -142,8 +143,7 @@ def harden(context: ssl.SSLContext, tls: Any) -> None:
         context.set_ciphers(ciphers)
     except ssl.SSLError:
         raise TlsSettingError("ciphers", f"OpenSSL selects no cipher from {ciphers!r}") from None
-    if hasattr(tls, "groups"):
-        set_groups(context, tuple(tls.groups))
+    set_groups(context, tuple(groups))
 
 
 def set_groups(context: ssl.SSLContext, groups: tuple[str, ...]) -> None:

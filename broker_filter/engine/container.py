@@ -28,7 +28,7 @@ from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
 from ..amqp import types as t
-from ..security import CertificateUsers, UserDatabase, server_ssl_context
+from ..security import CertificateUsers, UserDatabase, harden, server_ssl_context
 from .endpoints import Condition, Connection, Handler, SaslClient
 from .logins import LoginPolicy
 from .loop import EventLoop, Limits
@@ -39,8 +39,10 @@ log = logging.getLogger("broker_filter.engine")
 
 def client_ssl_context(tls: Any) -> ssl.SSLContext:
     """An `ssl.SSLContext` for amqps:// upstreams from `[upstream.tls]` (verify: peer-name, peer, none;
-    `min_version`, `ciphers` and `groups` applied by the caller: `security.harden`)."""
+    `min_version` and `ciphers`, Mozilla's intermediate profile unless set otherwise, as on the
+    listener: `security.harden`)."""
     context = ssl.create_default_context(cafile=tls.ca_file or None)
+    harden(context, tls)
     if tls.cert_file:
         context.load_cert_chain(tls.cert_file, tls.key_file or None, password=tls.key_password or None)
     if tls.verify == "none":

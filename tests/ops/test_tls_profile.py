@@ -285,7 +285,7 @@ def test_the_upstream_connection_offers_the_intermediate_profile_unless_told_oth
     names that suite; a bad value names its key."""
     import argparse
 
-    from broker_filter.app import upstream_ssl_context
+    from broker_filter.engine.container import client_ssl_context as upstream_ssl_context
     from broker_filter.config import add_serve_arguments, load
     from broker_filter.security import INTERMEDIATE_CIPHERS
 
