@@ -249,9 +249,11 @@ class PipelinedConsumer(Consumer):
         Container(Handler()).run()
 
 
-def queue_consumers(name: str) -> int | None:
-    """RabbitMQ's consumer count of queue `name` (None: not listed)."""
-    out = rabbitmqctl("list_queues", "-q", "name", "consumers")
+def queue_consumers(name: str, broker=None) -> int | None:
+    """RabbitMQ's consumer count of queue `name` (None: not listed): asked of `broker` (a node of
+    `rabbitmq_nodes`), else of the node of the parametrised runs."""
+    args = ("list_queues", "-q", "name", "consumers")
+    out = broker.ctl(*args, timeout=60) if broker is not None else rabbitmqctl(*args)
     for line in out.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] == name:
@@ -259,11 +261,11 @@ def queue_consumers(name: str) -> int | None:
     return None
 
 
-def wait_consumers(name: str, want: int, timeout: float = 30) -> int | None:
+def wait_consumers(name: str, want: int, timeout: float = 30, broker=None) -> int | None:
     deadline = time.monotonic() + timeout
     n = None
     while time.monotonic() < deadline:
-        n = queue_consumers(name)
+        n = queue_consumers(name, broker)
         if n == want:
             return n
         time.sleep(0.3)
