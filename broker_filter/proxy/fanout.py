@@ -353,6 +353,10 @@ class FanoutFeed(UpstreamCredit):
     def stop(self) -> None:
         self.stopping = True
 
+    def on_own(self) -> list[Outlet]:
+        """The members served by an upstream subscription of their own (slow ones, `_depart`)."""
+        return [o for o, m in self.members.items() if m.own is not None]
+
     def close(self) -> list[Any]:
         """Forget everything; returns the shared subscription's deliveries still unsettled (closing
         the upstream consumer returns them).  Members' own subscriptions are closed."""

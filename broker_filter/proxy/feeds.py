@@ -129,6 +129,14 @@ class FeedBinding(FeedIO, ConsumerHandler):
         name = f"{self.spec.name}|own-{next(self.server._sub_ids)}"
         return self.server.upstream.open_consumer(dataclasses.replace(self.spec, name=name), handler)
 
+    def consume_own_queue(self, queue: str) -> None:
+        """The subscription's queue the daemon declared (`topology.declare_subscription`) is ready:
+        the upstream consumer is opened on it (`own_queue`: kept while the feed is suspended by an
+        upstream reconnect, deleted when the feed ends).  `spec` keeps the address the links
+        subscribed to (the metrics' label; a slow member's own subscription, `open_own`)."""
+        self.own_queue = queue
+        self.consumer = self.upstream.open_consumer(own_queue_spec(self.upstream, self.spec, queue), self)
+
     def lost_outlet(self, outlet: Outlet, condition: str, description: str) -> None:
         outlet.io_owner = None
         close_link(outlet.io_ref, condition, description)
@@ -497,13 +505,21 @@ class FeedRegistry:
 
     def open_feed(self, key: Any, spec: ConsumerSpec, subscription: bool, outlet: Outlet,
                    upstream: Any = None, via: str | None = None) -> FeedBinding:
+        binding = self.declare_feed(key, spec, subscription, outlet, upstream, via)
+        binding.consumer = binding.upstream.open_consumer(spec, binding)
+        return binding
+
+    def declare_feed(self, key: Any, spec: ConsumerSpec, subscription: bool, outlet: Outlet,
+                     upstream: Any = None, via: str | None = None) -> FeedBinding:
+        """A feed registered under `key` with `outlet` waiting, whose upstream consumer is opened
+        later (`FeedBinding.consume_own_queue`, once its queue is declared): the links that come
+        meanwhile join it and wait too."""
         binding = FeedBinding(self.server, key, spec, subscription, upstream, via)
         if self.server.stopping:
             binding.feed.stop()
         self.register(binding)
         binding.pending.append(outlet)
         outlet.io_owner = binding
-        binding.consumer = binding.upstream.open_consumer(spec, binding)
         return binding
 
     def end_subscription_queues(self) -> None:
@@ -537,6 +553,13 @@ class FeedRegistry:
             log.exception("search tick failed")
         if not self.server.stopping:
             self.server.upstream.loop.call_later(1.0, self.tick)
+
+
+def own_queue_spec(upstream: Any, spec: ConsumerSpec, queue: str) -> ConsumerSpec:
+    """The upstream consumer of a subscription's queue the daemon declared: the queue's address on
+    `upstream` (`topology.consume_address`), the link's filters and name, no subscription terms."""
+    return dataclasses.replace(spec, address=topology.consume_address(upstream, queue), capabilities=(),
+                               distribution_mode=None, durable=None, expiry_policy=None)
 
 
 def offer_identity(entry: Any) -> tuple:

@@ -34,7 +34,7 @@ from .durable import UNSETTLED_STATE
 from .links import ClientLinkObject
 from .records import ClientConnection, Placement, connection_state, link_state, state_of
 from .refusal import close_link
-from .upstream import ConsumerSpec, Passthrough
+from .upstream import ConsumerSpec, ErrorInfo, Passthrough
 from .wire import remote_outcome
 
 # A drain (see `Receivers.drain`) waits for the upstream's messages until none came for DRAIN_QUIET
@@ -206,11 +206,17 @@ class Receivers:
                 log.info("durable subscription %r resubscribed with another address or selector: the "
                          "one kept is ended", kept_name)
                 self.server.registry.end_feed(old, closed=True)
+        own_queue = False
         if (subscription and kept_name is None and via is None and not browse and not spec.dynamic
-                and key[0] != sharing.NAMED  # (a JMS shared subscription is one queue, shared by name)
-                and upstream.traits.serves_management and sharing.exchange_subscription(up_address)):
-            self.subscribe_exchange(link, outlet, spec, up_address)  # (RabbitMQ 4 consumes queues only)
-            return
+                and key[0] != sharing.NAMED):  # (a JMS shared subscription is one queue, shared by name)
+            if upstream.traits.serves_management and sharing.exchange_subscription(up_address):
+                # RabbitMQ 4 consumes queues only: a queue of the daemon's own, for this link alone
+                # (a slow member of a shared one could not have a subscription of its own, `fanout`)
+                key, own_queue = ("subscription", next(self.server._sub_ids)), True
+            else:
+                own_queue = (key[0] in ("fanout", "subscription") and self.server.replicas is None
+                             and not (pushed or offered or passthrough) and topology.declares_queues(upstream)
+                             and topology.exchange_binding(up_address) is not None)
         if browse:  # a browser reads the queue from its head on an upstream consumer of its own
             key = ("subscription", next(self.server._sub_ids))
         if via is not None:  # consuming through the queue's owner: not the feed of one consuming here
@@ -232,6 +238,9 @@ class Receivers:
                     deciding.pending.append(outlet)
                     deciding.awaiting[outlet] = (key, spec)
                     return
+        if (binding is None or binding.closed) and own_queue:
+            self.subscribe_on_own_queue(link, outlet, key, spec, up_address)
+            return
         if binding is None or binding.closed:
             opened = self.server.registry.open_feed(key, spec, subscription, outlet, upstream, via)
             opened.kept_name, opened.kept_address = kept_name, src.address
@@ -241,14 +250,16 @@ class Receivers:
             return
         self.join(binding, outlet)
 
-    def subscribe_exchange(self, link, outlet: Outlet, spec: ConsumerSpec, address: str) -> None:
-        """A subscription to RabbitMQ 4's `/exchanges/X[/KEY]`, which RabbitMQ 4 does not consume
-        from: a queue of the daemon's own, declared and bound over its `/management` pair
+    def subscribe_on_own_queue(self, link, outlet: Outlet, key: tuple, spec: ConsumerSpec, address: str) -> None:
+        """A subscription to an exchange (`/topic/K`, `/exchange/X[/K]`, RabbitMQ 4's `/exchanges/X[/K]`)
+        in front of a RabbitMQ the daemon can declare queues on (RabbitMQ 4's `/management`, 3.x's HTTP
+        API given as `upstream.management_url`): its feed (`key`: the address's shared subscription, or a
+        link's own) consumes a queue of the daemon's own, declared and bound first
         (`topology.declare_subscription`: not exclusive, not auto-delete, `x-expires`
-        `upstream.subscription_expiry`), consumed by a feed of the link's own (a subscription: what
-        its filters do not select is accepted and dropped).  The queue goes when the feed ends
-        (`topology.end_subscription`); it outlives a lost upstream connection, to be consumed again
-        when the upstream is back (`resume_subscription`)."""
+        `upstream.subscription_expiry`), rather than one RabbitMQ makes exclusive to the upstream
+        connection.  Links that come meanwhile join the feed and wait.  The queue goes when the feed
+        ends (`topology.end_subscription`); it outlives a lost upstream connection, and is consumed
+        again with what was routed to it meanwhile when the upstream is back (`resume_subscription`)."""
         upstream = self.server.upstream
         pair = topology.topology(upstream)
         if pair is None:
@@ -256,58 +267,64 @@ class Receivers:
             self.server._refuse(link, "amqp:connection:forced",
                                 f"upstream {upstream.name} is not connected; retry later")
             return
+        binding = self.server.registry.declare_feed(key, spec, True, outlet, upstream)
+        self._declare_own_queue(binding, pair, address)
+
+    def _declare_own_queue(self, binding: FeedBinding, pair: Any, address: str) -> None:
+        upstream = binding.upstream
         queue = topology.subscription_queue()
-        state = state_of(link)
 
         def ready(failure: tuple[str, str] | None) -> None:
-            if state.outlet is not outlet or self.server.stopping:
-                if failure is None:  # the subscriber went meanwhile: its queue goes too
+            if binding.closed or self.server.stopping:
+                if failure is None:  # its subscribers went meanwhile: the queue goes too
                     topology.end_subscription(upstream, queue)
                 return
-            if failure is not None:
-                self.server._drop_link(link)
-                self.server._refuse(link, failure[0], f"subscription to {address}: {failure[1]}")
-                return
-            consumed = dataclasses.replace(spec, address=topology.queue_path(queue), capabilities=(),
-                                           distribution_mode=None, durable=None, expiry_policy=None)
-            self._consume_subscription(outlet, consumed, queue)
+            if failure is None:
+                binding.consume_own_queue(queue)
+            elif not upstream.connected:  # the upstream went: its links wait for it, and are placed again
+                self.server.resumption.suspend_feed(binding)
+            else:
+                self.server.registry.fail_feed(binding, ErrorInfo(failure[0], f"subscription to {address}: {failure[1]}"))
 
         topology.declare_subscription(pair, queue, topology.exchange_binding(address),
                                       self.server.config.upstream.subscription_expiry, ready)
 
-    def _consume_subscription(self, outlet: Outlet, spec: ConsumerSpec, queue: str) -> None:
-        key = ("subscription", next(self.server._sub_ids))
-        opened = self.server.registry.open_feed(key, spec, True, outlet, self.server.upstream)
-        opened.own_queue = queue
-
-    def resume_subscription(self, link, outlet: Outlet, spec: ConsumerSpec, queue: str) -> None:
-        """The upstream is back under a subscription's link whose feed was suspended (`resume`): its
-        queue (`subscribe_exchange`) is looked up and, still there with what was routed to it
-        meanwhile, consumed again; gone (expired, the broker restarted), the link is detached with
-        the reason, never left with a silent gap."""
+    def resume_subscription(self, held: Any, outlets: list[Outlet]) -> None:
+        """The upstream is back under the links of a subscription's feed that was suspended (`resume`):
+        its queue (`subscribe_on_own_queue`) is looked up and, still there with what was routed to it
+        meanwhile, consumed again by one feed serving them all, as before; gone (expired, the broker
+        restarted), the links are detached with the reason, never left with a silent gap."""
         upstream = self.server.upstream
         resumption = self.server.resumption
         pair = topology.topology(upstream)
         if pair is None:  # (lost again already)
-            resumption.suspend_subscription(outlet, spec, queue)
+            resumption.suspend_subscription(held, outlets)
             return
-        state = state_of(link)
+        queue = held.queue
 
         def found(reply: topology.Reply) -> None:
-            if (state.outlet is not outlet or link.local_state == LOCAL_CLOSED or link.remote_state == REMOTE_CLOSED
-                    or self.server.stopping):
-                topology.end_subscription(upstream, queue)  # the subscriber went meanwhile
+            staying = [o for o in outlets if o.io_ref is not None and state_of(o.io_ref).outlet is o
+                       and o.io_ref.local_state != LOCAL_CLOSED and o.io_ref.remote_state != REMOTE_CLOSED]
+            if not staying or self.server.stopping:
+                topology.end_subscription(upstream, queue)  # the subscribers went meanwhile
                 return
             if reply.ok:
-                self._consume_subscription(outlet, spec, queue)
-                resumption.resumed(1)
-                log.info("upstream %s is back: subscription link %r resumed on its queue %s", upstream.name,
-                         link.name, queue)
+                key = held.key
+                existing = self.server.registry.feeds.get(key)
+                if existing is not None and not existing.closed:  # (a new link's feed took the key meanwhile)
+                    key = ("subscription", next(self.server._sub_ids))
+                binding = self.server.registry.declare_feed(key, held.spec, True, staying[0], upstream)
+                for o in staying[1:]:
+                    self.join(binding, o)
+                binding.consume_own_queue(queue)
+                resumption.resumed(len(staying))
+                log.info("upstream %s is back: %d subscription link(s) of %s resumed on their queue %s",
+                         upstream.name, len(staying), held.spec.address, queue)
                 return
             if reply.status is None and not upstream.connected:  # the upstream went again: wait again
-                resumption.suspend_subscription(outlet, spec, queue)
+                resumption.suspend_subscription(held, staying)
                 return
-            address = link.remote_source.address
+            address = held.spec.address
             if reply.status == "404":
                 why = (f"subscription to {address} ended: its queue {queue} on upstream {upstream.name} was gone "
                        f"when the upstream connection came back (expired after "
@@ -317,7 +334,8 @@ class Receivers:
                 why = (f"subscription to {address} ended: its queue {queue} on upstream {upstream.name} could not be "
                        f"found again after the upstream connection came back ({reply.describe()})")
                 topology.end_subscription(upstream, queue)
-            resumption.detach(link, "amqp:connection:forced", why)
+            for o in staying:
+                resumption.detach(o.io_ref, "amqp:connection:forced", why)
 
         pair.call("GET", topology.queue_path(queue), None, found)
 

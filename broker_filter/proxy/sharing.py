@@ -79,7 +79,7 @@ def is_reply_address(address: str | None) -> bool:
 def exchange_subscription(address: str | None) -> bool:
     """Whether a receiver on `address` subscribes to a RabbitMQ 4 exchange (`/exchanges/X[/KEY]`):
     RabbitMQ 4 consumes only from queues, so in front of it the daemon declares and binds a queue
-    of its own for the subscription (`receiver.Receivers.subscribe_exchange`)."""
+    of its own for the subscription (`receiver.Receivers.subscribe_on_own_queue`)."""
     return bool(address) and address.startswith("/exchanges/") and len(address) > len("/exchanges/")
 
 

@@ -332,6 +332,11 @@ def topology(upstream: Any) -> Topology | HttpTopology | None:
     return None
 
 
+def declares_queues(upstream: Any) -> bool:
+    """Whether the daemon can declare queues on `upstream` (`topology` gives a way when connected)."""
+    return bool(upstream.traits.serves_management or (upstream.management_url and upstream.product == "RabbitMQ"))
+
+
 def consume_address(upstream: Any, queue: str) -> str:
     """The address a durable subscription's queue is consumed at: RabbitMQ 4's `/queues/Q`, else
     RabbitMQ 3.x's `/amq/queue/Q` (a queue that exists, not declared again)."""
@@ -476,7 +481,7 @@ SUBSCRIPTION_PREFIX = "broker-filter.subscription."
 
 
 def subscription_queue() -> str:
-    """A new name for the queue of one subscription to `/exchanges/X[/KEY]` (`declare_subscription`)."""
+    """A new name for the queue of one subscription's feed (`declare_subscription`)."""
     return SUBSCRIPTION_PREFIX + uuid.uuid4().hex
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
 import rabbitmq_nodes as nodes  # tests/support, on the path from tests/conftest.py
-from launcher import ROOT, Daemon, port_open
+from launcher import ROOT, Daemon, free_port, port_open
 from rabbitmq_nodes import RABBITMQ3, RABBITMQ4, RABBITMQ4_ROOT, RABBITMQ_LATEST, RABBITMQ_LATEST_ROOT, amqp10_ready
 
 
@@ -143,3 +144,15 @@ def daemon(request):
 def address():
     """A fresh queue name per test."""
     return f"q-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def management_node():
+    """RabbitMQ 3.10 with its management plugin, on ports of its own (the shared 3.10 node has none),
+    for the tests of what the daemon declares through its HTTP API (`upstream.management_url`); its
+    directory is one the node's own user can reach (not under pytest's private temp dir)."""
+    node = nodes.ManagementNode(Path(tempfile.mkdtemp(prefix="broker-filter-rabbitmq-")), free_port(), free_port(),
+                                free_port())
+    node.start()
+    yield node
+    node.stop()

@@ -16,11 +16,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import tempfile
 import urllib.error
 import urllib.request
 import uuid
-from pathlib import Path
 
 import pytest
 from proton import Message
@@ -30,7 +28,6 @@ from clients import Capabilities, connect, receive_until_quiet
 import clients
 from jms_frames import NullSource, detach, shared_subscribe, subscribe, unsubscribe
 from launcher import Daemon, free_port
-from rabbitmq_nodes import ManagementNode
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -74,17 +71,6 @@ class Node:
             clients.delete_queue(self.url, queue)
         else:
             self._api("DELETE", queue)
-
-
-@pytest.fixture(scope="module")
-def management_node():
-    """RabbitMQ 3.10 with its management plugin, on ports of its own (the shared 3.10 node has none);
-    its directory is one the node's own user can reach (not under pytest's private temp dir)."""
-    node = ManagementNode(Path(tempfile.mkdtemp(prefix="broker-filter-rabbitmq-")), free_port(), free_port(),
-                          free_port())
-    node.start()
-    yield node
-    node.stop()
 
 
 @pytest.fixture(scope="module", params=[

@@ -163,7 +163,7 @@ def test_an_attach_while_the_broker_is_unreachable_waits_for_it(relayed):
 
 
 # ----------------------------------------------------------------------------- subscriptions
-SUSPENDED = r"link\(s\) of /queues/(broker-filter\.subscription\.[0-9a-f]+) wait for it"
+SUSPENDED = r"wait for it on their queue (broker-filter\.subscription\.[0-9a-f]+)"
 
 
 def detached_by_reconnect(d: Daemon) -> float:
@@ -220,7 +220,7 @@ def test_a_subscription_stays_attached_across_a_cut_and_gets_what_was_published_
         publish_colours(relayed4.broker_url, address, range(106, 116), "blue")
         relayed4.relay.paused = False
         wait_reconnected(relayed4, before)
-        relayed4.wait_for(re.escape(f"resumed on its queue {queue}"), 20)
+        relayed4.wait_for(re.escape(f"resumed on their queue {queue}"), 20)
         rcv.accept()  # (the delivery of 5 from before the cut: the daemon no longer holds it)
         got = receive_all(rcv, set(range(5, 16)))  # (raises LinkDetached if the link were detached)
         # 5 came again (at least once; so may one whose accept had not reached the broker), no blue one
@@ -308,26 +308,102 @@ def test_the_daemon_deletes_its_subscription_queues_when_it_stops(relayed4, rabb
         c.close()
 
 
-def test_a_subscription_on_a_topic_address_is_detached_by_a_cut(relayed, rabbitmq_broker):
-    """`/topic/K` is a subscription RabbitMQ's AMQP 1.0 support makes a queue for (3.10's plugin: one
-    exclusive to the connection; 4.0: an `amq.gen-` queue the daemon cannot find again): what was
-    routed while the daemon was away is out of reach, so the link is detached with the reason."""
+@pytest.fixture
+def relayed3(rabbitmq3):
+    """A daemon in front of RabbitMQ 3.10 through a relay, not given its HTTP API."""
+    yield from _relayed(rabbitmq3.url)
+
+
+@pytest.fixture(params=[pytest.param("rabbitmq4", marks=pytest.mark.rabbitmq4), "rabbitmq3-management"])
+def declaring(request):
+    """A daemon through a relay in front of a RabbitMQ it can declare queues on: RabbitMQ 4.0 (its
+    `/management` node), RabbitMQ 3.10 given its HTTP API (`upstream.management_url`); `.node` the node."""
+    if request.param == "rabbitmq4":
+        node = request.getfixturevalue("rabbitmq4")
+        gen = _relayed(node.url)
+    else:
+        node = request.getfixturevalue("management_node")
+        gen = _relayed(node.url, "--set", f"upstream.management_url={node.management_url}")
+    d = next(gen)
+    d.node = node
+    yield d
+    next(gen, None)
+
+
+def bound_queues(node, exchange: str, key: str) -> list[str]:
+    """The queues bound to `exchange` with `key` on `node` (rabbitmqctl: no use of the queues)."""
+    out = node.ctl("list_bindings", "-q", "source_name", "destination_name", "routing_key").stdout
+    return [cols[1] for cols in (line.split("\t") for line in out.splitlines())
+            if len(cols) == 3 and cols[0] == exchange and cols[2] == key]
+
+
+def wait_unbound(node, exchange: str, key: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while bound_queues(node, exchange, key):
+        assert time.monotonic() < deadline, f"a queue is left bound to {exchange} with {key}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("form", ["/topic/{key}", "/exchange/amq.topic/{key}"])
+def test_a_shared_topic_subscription_stays_attached_across_a_cut_on_its_queue(declaring, form):
+    """Two subscribers of one topic share one upstream subscription, a queue the daemon declared; the
+    upstream connection goes and stays away while messages are published: both stay attached and get
+    every one they select that was published meanwhile (and the unsettled one again: at least once),
+    from the same one queue; when they are gone, so is the queue."""
+    d, node = declaring, declaring.node
     key = f"resume.{uuid.uuid4().hex[:8]}"
-    c = connect(relayed.url)
+    address = form.format(key=key)
+    c = connect(d.url)
+    try:
+        red = c.create_receiver(address, name=link_name(), credit=50, options=Selector("colour = 'red'"))
+        blue = c.create_receiver(address, name=link_name(), credit=50, options=Selector("colour = 'blue'"))
+        publish_colours(node.url, address, range(0, 3), "red")
+        publish_colours(node.url, address, range(100, 103), "blue")
+        assert sorted(receive_all(red, set(range(3)))) == [0, 1, 2]
+        assert sorted(receive_all(blue, set(range(100, 103)))) == [100, 101, 102]
+        [queue] = bound_queues(node, "amq.topic", key)  # one upstream subscription for both links
+        assert queue.startswith("broker-filter.subscription.")
+        publish_colours(node.url, address, [3], "red")
+        assert red.receive(timeout=20).body == 3  # taken, not settled when the connection goes
+        before, detached = connected_times(d), detached_by_reconnect(d)
+        assert cut_off(d) == queue
+        publish_colours(node.url, address, range(4, 10), "red")  # while the daemon is cut off
+        publish_colours(node.url, address, range(103, 110), "blue")
+        assert bound_queues(node, "amq.topic", key) == [queue]  # it outlives the daemon's connection
+        d.relay.paused = False
+        wait_reconnected(d, before)
+        d.wait_for(re.escape(f"2 subscription link(s) of {address} resumed on their queue {queue}"), 20)
+        red.accept()  # (3, from before the cut: the daemon no longer holds it)
+        got_red = receive_all(red, set(range(3, 10)))  # (LinkDetached if the link were detached)
+        got_blue = receive_all(blue, set(range(103, 110)))
+        assert set(got_red) <= set(range(10)) and set(got_blue) <= set(range(100, 110)), (got_red, got_blue)
+        assert bound_queues(node, "amq.topic", key) == [queue]  # still one, the same
+        publish_colours(node.url, address, [10], "red")  # and they carry on
+        assert receive_all(red, {10}) == [10]
+        assert detached_by_reconnect(d) == detached
+        red.close()
+        blue.close()
+        wait_unbound(node, "amq.topic", key)  # the subscription ended: its queue goes
+    finally:
+        d.relay.paused = False
+        c.close()
+
+
+def test_a_subscription_whose_queue_rabbitmq_makes_is_detached_by_a_cut(relayed3, rabbitmq3):
+    """In front of RabbitMQ 3.10 not given its HTTP API, `/topic/K` is a queue RabbitMQ's AMQP 1.0
+    plugin makes, exclusive to the daemon's connection: what was routed while the daemon was away is
+    out of reach, so the link is detached with the reason."""
+    key = f"resume.{uuid.uuid4().hex[:8]}"
+    c = connect(relayed3.url)
     try:
         rcv = c.create_receiver(f"/topic/{key}", name=link_name(), credit=10, options=Selector("colour = 'red'"))
-        publish_colours(relayed.broker_url, f"/topic/{key}", range(3), "red")
+        publish_colours(rabbitmq3.url, f"/topic/{key}", range(3), "red")
         receive_all(rcv, set(range(3)))
-        detached = detached_by_reconnect(relayed)
-        relayed.relay.cut()
+        detached = detached_by_reconnect(relayed3)
+        relayed3.relay.cut()
         with pytest.raises(LinkDetached):
             rcv.receive(timeout=30)
         assert rcv.link.remote_condition.name == "amqp:connection:forced"
-        assert detached_by_reconnect(relayed) == detached + 1
+        assert detached_by_reconnect(relayed3) == detached + 1
     finally:
         c.close()
-        # (RabbitMQ 4.0 leaves its `amq.gen-` queue of a `/topic/` subscription behind: removed here)
-        out = rabbitmq_broker.ctl("list_bindings", "-q", "source_name", "destination_name", "routing_key").stdout
-        for cols in (line.split("\t") for line in out.splitlines()):
-            if len(cols) == 3 and cols[0] == "amq.topic" and cols[2] == key:
-                rabbitmq_broker.ctl("delete_queue", cols[1])
