@@ -315,18 +315,21 @@ class Upstream:
     )
     subscription_expiry: float = setting(
         60.0,
-        "RabbitMQ 4: seconds the queue the daemon declares for a subscription to `/exchanges/X[/KEY]` "
-        "outlives the loss of the upstream connection, collecting what is routed to it (its `x-expires`): back "
-        "within it, the subscriber's link is served again with nothing missed; later, it is detached with the "
-        "reason.  Also how long such a queue is left on the broker when the daemon dies without deleting it",
+        "RabbitMQ 4 (3.x given `management_url`): seconds the queue the daemon declares for a subscription to "
+        "`/topic/K`, `/exchange/X[/K]` or `/exchanges/X[/KEY]` outlives the loss of the upstream connection, "
+        "collecting what is routed to it (its `x-expires`): back within it, the subscribers' links are served "
+        "again with nothing missed; later, they are detached with the reason.  Also how long such a queue is "
+        "left on the broker when the daemon dies without deleting it",
         kind="float",
         minimum=1,
     )
     management_url: str = setting(
         "",
         "RabbitMQ 3.x: its management plugin's HTTP API (`http[s]://host:15672`, the upstream's login), over which "
-        "the daemon keeps JMS durable subscriptions on topics as queues on the broker; empty: kept by the daemon "
-        "while its upstream connection lives (RabbitMQ 4 needs none: its /management node is used)",
+        "the daemon keeps JMS durable subscriptions on topics as queues on the broker, and declares the queue of "
+        "each subscription to `/topic/` and `/exchange/` so that it outlives an upstream reconnect; empty: "
+        "durable subscriptions kept by the daemon while its upstream connection lives, and subscriptions detached "
+        "by a reconnect (RabbitMQ 4 needs none: its /management node is used)",
         kind="str",
     )
     tls: UpstreamTLS = section(UpstreamTLS, "TLS to the upstream broker")

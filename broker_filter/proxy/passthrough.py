@@ -294,6 +294,8 @@ class PassThrough(Handler):
         if self._stopped:
             self._closing.append(tenant.upstream)
         try:
+            # the queues its subscriptions' feeds declared go before its upstream connection closes
+            tenant.server.registry.end_subscription_queues()
             tenant.upstream.stop()
         except Exception:  # noqa: BLE001 - stopping one tenant must not affect the others
             log.exception("pass-through: stopping an upstream connection failed")

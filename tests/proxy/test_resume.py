@@ -308,6 +308,28 @@ def test_the_daemon_deletes_its_subscription_queues_when_it_stops(relayed4, rabb
         c.close()
 
 
+@pytest.mark.rabbitmq4
+def test_a_pass_through_tenants_subscription_queues_are_deleted_when_the_daemon_stops(rabbitmq4):
+    """With pass-through logins each identity is served by an upstream connection of its own: the
+    queues its subscriptions' feeds declared are deleted when the daemon stops, as the default's."""
+    key = f"tenant.{uuid.uuid4().hex[:8]}"
+    d = Daemon("--set", "upstream.credentials=pass-through", "--set", "listener.allow_anonymous=false",
+               upstream=rabbitmq4.url)
+    c = connect(d.url.replace("amqp://", "amqp://guest:guest@"))
+    try:
+        c.create_receiver(f"/topic/{key}", name=link_name(), credit=10)
+        c.create_receiver(f"/exchanges/amq.topic/{key}", name=link_name(), credit=10)
+        queues = bound_queues(rabbitmq4, "amq.topic", key)
+        assert len(queues) == 2 and all(q.startswith("broker-filter.subscription.") for q in queues), queues
+        assert d.stop() == 0
+        assert "2 subscription queue(s) deleted" in d.log(), d.log()
+        assert bound_queues(rabbitmq4, "amq.topic", key) == []
+    finally:
+        c.close()
+        d.stop()
+    assert "Traceback" not in d.log(), d.log()
+
+
 @pytest.fixture
 def relayed3(rabbitmq3):
     """A daemon in front of RabbitMQ 3.10 through a relay, not given its HTTP API."""
