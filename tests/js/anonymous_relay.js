@@ -25,4 +25,4 @@ sender.on('rejected', (ctx) => done(ctx.delivery.bf_i, 'rejected', ctx.delivery.
 sender.on('released', (ctx) => done(ctx.delivery.bf_i, 'released'));
 sender.on('sender_error', (ctx) => { out({ error: String(ctx.sender.error) }); conn.close(); });
 sender.once('sendable', () => { messages.forEach((m, i) => { const d = sender.send(m); d.bf_i = i; }); });
-setTimeout(() => { out({ timeout: true }); process.exit(1); }, 15000);
+setTimeout(() => { out({ timeout: true }); process.exit(1); }, 15000).unref();  // (not what keeps it running)

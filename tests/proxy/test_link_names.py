@@ -55,10 +55,11 @@ class RawClient:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def pump(self, seconds: float) -> None:
-        """Read frames for `seconds`; transfers are settled (accepted) as they come."""
+    def pump(self, seconds: float, until=None) -> None:
+        """Read frames for `seconds`, or until `until()` is true; transfers are settled (accepted) as
+        they come."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (until is not None and until()):
             self.sock.settimeout(max(0.01, deadline - time.monotonic()))
             try:
                 chunk = self.sock.recv(65536)
@@ -128,9 +129,9 @@ def test_two_receivers_named_alike_on_one_session_both_attach(daemon):
     client = RawClient(daemon.port)
     try:
         client.send(receiver_attach(name, 0, address, "colour = 'red'"))
-        client.pump(1.0)
+        client.pump(10.0, until=lambda: client.of(ATTACH) or client.of(CLOSE))
         client.send(receiver_attach(name, 1, address, "colour = 'blue'") + _flow(0, 20) + _flow(1, 20))
-        client.pump(1.0)
+        client.pump(10.0, until=lambda: len(client.of(ATTACH)) >= 2 or client.of(CLOSE) or client.of(DETACH))
         answers = client.of(ATTACH)
         assert [a[0] for a in answers] == [name, name], answers  # the client's own name, twice
         assert not client.of(CLOSE), client.of(CLOSE)
@@ -138,7 +139,8 @@ def test_two_receivers_named_alike_on_one_session_both_attach(daemon):
         ours = [int(a[1]) for a in answers]  # the daemon's handles; answer i is for our handle i
 
         _publish(daemon.url, address, ["red", "blue", "green", "blue", "red"], 0)
-        client.pump(3.0)
+        client.pump(10.0, until=lambda: len(_bodies(client, ours[0])) >= 2 and len(_bodies(client, ours[1])) >= 2)
+        client.pump(0.3)  # (and any that should not come)
         red, blue = _bodies(client, ours[0]), _bodies(client, ours[1])
         assert sorted(red) == ["red-0", "red-4"], (red, blue)
         assert sorted(blue) == ["blue-1", "blue-3"], (red, blue)
@@ -146,9 +148,10 @@ def test_two_receivers_named_alike_on_one_session_both_attach(daemon):
 
         # closing the first leaves the second working
         client.send(frame(DETACH, [t.uint(0), True]))
-        client.pump(1.0)
+        client.pump(10.0, until=lambda: client.of(DETACH))
         _publish(daemon.url, address, ["blue", "red", "blue"], 10)
-        client.pump(3.0)
+        client.pump(10.0, until=lambda: len(_bodies(client, ours[1])) >= 4)
+        client.pump(0.3)
         assert sorted(_bodies(client, ours[1])) == ["blue-1", "blue-10", "blue-12", "blue-3"]
         assert sorted(_bodies(client, ours[0])) == ["red-0", "red-4"]
         assert not client.of(CLOSE), client.of(CLOSE)
