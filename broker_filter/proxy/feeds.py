@@ -129,6 +129,11 @@ class FeedBinding(FeedIO, ConsumerHandler):
         name = f"{self.spec.name}|own-{next(self.server._sub_ids)}"
         return self.server.upstream.open_consumer(dataclasses.replace(self.spec, name=name), handler)
 
+    @property
+    def upstream_address(self) -> str | None:
+        """Where its upstream consumer reads: the queue the daemon declared for it, else its links' address."""
+        return self.spec.address if self.own_queue is None else topology.consume_address(self.upstream, self.own_queue)
+
     def consume_own_queue(self, queue: str) -> None:
         """The subscription's queue the daemon declared (`topology.declare_subscription`) is ready:
         the upstream consumer is opened on it (`own_queue`: kept while the feed is suspended by an

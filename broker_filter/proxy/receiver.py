@@ -284,6 +284,11 @@ class Receivers:
             elif not upstream.connected:  # the upstream went: its links wait for it, and are placed again
                 self.server.resumption.suspend_feed(binding)
             else:
+                names = [o.io_ref.name for o in binding.pending if o.io_ref is not None]
+                log.warning("upstream %s refused link %s (%s)%s its subscription's queue: %s: %s", upstream.name,
+                            names[0] if names else "-", address,
+                            f" and {len(names) - 1} more waiting with it," if len(names) > 1 else "",
+                            failure[0], failure[1])
                 self.server.registry.fail_feed(binding, ErrorInfo(failure[0], f"subscription to {address}: {failure[1]}"))
 
         topology.declare_subscription(pair, queue, topology.exchange_binding(address),

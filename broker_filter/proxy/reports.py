@@ -52,7 +52,7 @@ def links_report(server, limit: int = introspect.LINKS_LIMIT) -> dict:
         mode = b.key[0]
         feed = {"kind": {"fanout": "shared subscription", "named": "shared named subscription"}.get(
                     mode, "queue" if mode == "queue" and not b.feed.subscription else "own subscription"),
-                "upstream_address": b.spec.address,
+                "upstream_address": b.upstream_address,
                 "links": len(b.feed.outlets),
                 "held": b.feed.stats.held}
         for o in list(b.feed.outlets) + list(b.pending):
