@@ -7,7 +7,9 @@ A planned receiver (`plan.Serve`) becomes an `Outlet` on a feed (`forwarding`): 
 filters down as far as the upstream evaluates them (`plan.push_down`), keys the feed
 (`sharing.feed_key`: which links share one upstream consumer) and joins the open feed of that key
 or opens one (`FeedRegistry.open_feed`), holds a durable subscription on the broker
-(`durable.hold_on_broker`), or waits for a feed whose offered filters await the upstream's answer.
+(`durable.hold_on_broker`), declares the queue a subscription's feed consumes
+(`subscribe_on_own_queue`: it outlives an upstream reconnect, `resume_subscription`), or waits for a
+feed whose offered filters await the upstream's answer.
 The attach reply is sent only once the feed's upstream consumer is attached (`complete`, called by
 `FeedBinding.on_consumer_ready`), so an upstream refusal reaches the client as an attach refusal.
 The link is one object, a `ReceiverLink` (its `Link.handler`, see `links`): the client's
@@ -316,8 +318,8 @@ class Receivers:
             if reply.ok:
                 key = held.key
                 existing = self.server.registry.feeds.get(key)
-                if existing is not None and not existing.closed:  # (a new link's feed took the key meanwhile)
-                    key = ("subscription", next(self.server._sub_ids))
+                if existing is not None and not existing.closed:  # (a new link's feed took the key meanwhile:
+                    key = key + (("resumed", next(self.server._sub_ids)),)  # one of the same kind beside it)
                 binding = self.server.registry.declare_feed(key, held.spec, True, staying[0], upstream)
                 for o in staying[1:]:
                     self.join(binding, o)
