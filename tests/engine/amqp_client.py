@@ -66,6 +66,7 @@ def main() -> int:
             address, count = options.args[0], int(options.args[1])
             selector = Selector(options.selector) if options.selector else None
             receiver = connection.create_receiver(address, credit=min(count, 100), options=selector)
+            print(json.dumps({"attached": True}), flush=True)  # (`wait_attached`; the result is the last line)
             bodies = []
             for _ in range(count):
                 message = receiver.receive(timeout=options.wait)

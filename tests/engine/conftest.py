@@ -71,6 +71,13 @@ def start_client(url: str, *args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+def wait_attached(process: subprocess.Popen) -> None:
+    """Until a `receive` client's attach is answered (its first line; bounded by the client's own
+    time-outs: it prints its result and exits if the attach fails)."""
+    line = process.stdout.readline()
+    assert json.loads(line) == {"attached": True}, line
+
+
 def client_result(process: subprocess.Popen, timeout: float = 40) -> dict:
     out, err = process.communicate(timeout=timeout)
     lines = out.strip().splitlines()

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import client_result, closed_at_once, descriptors, end_many, rss_kib, run_client, start_client
+from .conftest import (client_result, closed_at_once, descriptors, end_many, rss_kib, run_client, start_client,
+                       wait_attached)
 
 from launcher import Daemon
 
@@ -61,7 +62,7 @@ def test_the_daemon_serves_a_filtered_consumer_past_a_thousand_connections_and_r
     try:
         address = f"/topic/engine-{uuid.uuid4().hex[:10]}"
         receiver = start_client(proxy.url, "receive", address, "10", "--selector", "half = 1", "--wait", "120")
-        time.sleep(3.0)  # the upstream subscription is in place once the client's attach is answered
+        wait_attached(receiver)  # the upstream subscription is in place once the client's attach is answered
         rss_before = rss_kib(proxy.proc.pid)
         many = subprocess.Popen([node, str(JS / "many_connections.js"), str(proxy.port), str(AMQP_CONNECTIONS), "-"],
                                 cwd=JS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -116,7 +117,7 @@ def test_pass_through_logins_are_checked_upstream_past_a_thousand_descriptors(ra
         login = ("--user", "guest", "--password", "guest", "--mechs", "PLAIN")
         address = f"/topic/pass-through-{uuid.uuid4().hex[:10]}"
         receiver = start_client(proxy.url, "receive", address, "3", "--wait", "60", *login)
-        time.sleep(3.0)  # the receiver's own upstream connection and subscription
+        wait_attached(receiver)  # with the receiver's own upstream connection and subscription
         assert run_client(proxy.url, "send", address, "3", *login)["ok"]
         got = client_result(receiver, timeout=60)
         assert got["ok"] and got["bodies"] == ["m0", "m1", "m2"], got
@@ -169,7 +170,8 @@ def test_half_a_frame_then_silence_is_closed_at_the_handshake_deadline_and_count
         # A client that opens AMQP is served all the same.
         address = f"/topic/handshake-{uuid.uuid4().hex[:10]}"
         receiver = start_client(proxy.url, "receive", address, "2", "--wait", "60")
-        time.sleep(3.0)  # the attach is answered, and the deadline has passed: an open connection stays
+        wait_attached(receiver)
+        time.sleep(1.2)  # past the 1 s handshake deadline of its connection (the wait itself is what is tested)
         assert run_client(proxy.url, "send", address, "2")["ok"]
         assert client_result(receiver, timeout=60)["ok"]
         refused = _metric(metrics_url, r'broker_filter_connections_refused_total\{reason="handshake-timeout"\} (\S+)')
