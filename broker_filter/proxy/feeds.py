@@ -202,6 +202,13 @@ class FeedBinding(FeedIO, ConsumerHandler):
             if error is not None and error.transient and self.server.resumption.resumable(self):
                 self.server.resumption.suspend_feed(self)  # the upstream connection went: its links wait
                 return
+            if (error is not None and error.transient and self.feed.subscription and self.via is None
+                    and self.server.replicas is None):
+                error = dataclasses.replace(error, description=(
+                    f"{error.description or 'upstream connection lost'}: this subscription's queue on the "
+                    "broker was made and named by the broker, so it cannot be consumed again, and what was "
+                    "routed to it meanwhile is lost (in front of RabbitMQ 3.x, upstream.management_url lets "
+                    "the daemon declare a queue that outlives a reconnect); subscribe again"))
             self.server.registry.fail_feed(self, error or ErrorInfo("amqp:link:detach-forced", "upstream detached"))
         except Exception:
             log.exception("consumer close handling failed")

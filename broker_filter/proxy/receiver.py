@@ -258,8 +258,8 @@ class Receivers:
         API given as `upstream.management_url`): its feed (`key`: the address's shared subscription, or a
         link's own) consumes a queue of the daemon's own, declared and bound first
         (`topology.declare_subscription`: not exclusive, not auto-delete, `x-expires`
-        `upstream.subscription_expiry`), rather than one RabbitMQ makes exclusive to the upstream
-        connection.  Links that come meanwhile join the feed and wait.  The queue goes when the feed
+        `upstream.subscription_expiry`), rather than one RabbitMQ makes and names (`amq.gen-`), which
+        the daemon could not find again after a reconnect.  Links that come meanwhile join the feed and wait.  The queue goes when the feed
         ends (`topology.end_subscription`); it outlives a lost upstream connection, and is consumed
         again with what was routed to it meanwhile when the upstream is back (`resume_subscription`)."""
         upstream = self.server.upstream

@@ -33,8 +33,8 @@ error (`ErrorInfo.transient`), then the server hears `on_upstream_down`.
   again when the upstream is back.  The anonymous relay's links never depended on one publisher.
 * Links that cannot be resumed are detached with the reason, as before: a subscription whose queue
   RabbitMQ makes — in front of RabbitMQ 3.x without `upstream.management_url` (its AMQP 1.0
-  plugin's queue is exclusive to the connection: it went with it, and with it what was routed to
-  the subscription meanwhile, so a resumed link would hide that gap), and one whose filters the
+  plugin's queue is server-named, `amq.gen-…`, a name the attach never tells: what was routed to it
+  meanwhile is out of reach, so a resumed link would hide that gap), and one whose filters the
   upstream evaluates —, a dynamic node, a browser, and every link of a replica (`[replicas]`: a
   replica without its upstream owns nothing, and the others take its queues over).
 * An **attach** that arrives while the upstream is reconnecting waits for it (`await_attach`), at

@@ -413,8 +413,8 @@ def test_a_shared_topic_subscription_stays_attached_across_a_cut_on_its_queue(de
 
 def test_a_subscription_whose_queue_rabbitmq_makes_is_detached_by_a_cut(relayed3, rabbitmq3):
     """In front of RabbitMQ 3.10 not given its HTTP API, `/topic/K` is a queue RabbitMQ's AMQP 1.0
-    plugin makes, exclusive to the daemon's connection: what was routed while the daemon was away is
-    out of reach, so the link is detached with the reason."""
+    plugin makes and names (`amq.gen-`), a name its attach never tells: what was routed to it while
+    the daemon was away is out of reach, so the link is detached with the reason."""
     key = f"resume.{uuid.uuid4().hex[:8]}"
     c = connect(relayed3.url)
     try:
@@ -425,7 +425,10 @@ def test_a_subscription_whose_queue_rabbitmq_makes_is_detached_by_a_cut(relayed3
         relayed3.relay.cut()
         with pytest.raises(LinkDetached):
             rcv.receive(timeout=30)
-        assert rcv.link.remote_condition.name == "amqp:connection:forced"
+        condition = rcv.link.remote_condition
+        assert condition.name == "amqp:connection:forced"
+        assert "cannot be consumed again" in condition.description, condition.description
+        assert "upstream.management_url" in condition.description  # (what would have it resumed)
         assert detached_by_reconnect(relayed3) == detached + 1
     finally:
         c.close()
