@@ -247,7 +247,7 @@ class Metrics:
         )
         self.links_resumed = Counter(
             "broker_filter_links_resumed", "Client links served again, still attached, after their upstream "
-            "connection was lost and re-established (queues, RabbitMQ 4 exchange subscriptions, senders)", registry=r
+            "connection was lost and re-established (queues, subscriptions on a queue the daemon declared, senders)", registry=r
         )
         self.links_detached_by_reconnect = Counter(
             "broker_filter_links_detached_by_reconnect", "Client links detached because their upstream connection "
