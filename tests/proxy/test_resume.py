@@ -411,6 +411,38 @@ def test_a_shared_topic_subscription_stays_attached_across_a_cut_on_its_queue(de
         c.close()
 
 
+def test_subscribers_that_attach_together_share_one_queue(declaring):
+    """Eight subscribers of one new topic attach at once, on connections of their own: the ones that
+    come while the first one's queue is being declared wait for it and join its feed (one queue
+    bound, one consumer), and every one gets what is published after its attach."""
+    d, node = declaring, declaring.node
+    key = f"together.{uuid.uuid4().hex[:8]}"
+    address = f"/topic/{key}"
+    conns = [connect(d.url) for _ in range(8)]
+    gate = threading.Barrier(len(conns))
+    rcvs: list = [None] * len(conns)
+
+    def attach(i: int) -> None:
+        gate.wait(10)
+        rcvs[i] = conns[i].create_receiver(address, name=link_name(), credit=10, options=Selector(f"n >= {i}"))
+
+    try:
+        threads = [threading.Thread(target=attach, args=(i,)) for i in range(len(conns))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert all(r is not None for r in rcvs), rcvs
+        assert len(bound_queues(node, "amq.topic", key)) == 1
+        publish_colours(node.url, address, range(8), "red")
+        for i, r in enumerate(rcvs):
+            assert sorted(receive_all(r, set(range(i, 8)))) == list(range(i, 8))
+    finally:
+        for c in conns:
+            c.close()
+    wait_unbound(node, "amq.topic", key)
+
+
 def test_a_subscription_whose_queue_rabbitmq_makes_is_detached_by_a_cut(relayed3, rabbitmq3):
     """In front of RabbitMQ 3.10 not given its HTTP API, `/topic/K` is a queue RabbitMQ's AMQP 1.0
     plugin makes and names (`amq.gen-`), a name its attach never tells: what was routed to it while
