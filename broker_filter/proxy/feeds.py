@@ -125,9 +125,13 @@ class FeedBinding(FeedIO, ConsumerHandler):
         return self.server.registry.recycle_message(self, data, moved)
 
     def open_own(self, outlet: Outlet, handler: Any) -> Any:
-        """FanoutIO: an upstream subscription for one slow link of a shared subscription."""
-        name = f"{self.spec.name}|own-{next(self.server._sub_ids)}"
-        return self.server.upstream.open_consumer(dataclasses.replace(self.spec, name=name), handler)
+        """FanoutIO: an upstream subscription for one slow link of a shared subscription: on a queue
+        of its own that the daemon declares when this feed consumes one (`OwnQueueConsumer`), else
+        the address's, which the broker makes."""
+        spec = dataclasses.replace(self.spec, name=f"{self.spec.name}|own-{next(self.server._sub_ids)}")
+        if self.own_queue is not None:
+            return OwnQueueConsumer(self, spec, handler)
+        return self.server.upstream.open_consumer(spec, handler)
 
     @property
     def upstream_address(self) -> str | None:
@@ -212,6 +216,93 @@ class FeedBinding(FeedIO, ConsumerHandler):
             self.server.registry.fail_feed(self, error or ErrorInfo("amqp:link:detach-forced", "upstream detached"))
         except Exception:
             log.exception("consumer close handling failed")
+
+
+class OwnQueueConsumer(ConsumerHandler):
+    """A slow member's own subscription (`FeedBinding.open_own`) when its feed consumes a queue the
+    daemon declared: a queue of the member's own is declared and bound the same way
+    (`topology.declare_subscription`) and then consumed, so that it is deleted when the member's
+    subscription ends (RabbitMQ 4 keeps the `amq.gen-` queue it makes for a topic after the link
+    goes).  Until the queue is consumed this stands in for the consumer (the fan-out feed knows its
+    member's subscription by this object: every event reaches `handler` with it); it is the
+    consumer's handler too.  Messages routed to the queue from its binding on are in it: the
+    member's switch from the group (`fanout`) holds as with a subscription made at once."""
+
+    __slots__ = ("binding", "spec", "handler", "queue", "consumer", "closed")
+
+    def __init__(self, binding: FeedBinding, spec: ConsumerSpec, handler: Any):
+        self.binding, self.spec, self.handler = binding, spec, handler
+        self.queue = topology.subscription_queue()
+        self.consumer = None
+        self.closed = False
+        upstream = binding.upstream
+        pair = topology.topology(upstream)
+        if pair is None:
+            upstream.loop.call_soon(lambda: self._end(ErrorInfo(
+                "amqp:connection:forced", f"upstream {upstream.name} is not connected", transient=True)))
+            return
+        topology.declare_subscription(pair, self.queue, topology.exchange_binding(binding.spec.address),
+                                      binding.server.config.upstream.subscription_expiry, self._declared)
+
+    def _declared(self, failure: tuple[str, str] | None) -> None:
+        upstream = self.binding.upstream
+        if self.closed:
+            if failure is None:  # the member's subscription ended meanwhile: its queue goes too
+                topology.end_subscription(upstream, self.queue)
+            return
+        if failure is not None:
+            self._end(ErrorInfo(failure[0], f"the link's own subscription: {failure[1]}",
+                                transient=not upstream.connected))
+            return
+        self.consumer = upstream.open_consumer(own_queue_spec(upstream, self.spec, self.queue), self)
+
+    def _end(self, error: ErrorInfo) -> None:
+        if not self.closed:
+            self.closed = True
+            self.handler.on_consumer_closed(self, error)
+
+    # the consumer, as the fan-out feed uses it (it grants credit only once told it is ready)
+    def flow(self, n: int) -> None:
+        if self.consumer is not None:
+            self.consumer.flow(n)
+
+    def settle(self, delivery: UpstreamDelivery, outcome: Outcome) -> None:
+        if self.consumer is not None:
+            self.consumer.settle(delivery, outcome)
+
+    def close(self) -> None:
+        """The member's subscription ends: its consumer closes (what it had not settled goes back to
+        its queue) and its queue is deleted, with what it held."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
+            topology.end_subscription(self.binding.upstream, self.queue)
+
+    # ConsumerHandler of the consumer on the queue: every event goes on, with this object
+    def on_consumer_ready(self, consumer: Any, info: ConsumerInfo) -> None:
+        if not self.closed:
+            self.handler.on_consumer_ready(self, info)
+
+    def on_delivery(self, consumer: Any, delivery: UpstreamDelivery) -> None:
+        if not self.closed:
+            self.handler.on_delivery(self, delivery)
+
+    def on_consumer_credit(self, consumer: Any, credit: int) -> None:
+        if not self.closed:
+            self.handler.on_consumer_credit(self, credit)
+
+    def on_consumer_closed(self, consumer: Any, error: ErrorInfo | None) -> None:
+        if self.closed:
+            return
+        self.consumer = None
+        # (the queue outlives a lost connection; x-expires deletes it: the member is detached at a
+        # reconnect, `resume`, and its queue is not consumed again)
+        if error is None or not error.transient:
+            topology.end_subscription(self.binding.upstream, self.queue)
+        self._end(error or ErrorInfo("amqp:link:detach-forced", "upstream detached"))
 
 
 class _Done(FeedIO):

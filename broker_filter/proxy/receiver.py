@@ -213,7 +213,6 @@ class Receivers:
                 and key[0] != sharing.NAMED):  # (a JMS shared subscription is one queue, shared by name)
             if upstream.traits.serves_management and sharing.exchange_subscription(up_address):
                 # RabbitMQ 4 consumes queues only: a queue of the daemon's own, for this link alone
-                # (a slow member of a shared one could not have a subscription of its own, `fanout`)
                 key, own_queue = ("subscription", next(self.server._sub_ids)), True
             else:
                 own_queue = (key[0] in ("fanout", "subscription") and self.server.replicas is None

@@ -23,8 +23,8 @@ error (`ErrorInfo.transient`), then the server hears `on_upstream_down`.
   comes again.  Where the queue is gone by then (it expired, the broker restarted), the links are
   detached with `amqp:connection:forced` and a description saying so: never a silent gap.  A
   member of a shared subscription that had been moved to an upstream subscription of its own (a
-  slow one, `fanout`) is detached too: that subscription's queue was RabbitMQ's, gone with the
-  connection.  The daemon deletes the queue when the feed ends (`topology.end_subscription`), and
+  slow one, `fanout`; `feeds.OwnQueueConsumer`) is detached too, with the reason: that queue is not
+  consumed again (it expires).  The daemon deletes the queue when the feed ends (`topology.end_subscription`), and
   one whose links went while the upstream was down when it is back; what the daemon cannot
   delete expires.
 * A **sending** link (`sender.SenderLink`) stays attached: the deliveries it had in flight upstream are
@@ -96,8 +96,8 @@ class Resumption:
                 outlets.remove(o)
                 self.detach(o.io_ref, "amqp:connection:forced",
                             f"upstream {self.server.upstream.name} lost: this slow subscriber of {binding.spec.address} "
-                            "was on an upstream subscription of its own, whose queue went with the connection, and "
-                            "with it what was routed to it meanwhile; subscribe again")
+                            "was on an upstream subscription of its own, which is not resumed: what was routed to "
+                            "it meanwhile is lost; subscribe again")
         for o in outlets:
             if o.io_ref is not None:
                 o.io_ref.handler.awaiting_upstream()  # (its `receiver.ReceiverLink`)

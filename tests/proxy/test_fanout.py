@@ -91,7 +91,7 @@ def test_mixed_filters_exact_sets_one_upstream_subscription_gone_with_the_last_l
             c.close()
 
 
-def test_a_slow_link_does_not_stop_the_others_and_gets_its_messages_later(fanout_daemon):
+def test_a_slow_link_does_not_stop_the_others_and_gets_its_messages_later(fanout_daemon, request):
     topic = f"fan{uuid.uuid4().hex[:10]}"
     conns = [connect(fanout_daemon.url) for _ in range(3)]
     try:
@@ -119,9 +119,14 @@ def test_a_slow_link_does_not_stop_the_others_and_gets_its_messages_later(fanout
         assert [m.body for m in receive_n_and_extras(slow, 5, limit=20)] == [1000 + i for i in range(5)]
         assert consumers(subscription_queues(topic)) == 2
         queues = subscription_queues(topic)
+        declared = request.node.callspec.id.startswith("rabbitmq4")
+        if declared:  # in front of RabbitMQ 4 both are queues the daemon declared ...
+            assert all(q.startswith("broker-filter.subscription.") for q in queues), queues
         slow.close()
         fast.close()
         assert wait_until(lambda: ended(topic, queues), 20), subscription_queues(topic)
+        if declared:  # ... and deleted: none is left behind
+            assert wait_until(lambda: not subscription_queues(topic), 20), subscription_queues(topic)
     finally:
         for c in conns:
             c.close()
