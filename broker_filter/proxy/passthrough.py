@@ -293,9 +293,13 @@ class PassThrough(Handler):
             del self._tenants[tenant.key]
         if self._stopped:
             self._closing.append(tenant.upstream)
+        if tenant.up:  # (one that never came up has declared nothing)
+            try:
+                # the queues its subscriptions' feeds declared go before its upstream connection closes
+                tenant.server.registry.end_subscription_queues()
+            except Exception:  # noqa: BLE001 - its upstream connection is stopped all the same
+                log.exception("pass-through: deleting a tenant's subscription queues failed")
         try:
-            # the queues its subscriptions' feeds declared go before its upstream connection closes
-            tenant.server.registry.end_subscription_queues()
             tenant.upstream.stop()
         except Exception:  # noqa: BLE001 - stopping one tenant must not affect the others
             log.exception("pass-through: stopping an upstream connection failed")
