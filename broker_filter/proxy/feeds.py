@@ -138,6 +138,24 @@ class FeedBinding(FeedIO, ConsumerHandler):
         """Where its upstream consumer reads: the queue the daemon declared for it, else its links' address."""
         return self.spec.address if self.own_queue is None else topology.consume_address(self.upstream, self.own_queue)
 
+    def declare_queue(self, pair: Any, gone: Callable[[], bool],
+                      done: Callable[[str, tuple[str, str] | None], None]) -> None:
+        """Declare and bind a new queue for this feed's subscription (`topology.declare_subscription`
+        over `pair`, expiring after `upstream.subscription_expiry`); `done(queue, failure)` once it is
+        ready (failure None) or refused, unless `gone()` by then: what it was for went meanwhile, and
+        a queue declared for it is deleted."""
+        queue = topology.subscription_queue()
+
+        def declared(failure: tuple[str, str] | None) -> None:
+            if gone():
+                if failure is None:
+                    topology.end_subscription(self.upstream, queue)
+                return
+            done(queue, failure)
+
+        topology.declare_subscription(pair, queue, topology.exchange_binding(self.spec.address),
+                                      self.server.config.upstream.subscription_expiry, declared)
+
     def consume_own_queue(self, queue: str) -> None:
         """The subscription's queue the daemon declared (`topology.declare_subscription`) is ready:
         the upstream consumer is opened on it (`own_queue`: kept while the feed is suspended by an
@@ -232,7 +250,7 @@ class OwnQueueConsumer(ConsumerHandler):
 
     def __init__(self, binding: FeedBinding, spec: ConsumerSpec, handler: Any):
         self.binding, self.spec, self.handler = binding, spec, handler
-        self.queue = topology.subscription_queue()
+        self.queue: str | None = None
         self.consumer = None
         self.closed = False
         upstream = binding.upstream
@@ -241,15 +259,11 @@ class OwnQueueConsumer(ConsumerHandler):
             upstream.loop.call_soon(lambda: self._end(ErrorInfo(
                 "amqp:connection:forced", f"upstream {upstream.name} is not connected", transient=True)))
             return
-        topology.declare_subscription(pair, self.queue, topology.exchange_binding(binding.spec.address),
-                                      binding.server.config.upstream.subscription_expiry, self._declared)
+        binding.declare_queue(pair, lambda: self.closed, self._declared)  # (ended meanwhile: the queue goes)
 
-    def _declared(self, failure: tuple[str, str] | None) -> None:
+    def _declared(self, queue: str, failure: tuple[str, str] | None) -> None:
         upstream = self.binding.upstream
-        if self.closed:
-            if failure is None:  # the member's subscription ended meanwhile: its queue goes too
-                topology.end_subscription(upstream, self.queue)
-            return
+        self.queue = queue
         if failure is not None:
             self._end(ErrorInfo(failure[0], f"the link's own subscription: {failure[1]}",
                                 transient=not upstream.connected))

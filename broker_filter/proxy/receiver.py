@@ -258,9 +258,10 @@ class Receivers:
         link's own) consumes a queue of the daemon's own, declared and bound first
         (`topology.declare_subscription`: not exclusive, not auto-delete, `x-expires`
         `upstream.subscription_expiry`), rather than one RabbitMQ makes and names (`amq.gen-`), which
-        the daemon could not find again after a reconnect.  Links that come meanwhile join the feed and wait.  The queue goes when the feed
-        ends (`topology.end_subscription`); it outlives a lost upstream connection, and is consumed
-        again with what was routed to it meanwhile when the upstream is back (`resume_subscription`)."""
+        the daemon could not find again after a reconnect.  Links that come meanwhile join the feed
+        and wait.  The queue goes when the feed ends (`topology.end_subscription`); it outlives a lost
+        upstream connection, and is consumed again with what was routed to it meanwhile when the
+        upstream is back (`resume_subscription`)."""
         upstream = self.server.upstream
         pair = topology.topology(upstream)
         if pair is None:
@@ -269,17 +270,8 @@ class Receivers:
                                 f"upstream {upstream.name} is not connected; retry later")
             return
         binding = self.server.registry.declare_feed(key, spec, True, outlet, upstream)
-        self._declare_own_queue(binding, pair, address)
 
-    def _declare_own_queue(self, binding: FeedBinding, pair: Any, address: str) -> None:
-        upstream = binding.upstream
-        queue = topology.subscription_queue()
-
-        def ready(failure: tuple[str, str] | None) -> None:
-            if binding.closed or self.server.stopping:
-                if failure is None:  # its subscribers went meanwhile: the queue goes too
-                    topology.end_subscription(upstream, queue)
-                return
+        def ready(queue: str, failure: tuple[str, str] | None) -> None:
             if failure is None:
                 binding.consume_own_queue(queue)
             elif not upstream.connected:  # the upstream went: its links wait for it, and are placed again
@@ -292,8 +284,8 @@ class Receivers:
                             failure[0], failure[1])
                 self.server.registry.fail_feed(binding, ErrorInfo(failure[0], f"subscription to {address}: {failure[1]}"))
 
-        topology.declare_subscription(pair, queue, topology.exchange_binding(address),
-                                      self.server.config.upstream.subscription_expiry, ready)
+        # (its subscribers went meanwhile, or the daemon stops: the queue goes too)
+        binding.declare_queue(pair, lambda: binding.closed or self.server.stopping, ready)
 
     def resume_subscription(self, held: Any, outlets: list[Outlet]) -> None:
         """The upstream is back under the links of a subscription's feed that was suspended (`resume`):

@@ -317,19 +317,17 @@ def topology(upstream: Any) -> Topology | HttpTopology | None:
     """What the daemon asks to declare, find and delete queues on `upstream`: its `/management`
     pair on RabbitMQ 4's connection (made now if need be), RabbitMQ 3.x's HTTP API when
     `upstream.management_url` names it; None otherwise, or while the upstream is not connected."""
-    if not upstream.connected:
+    if not upstream.connected or not declares_queues(upstream):
         return None
     if upstream.traits.serves_management:
         pair = upstream.topology_pair
         if pair is None or pair.closed:
             pair = upstream.topology_pair = Topology(upstream)
         return pair
-    if upstream.management_url and upstream.product == "RabbitMQ":
-        http = upstream.topology_http
-        if http is None:
-            http = upstream.topology_http = HttpTopology(upstream, upstream.management_url)
-        return http
-    return None
+    http = upstream.topology_http
+    if http is None:
+        http = upstream.topology_http = HttpTopology(upstream, upstream.management_url)
+    return http
 
 
 def declares_queues(upstream: Any) -> bool:
