@@ -22,7 +22,7 @@ from proton import Message
 
 from clients import connect, receive_n_and_extras, receive_until_quiet, receiver, send_messages
 from launcher import Daemon
-from rabbitmq_nodes import rabbitmqctl
+from rabbitmq_nodes import bound_queues, rabbitmqctl
 from fanout_checks import INDEX_SETTINGS, check_exact_sets, serve_with_index, messages, selected, wait_until
 
 HERE = Path(__file__).parent
@@ -41,9 +41,7 @@ def fanout_daemon(rabbitmq):
 
 def subscription_queues(topic: str) -> list[str]:
     """The queues bound to amq.topic under `topic`: one per upstream subscription on /topic/<topic>."""
-    out = rabbitmqctl("list_bindings", "-q", "source_name", "destination_name", "routing_key").stdout
-    return [cols[1] for cols in (line.split("\t") for line in out.splitlines())
-            if len(cols) == 3 and cols[0] == "amq.topic" and cols[2] == topic]
+    return bound_queues(None, "amq.topic", topic)
 
 
 def consumers(queues: list[str]) -> int:

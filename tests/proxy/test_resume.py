@@ -22,6 +22,7 @@ from proton.utils import LinkDetached
 from amqp_relay import Relay
 from clients import connect, delete_queue, link_name, queue_exists, send_at_least_once
 from launcher import Daemon, http_get, metric_value
+from rabbitmq_nodes import bound_queues
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -297,10 +298,8 @@ def test_the_daemon_deletes_its_subscription_queues_when_it_stops(relayed4, rabb
     try:
         for _ in range(2):
             c.create_receiver(f"/exchanges/amq.topic/{key}", name=link_name(), credit=10)
-        out = rabbitmq4.ctl("list_bindings", "-q", "source_name", "destination_name", "routing_key").stdout
-        queues = [cols[1] for cols in (line.split("\t") for line in out.splitlines())
-                  if len(cols) == 3 and cols[0] == "amq.topic" and cols[2] == key]
-        assert len(queues) == 2 and all(q.startswith("broker-filter.subscription.") for q in queues), out
+        queues = bound_queues(rabbitmq4, "amq.topic", key)
+        assert len(queues) == 2 and all(q.startswith("broker-filter.subscription.") for q in queues), queues
         assert relayed4.stop() == 0
         assert "2 subscription queue(s) deleted" in relayed4.log()
         assert not any(queue_exists(relayed4.broker_url, q) for q in queues)
@@ -350,13 +349,6 @@ def declaring(request):
     d.node = node
     yield d
     next(gen, None)
-
-
-def bound_queues(node, exchange: str, key: str) -> list[str]:
-    """The queues bound to `exchange` with `key` on `node` (rabbitmqctl: no use of the queues)."""
-    out = node.ctl("list_bindings", "-q", "source_name", "destination_name", "routing_key").stdout
-    return [cols[1] for cols in (line.split("\t") for line in out.splitlines())
-            if len(cols) == 3 and cols[0] == exchange and cols[2] == key]
 
 
 def wait_unbound(node, exchange: str, key: str, timeout: float = 20) -> None:

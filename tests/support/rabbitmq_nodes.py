@@ -52,6 +52,14 @@ def rabbitmqctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return current.ctl(*args, timeout=timeout)
 
 
+def bound_queues(node: "Broker | None", exchange: str, key: str) -> list[str]:
+    """The queues bound to `exchange` with `key` on `node` (None: the current node), asked with
+    rabbitmqctl (which does not count as a use of the queues)."""
+    out = (node or current).ctl("list_bindings", "-q", "source_name", "destination_name", "routing_key").stdout
+    return [cols[1] for cols in (line.split("\t") for line in out.splitlines())
+            if len(cols) == 3 and cols[0] == exchange and cols[2] == key]
+
+
 def amqp10_ready(timeout: float = 30, broker: Broker | None = None) -> dict:
     """The broker accepts AMQP 1.0 connections; returns its open frame's properties."""
     from proton.utils import BlockingConnection
